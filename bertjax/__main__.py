@@ -1,0 +1,5 @@
+import sys
+
+from bertjax.cli import main
+
+sys.exit(main())

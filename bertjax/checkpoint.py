@@ -1,0 +1,58 @@
+"""Params-only checkpoints: what fine-tuning and export start from.
+
+Layout of a params directory:
+  model.json   the ModelConfig (JSON)
+  params/      an Orbax checkpoint of the parameter tree (each process writes its own shards)
+  tokenizer/   optional tokenizer files (vocab.txt, tokenizer.json, ...)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+import orbax.checkpoint as ocp
+
+from bertjax.models import ModelConfig, abstract_params, build_model
+
+
+def save_params(directory: str | Path, params: Any, config: ModelConfig) -> Path:
+  """Writes params + model.json to `directory` (created; must not hold params already)."""
+  directory = Path(directory).absolute()
+  directory.mkdir(parents=True, exist_ok=True)
+  if (directory / "params").exists():
+    raise FileExistsError(f"{directory / 'params'} already exists; choose a new directory")
+  (directory / "model.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(directory / "params", nn.meta.unbox(params))
+  checkpointer.wait_until_finished()
+  return directory
+
+
+def load_model_config(directory: str | Path) -> ModelConfig:
+  path = Path(directory) / "model.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{path} not found: {directory} is not a bertjax params directory")
+  return ModelConfig.from_mapping(json.loads(path.read_text()))
+
+
+def load_params(directory: str | Path, shardings: Any = None) -> tuple[Any, ModelConfig]:
+  """Restores params directly into `shardings` (default: the first local device)."""
+  directory = Path(directory).absolute()
+  config = load_model_config(directory)
+  abstract = nn.meta.unbox(abstract_params(build_model(config)))
+  if shardings is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, abstract)
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+  params = ocp.StandardCheckpointer().restore(directory / "params", target)
+  return params, config
+
+
+def tokenizer_dir(directory: str | Path) -> Path | None:
+  path = Path(directory) / "tokenizer"
+  return path if path.is_dir() else None

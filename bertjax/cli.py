@@ -1,0 +1,187 @@
+"""The `bertjax` command: one entry point, one subcommand per job.
+
+Config overrides follow ml_collections' convention, `--config.model.num_layers=4`, and may
+appear anywhere on the command line; an unknown key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import sys
+import textwrap
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bertjax import config as config_lib
+
+_EPILOG_OVERRIDES = ("Any key of the config file can be overridden on the command line, e.g.\n"
+                     "  --config.model.num_layers=4 --config.mesh.fsdp=2")
+
+
+def _human(n: int) -> str:
+  for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if n >= scale:
+      return f"{n / scale:.1f}{unit}"
+  return str(n)
+
+
+def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax.models import matches_reference, param_breakdown
+  config = config_lib.load_config(args.config, overrides)
+  model = config_lib.model_config(config)
+  counts = param_breakdown(model)
+  print(f"config         {args.config}")
+  print(f"model          {model.family}: {model.num_layers} layers, width {model.hidden_size}, "
+        f"{model.num_heads} heads (dim {model.head_dim}), MLP {model.mlp_dim}, "
+        f"vocab {model.vocab_size}, positions {model.max_positions}")
+  print(f"numerics       {model.norm_position}-LN, {model.activation}, eps "
+        f"{model.layer_norm_eps:g}, dtype {model.dtype} (params {model.param_dtype}), "
+        f"scan_layers={model.scan_layers}, remat={model.remat_policy}")
+  print("parameters")
+  for group in ("embeddings", "layers", "heads", "non_embedding", "total"):
+    print(f"  {group:13s}{counts[group]:>15,d}  ({_human(counts[group])})")
+  reference = int(config.get("reference_params", 0) or 0)
+  if reference:
+    diff = (counts["total"] - reference) / reference
+    verdict = ("matches at the paper's rounding" if matches_reference(counts["total"], reference)
+               else "DOES NOT match the paper's figure")
+    print(f"  {'paper':13s}{reference:>15,d}  ({_human(reference)}; ours {diff:+.2%}, {verdict})")
+  return 0
+
+
+def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import jax
+  from bertjax import checkpoint, sharding
+  from bertjax.models import build_model, init_params
+  config = config_lib.load_config(args.config, overrides)
+  model_cfg = config_lib.model_config(config)
+  mesh = sharding.make_mesh(dict(config.mesh))
+  rules = sharding.resolve_rules(config.sharding_rules)
+  params, _ = sharding.sharded_init(functools.partial(init_params, build_model(model_cfg)),
+                                    jax.random.key(config.seed), mesh, rules)
+  out = checkpoint.save_params(args.out, params, model_cfg)
+  print(f"wrote randomly initialised {model_cfg.family} parameters to {out}")
+  return 0
+
+
+def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import checkpoint, hf
+  if overrides:
+    raise SystemExit("bertjax import takes no --config overrides (the HF config.json decides)")
+  params, model_cfg, report = hf.import_hf(args.hf_dir, scan_layers=not args.no_scan)
+  out = checkpoint.save_params(args.out, params, model_cfg)
+  tokenizer = Path(out) / "tokenizer"
+  tokenizer.mkdir(exist_ok=True)
+  copied = hf.copy_tokenizer_files(args.hf_dir, tokenizer)
+  print(report.summary())
+  print(f"wrote {out}" + (f" (tokenizer: {', '.join(copied)})" if copied else ""))
+  return 0
+
+
+def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import checkpoint, hf
+  if overrides:
+    raise SystemExit("bertjax export takes no --config overrides")
+  params, model_cfg = checkpoint.load_params(args.params)
+  dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+  if args.format == "hf":
+    out = hf.export_hf(params, model_cfg, args.out, dtype, checkpoint.tokenizer_dir(args.params))
+    print(f"wrote a Hugging Face {hf.hf_config_dict(model_cfg)['architectures'][0]} directory "
+          f"to {out} ({dtype})")
+  else:
+    import jax
+    import jax.numpy as jnp
+    cast = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+    params = jax.tree.map(lambda x: x.astype(cast), params)
+    out = checkpoint.save_params(args.out, params, model_cfg.replace(param_dtype=dtype))
+    if checkpoint.tokenizer_dir(args.params):
+      (Path(out) / "tokenizer").mkdir(exist_ok=True)
+      hf.copy_tokenizer_files(checkpoint.tokenizer_dir(args.params), Path(out) / "tokenizer")
+    print(f"wrote a params-only checkpoint to {out} ({dtype})")
+  return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="bertjax", formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Pre-train BERT and GPT language models with JAX, from a CPU to TPU pods.",
+      epilog=textwrap.dedent("""\
+          examples:
+            bertjax info --config configs/bert_base.py
+            bertjax import path/to/hf_bert --out runs/bert_params
+            bertjax export --params runs/bert_params --format hf --out runs/bert_hf
+          Run `bertjax <command> --help` for each command's options."""))
+  sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+  def add(name: str, help_: str, description: str, epilog: str,
+          fn: Callable) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(fn=fn)
+    return p
+
+  p = add("info", "print a config's model and parameter counts",
+          "Builds the model abstractly (no memory is allocated) and prints its shape, numerics "
+          "and parameter counts by group, next to the paper's count when the config states it.",
+          "example:\n  bertjax info --config configs/bert_large.py\n\n" + _EPILOG_OVERRIDES,
+          cmd_info)
+  p.add_argument("--config", required=True,
+                 help="config file (configs/<name>.py) or the name of one under configs/")
+
+  p = add("init", "write a randomly initialised params checkpoint",
+          "Initialises the config's model directly into its sharding on the config's mesh and "
+          "writes a params-only checkpoint (model.json + Orbax params).",
+          "example:\n  bertjax init --config configs/bert_tiny.py --out runs/tiny_init\n\n"
+          + _EPILOG_OVERRIDES, cmd_init)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--out", required=True, help="new directory for the params checkpoint")
+
+  p = add("import", "read a Hugging Face checkpoint into bertjax parameters",
+          "Reads a `transformers` directory (config.json + model.safetensors, or a sharded "
+          "safetensors index) of BertForPreTraining, BertForMaskedLM, BertModel, "
+          "GPT2LMHeadModel or OpenAIGPTLMHeadModel and writes a bertjax params checkpoint. "
+          "Heads absent from the checkpoint (e.g. NSP of a BertForMaskedLM) are freshly "
+          "initialised and listed. Pickled .bin files are never loaded.",
+          "example:\n  bertjax import ~/models/bert-base-uncased --out runs/bert_base_params",
+          cmd_import)
+  p.add_argument("hf_dir", help="directory with config.json and model.safetensors")
+  p.add_argument("--out", required=True, help="new directory for the params checkpoint")
+  p.add_argument("--no-scan", action="store_true",
+                 help="keep layers unrolled (layers_0, layers_1, ...) instead of scanned")
+
+  p = add("export", "export parameters for others to fine-tune",
+          "Exports a params checkpoint as a Hugging Face directory (config.json + "
+          "model.safetensors + tokenizer files) that `transformers` loads with "
+          "BertForPreTraining / GPT2LMHeadModel / OpenAIGPTLMHeadModel.from_pretrained, or as "
+          "another params-only checkpoint (e.g. cast to bf16).",
+          "examples:\n  bertjax export --params runs/bert_params --format hf --out runs/bert_hf\n"
+          "  bertjax export --params runs/bert_params --format params --dtype bf16 "
+          "--out runs/bert_bf16", cmd_export)
+  p.add_argument("--params", required=True, help="params checkpoint directory")
+  p.add_argument("--format", choices=("hf", "params"), default="hf", help="output format")
+  p.add_argument("--dtype", choices=("fp32", "bf16", "float32", "bfloat16"), default="fp32",
+                 help="dtype of the exported weights")
+  p.add_argument("--out", required=True, help="output directory")
+  return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  argv = list(sys.argv[1:] if argv is None else argv)
+  try:
+    rest, overrides = config_lib.split_overrides(argv)
+  except ValueError as e:
+    raise SystemExit(f"bertjax: {e}") from None
+  args = _parser().parse_args(rest)
+  try:
+    return args.fn(args, overrides)
+  except (KeyError, ValueError, FileNotFoundError, FileExistsError) as e:
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print(f"bertjax {args.command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,189 @@
+"""Loading ml_collections config files and applying `--config.a.b=value` overrides.
+
+A config file is a Python file under configs/ with a `get_config()` returning a ConfigDict.
+Files build on the shared groups defined here (`bert_model`, `gpt_model`, `base_config`) so that
+every key exists, with a comment, in one place; a command-line override of a key that does not
+exist is an error naming the key and its nearest spellings.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+from pathlib import Path
+from typing import Any, Sequence
+
+import ml_collections
+
+from bertjax.models.config import ModelConfig
+
+ConfigDict = ml_collections.ConfigDict
+
+# configs/ next to the package in a source checkout; `--config bert_base` looks there.
+CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _model_defaults() -> dict[str, Any]:
+  return {f.name: f.default for f in dataclasses.fields(ModelConfig)
+          if f.default is not dataclasses.MISSING}
+
+
+def bert_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a BERT config: ModelConfig's fields with BERT's defaults.
+
+  Defaults are BERT-base (Devlin et al. 2019): 12 layers, 768 wide, 12 heads, MLP 3072,
+  30522 WordPiece vocab, 512 positions, 2 segment types, post-LN, dropout 0.1, LN eps 1e-12.
+  """
+  values = _model_defaults()
+  values.update(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12,
+                mlp_dim=3072, max_positions=512, type_vocab_size=2, norm_position="post",
+                activation="gelu", layer_norm_eps=1e-12)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
+def gpt_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a GPT config; defaults are GPT-2 small (Radford et al. 2019).
+
+  12 layers, 768 wide, 12 heads, MLP 3072, 50257 BPE vocab, 1024 positions, pre-LN with a
+  final LayerNorm, tanh-GELU, LN eps 1e-5, residual init scaled by 1/sqrt(2L), dropout 0.1.
+  """
+  values = _model_defaults()
+  values.update(family="gpt", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
+                mlp_dim=3072, max_positions=1024, type_vocab_size=0, norm_position="pre",
+                activation="gelu_tanh", layer_norm_eps=1e-5, scale_residual_init=True,
+                final_layer_norm=True)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
+def base_config(model: ConfigDict) -> ConfigDict:
+  """A complete config around a model group: mesh, sharding rules, seed."""
+  config = ConfigDict()
+  # Model shape and numerics (bertjax.models.config.ModelConfig).
+  config.model = model
+  # Device mesh sizes per axis (data, fsdp, tensor); one -1 takes the remaining devices.
+  config.mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Logical-axis rules: a preset name from bertjax.sharding.RULE_PRESETS or a list of
+  # (logical_axis, mesh_axes) pairs, applied in order.
+  config.sharding_rules = "fsdp_tensor"
+  # Seed of parameter initialisation.
+  config.seed = 0
+  # Parameter count the paper states (0: none); `bertjax info` prints ours next to it.
+  config.reference_params = 0
+  return config
+
+
+def model_config(config: ConfigDict) -> ModelConfig:
+  return ModelConfig.from_mapping(config.model.to_dict())
+
+
+def _resolve_path(path_or_name: str) -> Path:
+  path = Path(path_or_name)
+  if path.exists():
+    return path
+  candidate = CONFIGS_DIR / (path_or_name if path_or_name.endswith(".py")
+                             else f"{path_or_name}.py")
+  if candidate.exists():
+    return candidate
+  available = sorted(p.stem for p in CONFIGS_DIR.glob("*.py")) if CONFIGS_DIR.exists() else []
+  raise FileNotFoundError(f"config file {path_or_name!r} not found"
+                          + (f"; configs in {CONFIGS_DIR}: {', '.join(available)}"
+                             if available else ""))
+
+
+def load_config_file(path_or_name: str) -> ConfigDict:
+  path = _resolve_path(path_or_name)
+  spec = importlib.util.spec_from_file_location(f"bertjax_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"{path} has no get_config() function")
+  config = module.get_config()
+  if not isinstance(config, ConfigDict):
+    raise TypeError(f"{path}: get_config() must return an ml_collections.ConfigDict")
+  return config
+
+
+def _parse_value(text: str, current: Any, key: str) -> Any:
+  if isinstance(current, bool):
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes"):
+      return True
+    if lowered in ("false", "0", "no"):
+      return False
+    raise ValueError(f"--config.{key}: expected true/false, got {text!r}")
+  if isinstance(current, int):
+    try:
+      return int(text)
+    except ValueError:
+      raise ValueError(f"--config.{key}: expected an integer, got {text!r}") from None
+  if isinstance(current, float):
+    try:
+      return float(text)
+    except ValueError:
+      raise ValueError(f"--config.{key}: expected a number, got {text!r}") from None
+  if isinstance(current, str):
+    return text
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def _all_keys(config: ConfigDict, prefix: str = "") -> list[str]:
+  keys = []
+  for name, value in config.items():
+    keys.append(prefix + name)
+    if isinstance(value, ConfigDict):
+      keys.extend(_all_keys(value, f"{prefix}{name}."))
+  return keys
+
+
+def apply_override(config: ConfigDict, key: str, text: str) -> None:
+  """Sets `config.<key>` from its command-line text, typed like the existing value."""
+  node = config
+  parts = key.split(".")
+  for i, part in enumerate(parts):
+    if not isinstance(node, ConfigDict) or part not in node:
+      close = difflib.get_close_matches(key, _all_keys(config), n=3)
+      hint = f"; did you mean {', '.join(close)}?" if close else ""
+      raise KeyError(f"unknown config key {key!r}{hint}")
+    if i < len(parts) - 1:
+      node = node[part]
+  current = node[parts[-1]]
+  node[parts[-1]] = _parse_value(text, current, key)
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+  """Separates `--config.k=v` / `--config.k v` from the other arguments."""
+  rest, overrides = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg.startswith("--config."):
+      body = arg[len("--config."):]
+      if "=" in body:
+        key, value = body.split("=", 1)
+      elif i + 1 < len(args):
+        key, value = body, args[i + 1]
+        i += 1
+      else:
+        raise ValueError(f"{arg} needs a value")
+      overrides.append((key, value))
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides
+
+
+def load_config(path_or_name: str, overrides: Sequence[tuple[str, str]] = ()) -> ConfigDict:
+  """Loads a config file, applies overrides, and validates the model group."""
+  config = load_config_file(path_or_name)
+  for key, value in overrides:
+    apply_override(config, key, value)
+  model_config(config)  # fails early, naming the key, on an invalid model group
+  return config

@@ -1,0 +1,457 @@
+"""Hugging Face interop: bertjax parameters <-> `transformers` safetensors checkpoints.
+
+Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
+initialised and reported), GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
+Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
+wrong shape, missing tensor) is an error naming the tensor.
+
+Layout differences handled here: PyTorch nn.Linear stores [out, in] (BERT: transposed);
+GPT's Conv1D stores [in, out] (no transpose); bertjax fuses Q, K, V into one [D, 3, N, H]
+kernel and keeps heads as their own axis; scanned models stack layers on a leading axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import traverse_util
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from bertjax.models import ModelConfig, build_model, jit_init
+
+Flat = dict[tuple[str, ...], np.ndarray]
+
+# Files a tokenizer may consist of; copied along on import and export.
+TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
+                   "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
+                   "sentencepiece.model")
+
+_HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+           "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+class HFConversionError(ValueError):
+  """A checkpoint that does not fit the model, naming the offending tensor."""
+
+
+@dataclasses.dataclass
+class ImportReport:
+  model_type: str
+  architecture: str
+  # bertjax parameters that had no tensor in the checkpoint and were freshly initialised.
+  fresh: list[str] = dataclasses.field(default_factory=list)
+  # Checkpoint entries intentionally not loaded (buffers, tied copies).
+  ignored: list[str] = dataclasses.field(default_factory=list)
+
+  def summary(self) -> str:
+    lines = [f"imported {self.architecture} ({self.model_type})"]
+    if self.fresh:
+      lines.append(f"freshly initialised (absent from the checkpoint): {', '.join(self.fresh)}")
+    if self.ignored:
+      lines.append(f"ignored (buffers or tied copies): {len(self.ignored)} tensors")
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One bertjax parameter and the checkpoint tensor(s) it is made of."""
+
+  ours: tuple[str, ...]
+  theirs: tuple[str, ...]
+  to_ours: Callable[..., np.ndarray]
+  to_theirs: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+  # Heads may be absent from a checkpoint (a bare BertModel): then freshly initialised.
+  optional: bool = False
+
+
+def _same(name: tuple[str, ...], hf: str, optional: bool = False) -> Entry:
+  return Entry(name, (hf,), lambda x: x, lambda x: (x,), optional)
+
+
+def _transposed(name: tuple[str, ...], hf: str, optional: bool = False) -> Entry:
+  return Entry(name, (hf,), lambda x: x.T, lambda x: (x.T,), optional)
+
+
+def _norm(name: tuple[str, ...], hf: str, optional: bool = False) -> list[Entry]:
+  return [_same(name + ("scale",), f"{hf}.weight", optional),
+          _same(name + ("bias",), f"{hf}.bias", optional)]
+
+
+def _bert_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  e = f"{prefix}embeddings."
+  entries = [
+      _same(("bert", "word_embeddings", "embedding"), f"{e}word_embeddings.weight"),
+      _same(("bert", "position_embeddings", "embedding"), f"{e}position_embeddings.weight"),
+      _same(("bert", "token_type_embeddings", "embedding"), f"{e}token_type_embeddings.weight"),
+      *_norm(("bert", "embeddings_norm"), f"{e}LayerNorm"),
+      _transposed(("bert", "pooler", "kernel"), f"{prefix}pooler.dense.weight", optional=True),
+      _same(("bert", "pooler", "bias"), f"{prefix}pooler.dense.bias", optional=True),
+      _transposed(("mlm_transform", "kernel"), "cls.predictions.transform.dense.weight", True),
+      _same(("mlm_transform", "bias"), "cls.predictions.transform.dense.bias", True),
+      *_norm(("mlm_norm",), "cls.predictions.transform.LayerNorm", True),
+      _same(("mlm_bias",), "cls.predictions.bias", True),
+      _transposed(("nsp", "kernel"), "cls.seq_relationship.weight", True),
+      _same(("nsp", "bias"), "cls.seq_relationship.bias", True),
+  ]
+  for i in range(cfg.num_layers):
+    ours = ("bert", "encoder", f"layers_{i}")
+    hf = f"{prefix}encoder.layer.{i}."
+    qkv = tuple(f"{hf}attention.self.{t}" for t in ("query", "key", "value"))
+    entries += [
+        Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
+              lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
+              lambda x: tuple(x.reshape(d, 3, d)[:, t].T for t in range(3))),
+        Entry(ours + ("attention", "qkv", "bias"), tuple(f"{q}.bias" for q in qkv),
+              lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
+              lambda x: tuple(x.reshape(3, d))),
+        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attention.output.dense.weight",),
+              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
+        _same(ours + ("attention", "out", "bias"), f"{hf}attention.output.dense.bias"),
+        *_norm(ours + ("attention_norm",), f"{hf}attention.output.LayerNorm"),
+        _transposed(ours + ("mlp", "wi", "kernel"), f"{hf}intermediate.dense.weight"),
+        _same(ours + ("mlp", "wi", "bias"), f"{hf}intermediate.dense.bias"),
+        _transposed(ours + ("mlp", "wo", "kernel"), f"{hf}output.dense.weight"),
+        _same(ours + ("mlp", "wo", "bias"), f"{hf}output.dense.bias"),
+        *_norm(ours + ("mlp_norm",), f"{hf}output.LayerNorm"),
+    ]
+  return entries
+
+
+def _gpt_entries(cfg: ModelConfig, prefix: str, gpt1: bool) -> list[Entry]:
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  wte, wpe = ("tokens_embed", "positions_embed") if gpt1 else ("wte", "wpe")
+  entries = [_same(("wte", "embedding"), f"{prefix}{wte}.weight"),
+             _same(("wpe", "embedding"), f"{prefix}{wpe}.weight")]
+  if not gpt1:
+    entries += _norm(("final_norm",), f"{prefix}ln_f")
+  for i in range(cfg.num_layers):
+    ours = ("decoder", f"layers_{i}")
+    hf = f"{prefix}h.{i}."
+    # Conv1D weights are [in, out] like a Flax kernel: reshapes only, no transposes.
+    entries += [
+        Entry(ours + ("attention", "qkv", "kernel"), (f"{hf}attn.c_attn.weight",),
+              lambda w: w.reshape(d, 3, n, h), lambda x: (x.reshape(d, 3 * d),)),
+        Entry(ours + ("attention", "qkv", "bias"), (f"{hf}attn.c_attn.bias",),
+              lambda b: b.reshape(3, n, h), lambda x: (x.reshape(3 * d),)),
+        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attn.c_proj.weight",),
+              lambda w: w.reshape(n, h, d), lambda x: (x.reshape(d, d),)),
+        _same(ours + ("attention", "out", "bias"), f"{hf}attn.c_proj.bias"),
+        *_norm(ours + ("attention_norm",), f"{hf}ln_1"),
+        _same(ours + ("mlp", "wi", "kernel"), f"{hf}mlp.c_fc.weight"),
+        _same(ours + ("mlp", "wi", "bias"), f"{hf}mlp.c_fc.bias"),
+        _same(ours + ("mlp", "wo", "kernel"), f"{hf}mlp.c_proj.weight"),
+        _same(ours + ("mlp", "wo", "bias"), f"{hf}mlp.c_proj.bias"),
+        *_norm(ours + ("mlp_norm",), f"{hf}ln_2"),
+    ]
+  return entries
+
+
+def _entries(cfg: ModelConfig, model_type: str, prefix: str) -> list[Entry]:
+  if model_type == "bert":
+    return _bert_entries(cfg, prefix)
+  return _gpt_entries(cfg, prefix, gpt1=model_type == "openai-gpt")
+
+
+# --- scanned <-> per-layer parameter layouts ----------------------------------------------
+
+def _stack_prefix(cfg: ModelConfig) -> tuple[str, ...]:
+  return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
+
+
+def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
+  """Scanned layout (`layers` with a leading layer axis) -> `layers_{i}` entries."""
+  if not cfg.scan_layers:
+    return dict(flat)
+  prefix = _stack_prefix(cfg)
+  out: Flat = {}
+  for key, value in flat.items():
+    if key[:len(prefix) + 1] == prefix + ("layers",):
+      for i in range(cfg.num_layers):
+        out[prefix + (f"layers_{i}",) + key[len(prefix) + 1:]] = value[i]
+    else:
+      out[key] = value
+  return out
+
+
+def stack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
+  """`layers_{i}` entries -> the scanned layout, when the config scans layers."""
+  if not cfg.scan_layers:
+    return dict(flat)
+  prefix = _stack_prefix(cfg)
+  out: Flat = {}
+  grouped: dict[tuple[str, ...], list[np.ndarray | None]] = {}
+  for key, value in flat.items():
+    if key[:len(prefix)] == prefix and key[len(prefix)].startswith("layers_"):
+      i = int(key[len(prefix)].split("_")[1])
+      grouped.setdefault(key[len(prefix) + 1:], [None] * cfg.num_layers)[i] = value
+    else:
+      out[key] = value
+  for rest, values in grouped.items():
+    out[prefix + ("layers",) + rest] = np.stack(values)
+  return out
+
+
+def _flat_numpy(params: Any) -> Flat:
+  params = nn.meta.unbox(params)
+  return {k: np.asarray(jax.device_get(v)) for k, v in traverse_util.flatten_dict(params).items()}
+
+
+# --- configs -----------------------------------------------------------------------------
+
+def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelConfig:
+  """A ModelConfig equivalent to a `transformers` config.json."""
+  model_type = hf.get("model_type")
+  common = dict(scan_layers=scan_layers, initializer_range=hf.get("initializer_range", 0.02))
+  if model_type == "bert":
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+      raise HFConversionError(f"position_embedding_type={hf['position_embedding_type']!r} is "
+                              "not supported (only 'absolute')")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _HF_ACT:
+      raise HFConversionError(f"hidden_act={act!r} is not supported ({', '.join(_HF_ACT)})")
+    return ModelConfig(
+        family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+        mlp_dim=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+        type_vocab_size=hf["type_vocab_size"], norm_position="post", activation=_HF_ACT[act],
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+        attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), **common)
+  if model_type in ("gpt2", "openai-gpt"):
+    gpt1 = model_type == "openai-gpt"
+    act = hf.get("afn" if gpt1 else "activation_function", "gelu" if gpt1 else "gelu_new")
+    if gpt1 and act == "gelu":
+      act = "gelu_new"  # OpenAIGPT's "gelu" is the tanh approximation (its ACT_FNS table)
+    if act not in _HF_ACT:
+      raise HFConversionError(f"activation {act!r} is not supported ({', '.join(_HF_ACT)})")
+    if not gpt1 and (not hf.get("scale_attn_weights", True)
+                     or hf.get("scale_attn_by_inverse_layer_idx", False)):
+      raise HFConversionError("GPT-2 attention scaling variants (scale_attn_weights=False, "
+                              "scale_attn_by_inverse_layer_idx=True) are not supported")
+    d = hf["n_embd"]
+    return ModelConfig(
+        family="gpt", vocab_size=hf["vocab_size"], hidden_size=d, num_layers=hf["n_layer"],
+        num_heads=hf["n_head"], mlp_dim=hf.get("n_inner") or 4 * d,
+        max_positions=hf["n_positions"], type_vocab_size=0,
+        norm_position="post" if gpt1 else "pre", final_layer_norm=not gpt1,
+        activation=_HF_ACT[act], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        hidden_dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
+        scale_residual_init=not gpt1, **common)
+  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, gpt2, openai-gpt)")
+
+
+def _hf_model_type(cfg: ModelConfig) -> str:
+  if cfg.family == "bert":
+    if cfg.norm_position != "post":
+      raise HFConversionError("pre-LN BERT has no Hugging Face BertForPreTraining equivalent")
+    return "bert"
+  if cfg.norm_position == "pre" and cfg.final_layer_norm:
+    return "gpt2"
+  if cfg.norm_position == "post" and not cfg.final_layer_norm and cfg.activation == "gelu_tanh":
+    return "openai-gpt"
+  raise HFConversionError(
+      f"GPT with norm_position={cfg.norm_position!r}, final_layer_norm={cfg.final_layer_norm},"
+      f" activation={cfg.activation!r} matches neither GPT2LMHeadModel nor OpenAIGPTLMHeadModel")
+
+
+def hf_config_dict(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
+  """The config.json `transformers` needs to load the exported weights."""
+  model_type = _hf_model_type(cfg)
+  act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+  if model_type == "bert":
+    return {
+        "architectures": ["BertForPreTraining"], "model_type": "bert",
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "intermediate_size": cfg.mlp_dim, "hidden_act": act,
+        "hidden_dropout_prob": cfg.hidden_dropout,
+        "attention_probs_dropout_prob": cfg.attention_dropout,
+        "max_position_embeddings": cfg.max_positions, "type_vocab_size": cfg.type_vocab_size,
+        "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
+        "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
+        "torch_dtype": dtype}
+  common = {"vocab_size": cfg.vocab_size, "n_positions": cfg.max_positions,
+            "n_embd": cfg.hidden_size, "n_layer": cfg.num_layers, "n_head": cfg.num_heads,
+            "resid_pdrop": cfg.hidden_dropout, "embd_pdrop": cfg.hidden_dropout,
+            "attn_pdrop": cfg.attention_dropout, "layer_norm_epsilon": cfg.layer_norm_eps,
+            "initializer_range": cfg.initializer_range, "tie_word_embeddings": True,
+            "torch_dtype": dtype}
+  if model_type == "openai-gpt":
+    if cfg.mlp_dim != 4 * cfg.hidden_size:
+      raise HFConversionError("OpenAIGPT requires mlp_dim == 4 * hidden_size")
+    # OpenAIGPT's afn "gelu" is the tanh approximation.
+    return {"architectures": ["OpenAIGPTLMHeadModel"], "model_type": "openai-gpt",
+            "afn": "gelu", **common}
+  return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": cfg.mlp_dim,
+          "activation_function": act, "bos_token_id": cfg.vocab_size - 1,
+          "eos_token_id": cfg.vocab_size - 1, **common}
+
+
+# --- export ------------------------------------------------------------------------------
+
+def to_hf_state_dict(params: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
+  """bertjax parameters -> `transformers` tensor names (tied copies omitted)."""
+  model_type = _hf_model_type(cfg)
+  prefix = {"bert": "bert.", "gpt2": "transformer.", "openai-gpt": "transformer."}[model_type]
+  flat = unstack_layers(_flat_numpy(params), cfg)
+  tensors: dict[str, np.ndarray] = {}
+  for entry in _entries(cfg, model_type, prefix):
+    if entry.ours not in flat:
+      raise HFConversionError(f"bertjax parameter {'/'.join(entry.ours)} is missing")
+    for name, value in zip(entry.theirs, entry.to_theirs(flat.pop(entry.ours))):
+      tensors[name] = np.ascontiguousarray(value)
+  if flat:
+    raise HFConversionError(f"bertjax parameters with no Hugging Face equivalent: "
+                            f"{', '.join('/'.join(k) for k in flat)}")
+  return tensors
+
+
+def export_hf(params: Any, cfg: ModelConfig, out_dir: str | Path, dtype: str = "float32",
+              tokenizer_dir: str | Path | None = None) -> Path:
+  """Writes config.json + model.safetensors (+ tokenizer files) loadable by `transformers`."""
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  tensors = to_hf_state_dict(params, cfg)
+  if dtype == "bfloat16":
+    import ml_dtypes  # jax dependency; numpy has no bfloat16 of its own
+    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+  elif dtype != "float32":
+    raise ValueError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
+  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
+  if tokenizer_dir is not None:
+    copy_tokenizer_files(tokenizer_dir, out)
+  return out
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+  copied = []
+  for name in TOKENIZER_FILES:
+    if (Path(src) / name).is_file():
+      shutil.copy2(Path(src) / name, Path(dst) / name)
+      copied.append(name)
+  return copied
+
+
+# --- import ------------------------------------------------------------------------------
+
+def read_safetensors(hf_dir: str | Path) -> dict[str, np.ndarray]:
+  """All tensors of model.safetensors or of a sharded model.safetensors.index.json."""
+  hf_dir = Path(hf_dir)
+  index = hf_dir / "model.safetensors.index.json"
+  if index.exists():
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+  elif (hf_dir / "model.safetensors").exists():
+    files = ["model.safetensors"]
+  else:
+    pickles = [p.name for p in hf_dir.glob("*.bin")] + [p.name for p in hf_dir.glob("*.pt")]
+    hint = (f" ({', '.join(pickles)} are pickles, which bertjax never loads: convert them with "
+            "`transformers` save_pretrained(safe_serialization=True))") if pickles else ""
+    raise FileNotFoundError(f"no model.safetensors in {hf_dir}{hint}")
+  tensors: dict[str, np.ndarray] = {}
+  for name in files:
+    # framework="flax" reads bfloat16 too; numpy has no bfloat16 of its own.
+    with safe_open(str(hf_dir / name), framework="flax") as f:
+      for key in f.keys():
+        tensors[key] = np.asarray(f.get_tensor(key), dtype=np.float32)
+  return tensors
+
+
+def _normalise_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Legacy TF-converted checkpoints name LayerNorm parameters gamma/beta."""
+  out = {}
+  for key, value in tensors.items():
+    if key.endswith(".gamma"):
+      key = key[:-len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+      key = key[:-len("beta")] + "bias"
+    out[key] = value
+  return out
+
+
+def _ignored(name: str) -> bool:
+  # position_ids: a persistent buffer of old BERT files; attn.bias / attn.masked_bias: the
+  # causal-mask buffers of old GPT-2 files.
+  return (name.endswith("position_ids") or name.endswith(".attn.bias")
+          or name.endswith(".attn.masked_bias"))
+
+
+def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_type: str,
+                       fresh_params: Any) -> tuple[Any, list[str], list[str]]:
+  """Checkpoint tensors -> bertjax parameters; heads absent from the checkpoint come from
+  `fresh_params`. Returns (params, fresh parameter names, ignored tensor names)."""
+  tensors = _normalise_names(tensors)
+  if model_type == "bert":
+    prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
+    tied = {"cls.predictions.decoder.weight": f"{prefix}embeddings.word_embeddings.weight",
+            "cls.predictions.decoder.bias": "cls.predictions.bias"}
+  else:
+    prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
+    tied = {"lm_head.weight": f"{prefix}{'tokens_embed' if model_type == 'openai-gpt' else 'wte'}"
+                              ".weight"}
+  ignored = [k for k in tensors if _ignored(k)]
+  for copy, original in tied.items():
+    if copy in tensors:
+      if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
+        raise HFConversionError(f"{copy} is not tied to {original}; bertjax ties them")
+      ignored.append(copy)
+  remaining = {k: v for k, v in tensors.items() if k not in set(ignored)}
+  fresh_flat = unstack_layers(_flat_numpy(fresh_params), cfg)
+  flat: Flat = {}
+  fresh: list[str] = []
+  for entry in _entries(cfg, model_type, prefix):
+    present = [name in remaining for name in entry.theirs]
+    if not all(present):
+      if entry.optional and not any(present):
+        flat[entry.ours] = fresh_flat[entry.ours]
+        fresh.append("/".join(entry.ours))
+        continue
+      missing = [n for n, p in zip(entry.theirs, present) if not p]
+      raise HFConversionError(f"tensor {missing[0]} is missing from the checkpoint "
+                              f"(needed for bertjax parameter {'/'.join(entry.ours)})")
+    _check_shapes(entry, tensors, fresh_flat)
+    value = entry.to_ours(*(remaining.pop(name) for name in entry.theirs))
+    flat[entry.ours] = value.astype(fresh_flat[entry.ours].dtype)
+  if remaining:
+    raise HFConversionError(f"unknown tensor {sorted(remaining)[0]} in the checkpoint "
+                            f"({len(remaining)} unknown in all: {', '.join(sorted(remaining)[:8])})")
+  params = traverse_util.unflatten_dict(stack_layers(flat, cfg))
+  return params, fresh, ignored
+
+
+def _check_shapes(entry: Entry, tensors: dict[str, np.ndarray], fresh_flat: Flat) -> None:
+  """Checks each source tensor's shape against what the config implies; raises by name."""
+  expected = entry.to_theirs(fresh_flat[entry.ours])
+  for name, want in zip(entry.theirs, expected):
+    got = tensors[name].shape
+    if tuple(got) != tuple(want.shape):
+      raise HFConversionError(f"tensor {name} has shape {tuple(got)}, expected "
+                              f"{tuple(want.shape)} for this config")
+
+
+def import_hf(hf_dir: str | Path, scan_layers: bool = True,
+              rng: jax.Array | None = None) -> tuple[Any, ModelConfig, ImportReport]:
+  """Reads a `transformers` directory (config.json + safetensors) into bertjax parameters."""
+  hf_dir = Path(hf_dir)
+  config_path = hf_dir / "config.json"
+  if not config_path.exists():
+    raise FileNotFoundError(f"no config.json in {hf_dir}")
+  hf_config = json.loads(config_path.read_text())
+  cfg = model_config_from_hf(hf_config, scan_layers)
+  model_type = hf_config["model_type"]
+  architecture = (hf_config.get("architectures") or ["?"])[0]
+  tensors = read_safetensors(hf_dir)
+  rng = jax.random.key(0) if rng is None else rng
+  fresh_params = jit_init(build_model(cfg))(rng)
+  params, fresh, ignored = from_hf_state_dict(tensors, cfg, model_type, fresh_params)
+  return params, cfg, ImportReport(model_type, architecture, fresh, ignored)
+

@@ -1,0 +1,133 @@
+"""BERT (Devlin et al. 2019): encoder, pooler, MLM/NSP pre-training heads, classification head.
+
+Numerically identical to Hugging Face `BertForPreTraining` given the same weights (tests/
+test_parity_hf.py); the name mapping lives in bertjax/hf.py.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import layers
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+class BertModel(nn.Module):
+  """Embeddings + encoder + pooler. `attend` is the tied output projection of the MLM head."""
+
+  config: ModelConfig
+
+  def setup(self) -> None:
+    cfg = self.config
+    self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
+                                        "word_embeddings")
+    self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
+                                            "position_embeddings")
+    self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
+                                              "token_type_embeddings")
+    self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
+    self.encoder = layers.LayerStack(cfg)
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    if cfg.norm_position == "pre" and cfg.final_layer_norm:
+      self.final_norm = layers.layer_norm(cfg, "final_norm")
+    self.pooler = layers.Dense(cfg, "bd,de->be", (cfg.hidden_size, cfg.hidden_size),
+                               ("embed", "mlp"), (cfg.hidden_size,), ("mlp",))
+
+  def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+               attention_mask_BL: Array | None = None,
+               deterministic: bool = True) -> tuple[Array, Array]:
+    """Returns (sequence_output [B, L, D], pooled_output [B, D])."""
+    cfg = self.config
+    _, length = input_ids_BL.shape
+    if token_type_ids_BL is None:
+      token_type_ids_BL = jnp.zeros_like(input_ids_BL)
+    if attention_mask_BL is None:
+      attention_mask_BL = jnp.ones_like(input_ids_BL)
+    positions_1L = jnp.arange(length)[None, :]
+    x_BLD = (self.word_embeddings(input_ids_BL) + self.position_embeddings(positions_1L)
+             + self.token_type_embeddings(token_type_ids_BL))
+    x_BLD = self.dropout(self.embeddings_norm(x_BLD), deterministic=deterministic)
+    x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
+    # Padding mask on keys only; outputs at padded query positions are unused.
+    mask_B1LS = attention_mask_BL.astype(bool)[:, None, None, :]
+    x_BLD = self.encoder(x_BLD, mask_B1LS, deterministic)
+    if cfg.norm_position == "pre" and cfg.final_layer_norm:
+      x_BLD = self.final_norm(x_BLD)
+    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
+    return x_BLD, pooled_BD
+
+  def attend(self, x: Array) -> Array:
+    """x @ word_embeddings.T: the MLM decoder tied to the input embedding."""
+    return self.word_embeddings.attend(x)
+
+
+class PretrainingOutput(NamedTuple):
+  # [B, P, V] at the gathered positions, or [B, L, V] when no positions were given.
+  mlm_logits: Array
+  nsp_logits: Array  # [B, 2]; class 0 = IsNext, 1 = random (google-research/bert #125)
+  pooled: Array  # [B, D]
+  sequence: Array  # [B, L, D]
+
+
+def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
+  """google-research/bert's `gather_indexes`: rows of x at `masked_lm_positions`."""
+  return jnp.take_along_axis(x_BLD, positions_BP[:, :, None], axis=1)
+
+
+class BertForPreTraining(nn.Module):
+  """BERT with the MLM head (dense+act+LayerNorm, tied decoder, own bias) and the NSP head.
+
+  With `masked_positions` the vocabulary projection runs only at those positions (sparse
+  prediction, as google-research/bert); without, at every position.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+               attention_mask_BL: Array | None = None, masked_positions_BP: Array | None = None,
+               deterministic: bool = True) -> PretrainingOutput:
+    cfg = self.config
+    d = cfg.hidden_size
+    bert = BertModel(cfg, name="bert")
+    sequence_BLD, pooled_BD = bert(input_ids_BL, token_type_ids_BL, attention_mask_BL,
+                                   deterministic)
+    h = sequence_BLD
+    if masked_positions_BP is not None:
+      h = gather_positions(sequence_BLD, masked_positions_BP)
+    h = layers.Dense(cfg, "bpd,de->bpe", (d, d), ("embed", "mlp"), (d,), ("mlp",),
+                     name="mlm_transform")(h)
+    h = layers.layer_norm(cfg, "mlm_norm")(layers.activation_fn(cfg.activation)(h))
+    bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                 ("vocab",)),
+                        (cfg.vocab_size,), cfg.weight_dtype)
+    mlm_logits = bert.attend(h.astype(cfg.compute_dtype)) + bias_V.astype(cfg.compute_dtype)
+    mlm_logits = layers.constrain(mlm_logits, ("batch", "length", "vocab"))
+    nsp_logits_B2 = layers.Dense(cfg, "bd,dc->bc", (d, 2), ("embed", None), (2,), (None,),
+                                 name="nsp")(pooled_BD)
+    return PretrainingOutput(mlm_logits.astype(jnp.float32), nsp_logits_B2.astype(jnp.float32),
+                             pooled_BD, sequence_BLD)
+
+
+class BertForSequenceClassification(nn.Module):
+  """BERT with dropout and a linear classifier on the pooled [CLS] output."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+               attention_mask_BL: Array | None = None, deterministic: bool = True) -> Array:
+    cfg = self.config
+    _, pooled_BD = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
+                                               attention_mask_BL, deterministic)
+    pooled_BD = nn.Dropout(cfg.hidden_dropout)(pooled_BD, deterministic=deterministic)
+    logits_BC = layers.Dense(cfg, "bd,dc->bc", (cfg.hidden_size, cfg.num_labels),
+                             ("embed", None), (cfg.num_labels,), (None,),
+                             name="classifier")(pooled_BD)
+    return logits_BC.astype(jnp.float32)

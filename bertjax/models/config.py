@@ -1,0 +1,103 @@
+"""The typed model configuration shared by BERT and GPT.
+
+Config files (ml_collections) hold a `model` group; it becomes a frozen `ModelConfig` at
+the model boundary so that model code reads typed fields, not dictionary keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Mapping
+
+import jax.numpy as jnp
+
+Family = Literal["bert", "gpt"]
+NormPosition = Literal["post", "pre"]
+# "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
+# used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
+Activation = Literal["gelu", "gelu_tanh", "relu"]
+RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of a BERT encoder or a GPT decoder."""
+
+  # "bert" (bidirectional encoder, MLM/NSP heads) or "gpt" (causal decoder, tied LM head).
+  family: Family
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  # Width of the MLP's hidden layer (4 * hidden_size in every paper config).
+  mlp_dim: int
+  # Size of the learned position table; the longest sequence the model accepts.
+  max_positions: int
+  # Segment (token type) vocabulary of BERT; 0 for GPT.
+  type_vocab_size: int = 2
+  # "post": LayerNorm after each residual add (BERT, GPT-1); "pre": before each sub-block
+  # with a final LayerNorm (GPT-2, Cramming BERT).
+  norm_position: NormPosition = "post"
+  activation: Activation = "gelu"
+  layer_norm_eps: float = 1e-12
+  # Dropout on embeddings and on every residual branch.
+  hidden_dropout: float = 0.1
+  # Dropout on attention probabilities.
+  attention_dropout: float = 0.1
+  # Standard deviation of the (truncated) normal initialiser.
+  initializer_range: float = 0.02
+  # GPT-2: residual output projections initialised with std / sqrt(2 * num_layers).
+  scale_residual_init: bool = False
+  # Whether a pre-LN model ends with a final LayerNorm (GPT-2: yes).
+  final_layer_norm: bool = True
+  # Compute dtype of matmuls; parameters are kept in param_dtype (fp32 master weights).
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  # Activation checkpointing of each block: what the backward pass may keep.
+  remat_policy: RematPolicy = "none"
+  # Stack layers with nn.scan: compile time stays flat in depth.
+  scan_layers: bool = True
+  # Number of labels of a sequence-classification head (fine-tuning).
+  num_labels: int = 2
+
+  def __post_init__(self) -> None:
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+    if self.family not in ("bert", "gpt"):
+      raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
+                         f"{getattr(self, name)!r}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return _DTYPES[self.dtype]
+
+  @property
+  def weight_dtype(self) -> Any:
+    return _DTYPES[self.param_dtype]
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    """Builds a config from a ConfigDict/dict, rejecting unknown keys by name."""
+    values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(f"unknown model config key(s): {', '.join(unknown)}; "
+                       f"known keys: {', '.join(sorted(known))}")
+    return cls(**values)

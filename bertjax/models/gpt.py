@@ -1,0 +1,69 @@
+"""GPT decoders: GPT-1 (Radford et al. 2018, post-LN) and GPT-2/3 (Radford et al. 2019, pre-LN
+with a final LayerNorm), learned positions, causal attention and an LM head tied to the token
+embedding.
+
+Numerically identical to Hugging Face `GPT2LMHeadModel` / `OpenAIGPTLMHeadModel` given the
+same weights (tests/test_parity_hf.py).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import layers
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+def decoder_mask(length: int, segment_ids_BL: Array | None = None,
+                 attention_mask_BL: Array | None = None) -> Array:
+  """Boolean [B|1, 1, L, L] mask: causal, within one document, and not onto padding.
+
+  `segment_ids` number the documents packed into a row (0 = padding), so packed documents
+  never attend to each other; `attention_mask` (1 = token, 0 = padding) masks padded keys.
+  """
+  mask = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+  if segment_ids_BL is not None:
+    same_doc = segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :]
+    mask = mask & same_doc[:, None]
+  if attention_mask_BL is not None:
+    mask = mask & attention_mask_BL.astype(bool)[:, None, None, :]
+  return mask
+
+
+class GPT(nn.Module):
+  """Token + learned position embeddings, causal layer stack, tied LM head."""
+
+  config: ModelConfig
+
+  def setup(self) -> None:
+    cfg = self.config
+    self.wte = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), "wte")
+    self.wpe = layers.embed(cfg, cfg.max_positions, (None, "embed"), "wpe")
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.decoder = layers.LayerStack(cfg)
+    if cfg.norm_position == "pre" and cfg.final_layer_norm:
+      self.final_norm = layers.layer_norm(cfg, "final_norm")
+
+  def __call__(self, input_ids_BL: Array, positions_BL: Array | None = None,
+               segment_ids_BL: Array | None = None, attention_mask_BL: Array | None = None,
+               deterministic: bool = True) -> Array:
+    """Returns next-token logits [B, L, V] in fp32.
+
+    `positions` restart at 0 in each packed document (default 0..L-1).
+    """
+    cfg = self.config
+    _, length = input_ids_BL.shape
+    if positions_BL is None:
+      positions_BL = jnp.arange(length)[None, :]
+    x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
+    x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
+    mask = decoder_mask(length, segment_ids_BL, attention_mask_BL)
+    x_BLD = self.decoder(x_BLD, mask, deterministic)
+    if cfg.norm_position == "pre" and cfg.final_layer_norm:
+      x_BLD = self.final_norm(x_BLD)
+    logits_BLV = self.wte.attend(x_BLD.astype(cfg.compute_dtype))
+    return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)

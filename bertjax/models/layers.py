@@ -1,0 +1,206 @@
+"""Transformer building blocks shared by BERT and GPT.
+
+Every parameter is created with logical axis names (`nn.with_logical_partitioning`) and the
+main activations carry logical sharding constraints; the mapping of names to mesh axes is a
+rules table in the config (see bertjax/sharding.py). No mesh appears here.
+
+Logical axes: batch, length, embed (model width), heads, kv (head dim), qkv (the 3 of a fused
+query/key/value projection), mlp (MLP hidden), vocab, layers (the scanned layer axis).
+
+Shape suffixes in names: B batch, L (query) length, S (key) length, D model width, N heads,
+H head dim, F MLP width.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+Initializer = Callable[..., Array]
+
+# Activation layouts, constrained at block boundaries.
+ACT_BLD = ("batch", "length", "embed")
+ACT_BLNH = ("batch", "length", "heads", "kv")
+ACT_BLF = ("batch", "length", "mlp")
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "relu": jax.nn.relu,
+}
+
+
+def kernel_init(config: ModelConfig, std: float | None = None) -> Initializer:
+  """BERT uses a truncated normal (google-research/bert); GPT a plain normal (GPT-2)."""
+  std = config.initializer_range if std is None else std
+  if config.family == "bert":
+    return nn.initializers.truncated_normal(stddev=std)
+  return nn.initializers.normal(stddev=std)
+
+
+def residual_init(config: ModelConfig) -> Initializer:
+  """Output projections feeding the residual stream; GPT-2 scales them by 1/sqrt(2L)."""
+  std = config.initializer_range
+  if config.scale_residual_init:
+    std = std / (2 * config.num_layers) ** 0.5
+  return kernel_init(config, std)
+
+
+def activation_fn(name: str) -> Callable[[Array], Array]:
+  return _ACTIVATIONS[name]
+
+
+def constrain(x: Array, axes: tuple[str, ...]) -> Array:
+  return nn.with_logical_constraint(x, axes)
+
+
+class Dense(nn.Module):
+  """`y = einsum(equation, x, kernel) + bias` with logically named parameter axes.
+
+  An einsum instead of nn.DenseGeneral keeps head structure explicit ([D, 3, N, H] for a
+  fused QKV projection) so tensor parallelism can split heads by name.
+  """
+
+  config: ModelConfig
+  equation: str
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  bias_shape: tuple[int, ...] | None
+  bias_axes: tuple[str | None, ...] | None = None
+  init: Initializer | None = None
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    init = self.init or kernel_init(cfg)
+    kernel = self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes),
+                        self.kernel_shape, cfg.weight_dtype)
+    y = jnp.einsum(self.equation, x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+    if self.bias_shape is not None:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                             self.bias_axes),
+                        self.bias_shape, cfg.weight_dtype)
+      y = y + bias.astype(cfg.compute_dtype)
+    return y
+
+
+def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.LayerNorm:
+  # use_fast_variance=False: E[(x-mean)^2] like PyTorch, not E[x^2]-mean^2, so parity holds
+  # and bf16 inputs do not cancel catastrophically.
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_eps, dtype=config.compute_dtype,
+      param_dtype=config.weight_dtype, use_fast_variance=False,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)),
+      name=name)
+
+
+def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
+  return nn.Embed(num_embeddings=num, features=config.hidden_size,
+                  dtype=config.compute_dtype, param_dtype=config.weight_dtype,
+                  embedding_init=nn.with_logical_partitioning(kernel_init(config), axes),
+                  name=name)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with a fused QKV projection and a boolean mask."""
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask_B1LS: Array) -> Array:
+    cfg = self.config
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
+                      (3, n, h), ("qkv", "heads", "kv"), name="qkv")(x_BLD)
+    q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
+    q_BLNH = constrain(q_BLNH, ACT_BLNH)
+    # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
+    # small probabilities that carry most of the gradient signal.
+    scores_BNLS = jnp.einsum("blnh,bsnh->bnls", q_BLNH, k_BSNH,
+                             preferred_element_type=jnp.float32) / jnp.sqrt(float(h))
+    scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
+    probs_BNLS = jax.nn.softmax(scores_BNLS, axis=-1)
+    probs_BNLS = nn.Dropout(cfg.attention_dropout)(probs_BNLS, deterministic=self.deterministic)
+    out_BLNH = jnp.einsum("bnls,bsnh->blnh", probs_BNLS.astype(cfg.compute_dtype), v_BSNH)
+    out_BLNH = constrain(out_BLNH, ACT_BLNH)
+    return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), (d,), ("embed",),
+                 init=residual_init(cfg), name="out")(out_BLNH)
+
+
+class Mlp(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD: Array) -> Array:
+    cfg = self.config
+    d, f = cfg.hidden_size, cfg.mlp_dim
+    h_BLF = Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,), ("mlp",), name="wi")(x_BLD)
+    h_BLF = constrain(activation_fn(cfg.activation)(h_BLF), ACT_BLF)
+    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,), ("embed",),
+                 init=residual_init(cfg), name="wo")(h_BLF)
+
+
+class Block(nn.Module):
+  """One transformer layer, post-LN (BERT, GPT-1) or pre-LN (GPT-2).
+
+  Returns `(x, None)` so that the same class runs unrolled or under nn.scan.
+  """
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask_B1LS: Array) -> tuple[Array, None]:
+    cfg = self.config
+    dropout = functools.partial(nn.Dropout(cfg.hidden_dropout), deterministic=self.deterministic)
+    attention = SelfAttention(cfg, self.deterministic, name="attention")
+    mlp = Mlp(cfg, name="mlp")
+    attention_norm = layer_norm(cfg, "attention_norm")
+    mlp_norm = layer_norm(cfg, "mlp_norm")
+    if cfg.norm_position == "post":
+      x_BLD = attention_norm(x_BLD + dropout(attention(x_BLD, mask_B1LS)))
+      x_BLD = mlp_norm(x_BLD + dropout(mlp(x_BLD)))
+    else:
+      x_BLD = x_BLD + dropout(attention(attention_norm(x_BLD), mask_B1LS))
+      x_BLD = x_BLD + dropout(mlp(mlp_norm(x_BLD)))
+    return constrain(x_BLD, ACT_BLD), None
+
+
+_REMAT_POLICIES: dict[str, Any] = {
+    "full": None,  # save nothing: recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class LayerStack(nn.Module):
+  """`num_layers` blocks, scanned (one compiled body, flat compile time) or unrolled."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask_B1LS: Array, deterministic: bool = True) -> Array:
+    cfg = self.config
+    block = Block
+    if cfg.remat_policy != "none":
+      block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat_policy],
+                       prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      stack = nn.scan(block, variable_axes={"params": 0},
+                      split_rngs={"params": True, "dropout": True},
+                      in_axes=(nn.broadcast,), length=cfg.num_layers,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BLD, _ = stack(cfg, deterministic, name="layers")(x_BLD, mask_B1LS)
+    else:
+      for i in range(cfg.num_layers):
+        x_BLD, _ = block(cfg, deterministic, name=f"layers_{i}")(x_BLD, mask_B1LS)
+    return x_BLD

@@ -1,0 +1,14 @@
+"""A tiny BERT for CPU: the README's main job and the tests.
+
+Same architecture as BERT-base (post-LN, GELU, tied MLM decoder, NSP head) at 2 layers,
+width 128, 2 heads (the shape of Turc et al. 2019's BERT-Tiny), with a small vocabulary.
+
+  bertjax info --config configs/bert_tiny.py
+"""
+
+from bertjax.config import base_config, bert_model
+
+
+def get_config():
+  return base_config(bert_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=2,
+                                mlp_dim=512, max_positions=128))

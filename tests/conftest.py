@@ -1,0 +1,24 @@
+"""Test setup: 8 host devices so meshes like 2x2x2 are real, strict numerics."""
+
+import os
+
+# Must precede the first `import jax` anywhere in the test session.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# Full-precision fp32 matmuls on CPU, so parity tolerances mean what they say.
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def devices():
+  found = jax.devices()
+  if len(found) < 8:
+    pytest.fail(f"tests need 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), "
+                f"found {len(found)}")
+  return found

@@ -1,0 +1,110 @@
+"""Config loading and overrides; the `bertjax` CLI: info (acceptance 5), init, import, export."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hf_models
+from bertjax import checkpoint, cli, config as config_lib
+from bertjax.models import matches_reference, param_breakdown
+
+# Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models).
+PAPER_COUNTS = {"bert_base": 110e6, "bert_large": 340e6, "gpt1": 117e6, "gpt2_small": 124e6,
+                "gpt2_medium": 355e6, "gpt2_large": 774e6, "gpt2_xl": 1558e6}
+
+
+@pytest.mark.parametrize("name", PAPER_COUNTS)
+def test_parameter_counts_match_papers(name):
+  config = config_lib.load_config(name)
+  total = param_breakdown(config_lib.model_config(config))["total"]
+  assert config.reference_params == PAPER_COUNTS[name]
+  assert matches_reference(total, int(PAPER_COUNTS[name])), total
+  # Within 1% except BERT-large, whose "340M" is 336.2M (1.1%) in every implementation.
+  assert abs(total / PAPER_COUNTS[name] - 1) < (0.012 if name == "bert_large" else 0.01)
+
+
+def test_matches_reference_uses_paper_precision():
+  assert matches_reference(336_226_108, 340_000_000)  # 10M precision
+  assert not matches_reference(346_000_000, 340_000_000)
+  assert matches_reference(124_439_808, 124_000_000)  # 1M precision
+  assert not matches_reference(125_000_000, 124_000_000)
+
+
+def test_info_prints_paper_matching_counts(capsys):
+  assert cli.main(["info", "--config", "configs/bert_base.py"]) == 0
+  out = capsys.readouterr().out
+  assert "110,106,428" in out and "matches at the paper's rounding" in out
+
+
+def test_overrides_are_typed_and_unknown_keys_named(capsys):
+  config = config_lib.load_config("bert_tiny", [("model.num_layers", "4"),
+                                                ("model.hidden_dropout", "0"),
+                                                ("model.scan_layers", "false"),
+                                                ("sharding_rules", "fsdp")])
+  assert config.model.num_layers == 4 and config.model.hidden_dropout == 0.0
+  assert config.model.scan_layers is False and config.sharding_rules == "fsdp"
+  with pytest.raises(KeyError, match="model.num_layer'; did you mean model.num_layers"):
+    config_lib.load_config("bert_tiny", [("model.num_layer", "4")])
+  with pytest.raises(ValueError, match="expected an integer"):
+    config_lib.load_config("bert_tiny", [("model.num_layers", "four")])
+  assert cli.main(["info", "--config", "bert_tiny", "--config.model.nope=1"]) == 2
+  assert "unknown config key 'model.nope'" in capsys.readouterr().err
+
+
+def test_split_overrides_accepts_both_spellings():
+  rest, overrides = config_lib.split_overrides(
+      ["info", "--config", "x.py", "--config.model.num_layers=4", "--config.seed", "3"])
+  assert rest == ["info", "--config", "x.py"]
+  assert overrides == [("model.num_layers", "4"), ("seed", "3")]
+
+
+def test_invalid_model_group_fails_early():
+  with pytest.raises(ValueError, match="not divisible by num_heads"):
+    config_lib.load_config("bert_tiny", [("model.num_heads", "3")])
+
+
+@pytest.mark.parametrize("command", ["info", "init", "import", "export"])
+def test_every_subcommand_has_useful_help(command):
+  out = subprocess.run([sys.executable, "-m", "bertjax", command, "--help"], check=True,
+                       capture_output=True, text=True).stdout
+  assert "example" in out and len(out) > 300
+
+
+def test_import_export_cli_roundtrip(tmp_path, capsys):
+  ref = hf_models.bert(tmp_path / "hf")
+  (tmp_path / "hf" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+  assert cli.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "params")]) == 0
+  assert "imported BertForPreTraining" in capsys.readouterr().out
+  assert cli.main(["export", "--params", str(tmp_path / "params"), "--format", "hf",
+                   "--out", str(tmp_path / "out")]) == 0
+  assert (tmp_path / "out" / "vocab.txt").exists()
+  reloaded = hf_models.transformers.BertForPreTraining.from_pretrained(tmp_path / "out").eval()
+  ids, types, mask, _ = hf_models.batch(101)
+  a = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
+  b = hf_models.run(reloaded, input_ids=ids, token_type_ids=types, attention_mask=mask)
+  np.testing.assert_array_equal(a.prediction_logits.numpy(), b.prediction_logits.numpy())
+  # A params-only export cast to bf16 restores with bf16 leaves.
+  assert cli.main(["export", "--params", str(tmp_path / "params"), "--format", "params",
+                   "--dtype", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+  params, cfg = checkpoint.load_params(tmp_path / "bf16")
+  assert cfg.param_dtype == "bfloat16"
+  assert {str(x.dtype) for x in __import__("jax").tree.leaves(params)} == {"bfloat16"}
+
+
+def test_init_writes_a_sharded_checkpoint_that_exports(tmp_path):
+  assert cli.main(["init", "--config", "gpt_tiny", "--config.mesh.fsdp=2",
+                   "--out", str(tmp_path / "p")]) == 0
+  params, cfg = checkpoint.load_params(tmp_path / "p")
+  assert cfg.family == "gpt" and cfg.num_layers == 2
+  assert cli.main(["export", "--params", str(tmp_path / "p"), "--out",
+                   str(tmp_path / "hf")]) == 0
+  model = hf_models.transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
+  assert model.config.n_layer == 2
+
+
+def test_export_of_missing_directory_is_a_clear_error(tmp_path, capsys):
+  assert cli.main(["export", "--params", str(tmp_path / "nope"), "--out",
+                   str(tmp_path / "o")]) == 2
+  assert "is not a bertjax params directory" in capsys.readouterr().err

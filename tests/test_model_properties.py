@@ -1,0 +1,156 @@
+"""Acceptance 3: causality, document isolation, padding invariance; layout equivalences."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from bertjax import hf
+from bertjax.models import ModelConfig, build_model, jit_init
+
+SHAPE = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
+             max_positions=24)
+GPT = ModelConfig(family="gpt", norm_position="pre", activation="gelu_tanh", type_vocab_size=0,
+                  layer_norm_eps=1e-5, scale_residual_init=True, **SHAPE)
+GPT1 = GPT.replace(norm_position="post", final_layer_norm=False)
+BERT = ModelConfig(family="bert", **SHAPE)
+
+
+@pytest.mark.parametrize("cfg", [GPT, GPT1], ids=["gpt2", "gpt1"])
+def test_gpt_output_at_t_does_not_depend_on_later_tokens(cfg):
+  """Gradient test: d logits[t] / d position_embedding[s] == 0 for every s > t.
+
+  Row s of the learned position table enters the network only at position s (the token
+  table is also the tied output projection, so it cannot serve as the probe).
+  """
+  model = build_model(cfg)
+  params = jit_init(model)(jax.random.key(0))
+  length = 10
+  ids = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (1, length)))
+
+  def summed_logits(wpe):  # [L]: logits at each position, summed over the vocabulary
+    p = {**params, "wpe": {"embedding": wpe}}
+    return model.apply({"params": p}, ids)[0].sum(-1)
+
+  jacobian = np.asarray(jax.jit(jax.jacrev(summed_logits))(params["wpe"]["embedding"]))
+  for t in range(length):
+    grad_wpe = jacobian[t]
+    assert np.all(grad_wpe[t + 1:] == 0), f"position {t} sees later positions"
+    assert np.all(np.abs(grad_wpe[:t + 1]).sum(axis=1) > 0), f"position {t} ignores the past"
+  # And by perturbation: changing the last token leaves all earlier logits unchanged.
+  other = ids.at[0, -1].set((ids[0, -1] + 1) % cfg.vocab_size)
+  a = model.apply({"params": params}, ids)
+  b = model.apply({"params": params}, other)
+  np.testing.assert_array_equal(np.asarray(a[0, :-1]), np.asarray(b[0, :-1]))
+
+
+def test_gpt_segment_ids_isolate_packed_documents():
+  model = build_model(GPT)
+  params = jit_init(model)(jax.random.key(1))
+  rng = np.random.RandomState(1)
+  doc_a, doc_b = rng.randint(0, 50, 7), rng.randint(0, 50, 5)
+  packed = jnp.asarray(np.concatenate([doc_a, doc_b])[None])
+  segments = jnp.asarray([[1] * 7 + [2] * 5])
+  positions = jnp.asarray([list(range(7)) + list(range(5))])
+  out = model.apply({"params": params}, packed, positions, segments)
+  alone_a = model.apply({"params": params}, jnp.asarray(doc_a[None]))
+  alone_b = model.apply({"params": params}, jnp.asarray(doc_b[None]))
+  np.testing.assert_allclose(np.asarray(out[0, :7]), np.asarray(alone_a[0]), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(out[0, 7:]), np.asarray(alone_b[0]), atol=1e-5)
+  # Changing document A does not move document B's logits at all.
+  changed = packed.at[0, :7].set((packed[0, :7] + 3) % 50)
+  out2 = model.apply({"params": params}, changed, positions, segments)
+  np.testing.assert_array_equal(np.asarray(out[0, 7:]), np.asarray(out2[0, 7:]))
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_bert_outputs_do_not_change_when_padding_is_appended(norm):
+  cfg = BERT.replace(norm_position=norm)
+  model = build_model(cfg)
+  params = jit_init(model)(jax.random.key(2))
+  rng = np.random.RandomState(2)
+  ids = rng.randint(1, 50, (2, 9))
+  types = np.zeros_like(ids)
+  types[:, 5:] = 1
+  short = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
+                      jnp.ones_like(jnp.asarray(ids)))
+  pad = 7
+  padded_ids = np.concatenate([ids, rng.randint(0, 50, (2, pad))], axis=1)  # garbage pad ids
+  padded_types = np.concatenate([types, np.zeros((2, pad), int)], axis=1)
+  mask = np.concatenate([np.ones_like(ids), np.zeros((2, pad), int)], axis=1)
+  long = model.apply({"params": params}, jnp.asarray(padded_ids), jnp.asarray(padded_types),
+                     jnp.asarray(mask))
+  np.testing.assert_allclose(np.asarray(long.sequence[:, :9]), np.asarray(short.sequence),
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(long.mlm_logits[:, :9]), np.asarray(short.mlm_logits),
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(long.nsp_logits), np.asarray(short.nsp_logits),
+                             atol=1e-5)
+
+
+def test_gathered_mlm_head_equals_all_positions():
+  model = build_model(BERT)
+  params = jit_init(model)(jax.random.key(3))
+  ids = jnp.asarray(np.random.RandomState(3).randint(0, 50, (2, 12)))
+  positions = jnp.asarray([[0, 3, 11], [5, 6, 7]])
+  full = model.apply({"params": params}, ids).mlm_logits
+  sparse = model.apply({"params": params}, ids, masked_positions_BP=positions).mlm_logits
+  np.testing.assert_allclose(np.asarray(sparse),
+                             np.take_along_axis(np.asarray(full), np.asarray(positions)[..., None],
+                                                axis=1), atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [BERT, GPT], ids=["bert", "gpt"])
+def test_scan_and_unrolled_layers_agree(cfg):
+  scanned = build_model(cfg)
+  params = jit_init(scanned)(jax.random.key(4))
+  unrolled_cfg = cfg.replace(scan_layers=False)
+  flat = hf.unstack_layers(traverse_util.flatten_dict(jax.device_get(params)), cfg)
+  unrolled_params = traverse_util.unflatten_dict(flat)
+  ids = jnp.asarray(np.random.RandomState(4).randint(0, 50, (2, 8)))
+  a = scanned.apply({"params": params}, ids)
+  b = build_model(unrolled_cfg).apply({"params": unrolled_params}, ids)
+  a = a.mlm_logits if cfg.family == "bert" else a
+  b = b.mlm_logits if cfg.family == "bert" else b
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
+def test_remat_policies_do_not_change_gradients(policy):
+  cfg = GPT.replace(hidden_dropout=0.0, attention_dropout=0.0)
+  params = jit_init(build_model(cfg))(jax.random.key(5))
+  ids = jnp.asarray(np.random.RandomState(5).randint(0, 50, (2, 8)))
+
+  def loss(p, c):
+    return build_model(c).apply({"params": p}, ids).mean()
+
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  base = grad(params, cfg)
+  remat = grad(params, cfg.replace(remat_policy=policy))
+  for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(remat)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+  model = build_model(BERT)
+  params = jit_init(model)(jax.random.key(6))
+  ids = jnp.ones((2, 8), jnp.int32)
+  train = jax.jit(lambda key: model.apply({"params": params}, ids, deterministic=False,
+                                          rngs={"dropout": key}).mlm_logits)
+  evaluate = jax.jit(lambda: model.apply({"params": params}, ids).mlm_logits)
+  a, a_again, b = train(jax.random.key(0)), train(jax.random.key(0)), train(jax.random.key(1))
+  assert not np.allclose(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(a_again))
+  assert not np.allclose(np.asarray(a), np.asarray(evaluate()))
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+  cfg = GPT.replace(dtype="bfloat16")
+  model = build_model(cfg)
+  params = jit_init(model)(jax.random.key(7))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+  logits = model.apply({"params": params}, jnp.ones((1, 8), jnp.int32))
+  reference = build_model(GPT).apply({"params": params}, jnp.ones((1, 8), jnp.int32))
+  assert logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(reference), atol=0.05)
