@@ -25,7 +25,9 @@ def save_params(directory: str | Path, params: Any, config: ModelConfig) -> Path
   directory.mkdir(parents=True, exist_ok=True)
   if (directory / "params").exists():
     raise FileExistsError(f"{directory / 'params'} already exists; choose a new directory")
-  (directory / "model.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+  if jax.process_index() == 0:
+    (directory / "model.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+  # Every process writes its own shards (multi-host safe; no gather to process 0).
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(directory / "params", nn.meta.unbox(params))
   checkpointer.wait_until_finished()

@@ -51,6 +51,19 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   return 0
 
 
+def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import loop
+  from bertjax.metrics import TrainingDiverged
+  config = config_lib.load_config(args.config, overrides)
+  logging.getLogger("bertjax").setLevel(logging.INFO)
+  try:
+    loop.train_and_evaluate(config, args.workdir)
+  except TrainingDiverged as e:
+    print(f"bertjax train: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
 def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import jax
   from bertjax import checkpoint, sharding
@@ -130,6 +143,17 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--config", required=True,
                  help="config file (configs/<name>.py) or the name of one under configs/")
 
+  p = add("train", "pre-train a model",
+          "Runs the config's pre-training on every device of the config's mesh: one jitted, "
+          "sharded train step, metrics to WORKDIR/metrics.jsonl, TensorBoard events to "
+          "WORKDIR/tensorboard and a console line per log interval. Multi-host: run the same "
+          "command on every host (see launch/).",
+          "examples:\n  bertjax train --config configs/bert_tiny.py --workdir runs/bert_tiny\n"
+          "  bertjax train --config configs/gpt_tiny.py --workdir runs/gpt --config.mesh.fsdp=2"
+          "\n\n" + _EPILOG_OVERRIDES, cmd_train)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--workdir", required=True, help="directory for metrics and checkpoints")
+
   p = add("init", "write a randomly initialised params checkpoint",
           "Initialises the config's model directly into its sharding on the config's mesh and "
           "writes a params-only checkpoint (model.json + Orbax params).",
@@ -168,7 +192,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(level=logging.WARNING,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
     rest, overrides = config_lib.split_overrides(argv)

@@ -60,10 +60,57 @@ def gpt_model(**overrides: Any) -> ConfigDict:
 
 
 def base_config(model: ConfigDict) -> ConfigDict:
-  """A complete config around a model group: mesh, sharding rules, seed."""
+  """A complete config around a model group: objective, data, optimizer, mesh, logging."""
+  from bertjax.optim import default_optimizer_config
   config = ConfigDict()
   # Model shape and numerics (bertjax.models.config.ModelConfig).
   config.model = model
+  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | causal_lm (GPT).
+  config.objective = "causal_lm" if model.family == "gpt" else "mlm_nsp"
+  # Global batch size in sequences (all hosts together).
+  config.batch_size = 256
+  # Sequence length of the training batches.
+  config.seq_length = 128
+  # MLM predictions per sequence (google-research/bert: ~0.15 * seq_length).
+  config.max_predictions = 20
+  # Optimizer updates to run.
+  config.num_train_steps = 1_000_000
+  # Micro-batches per step, accumulated inside the step (batch_size must divide by it).
+  config.grad_accum_steps = 1
+  # Optimizer and learning-rate schedule (bertjax.optim).
+  config.optimizer = default_optimizer_config()
+  # Input data.
+  config.data = ConfigDict({
+      # synthetic_markov: a learnable synthetic stream (tests and smoke runs only).
+      "source": "synthetic_markov",
+      # Fraction of tokens masked for MLM.
+      "mask_prob": 0.15,
+      # Seed of the data order and masking.
+      "seed": 0,
+  })
+  # Log train metrics every this many steps.
+  config.log_every = 100
+  # Evaluate every this many steps (0: never) on eval_steps held-out batches.
+  config.eval_every = 0
+  config.eval_steps = 10
+  # jax.profiler trace of num_steps steps from start_step (-1: off), in WORKDIR/profile.
+  config.profile = ConfigDict({"start_step": -1, "num_steps": 5})
+  # Multi-host: empty coordinator = single process, or detected on TPU/GKE/SLURM, or from
+  # BERTJAX_COORDINATOR_ADDRESS / BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID.
+  config.distributed = ConfigDict({
+      "coordinator_address": "",
+      "num_processes": 0,
+      "process_id": -1,
+      # Detect TPU VM / GKE / SLURM clusters from their environment.
+      "auto": True,
+      # jax.distributed heartbeat: how soon a dead peer is noticed.
+      "heartbeat_timeout_s": 100,
+      "initialization_timeout_s": 300,
+      # Exit with a message when no step completes for this long (0: off).
+      "step_timeout_s": 600.0,
+      # Use gloo CPU collectives (multi-process CPU runs and tests).
+      "cpu_collectives": False,
+  })
   # Device mesh sizes per axis (data, fsdp, tensor); one -1 takes the remaining devices.
   config.mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   # Logical-axis rules: a preset name from bertjax.sharding.RULE_PRESETS or a list of

@@ -10,5 +10,15 @@ from bertjax.config import base_config, bert_model
 
 
 def get_config():
-  return base_config(bert_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=2,
-                                mlp_dim=512, max_positions=128))
+  config = base_config(bert_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=2,
+                                  mlp_dim=512, max_positions=128))
+  config.batch_size = 32
+  config.seq_length = 128
+  config.max_predictions = 20
+  config.num_train_steps = 300
+  config.log_every = 25
+  config.eval_every = 100
+  config.eval_steps = 4
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.warmup_steps = 30
+  return config

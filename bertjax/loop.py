@@ -1,0 +1,125 @@
+"""`bertjax train`: the outer loop around the jitted step — data, logging, eval, profiling.
+
+The loop never waits on the device except at log and eval steps (async dispatch keeps the
+host building the next batch while the device runs this one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from bertjax import checkpoint, distributed, flops, sharding
+from bertjax.data import make_source
+from bertjax.metrics import MetricsWriter, check_finite
+from bertjax.train import Trainer, TrainState
+
+log = logging.getLogger(__name__)
+
+
+def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
+  return None if config.objective == "causal_lm" else int(config.max_predictions)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
+  """Trains `config.num_train_steps` steps; returns the last logged train metrics."""
+  distributed.initialize(config.distributed)
+  workdir = Path(workdir)
+  is_main = jax.process_index() == 0
+  if (workdir / "params" / "params").exists():
+    raise FileExistsError(f"{workdir} already holds the final parameters of a finished run; "
+                          "choose a new --workdir")
+  mesh = sharding.make_mesh(dict(config.mesh))
+  trainer = Trainer(config, mesh)
+  total = int(config.num_train_steps)
+  batch_size, seq_length = int(config.batch_size), int(config.seq_length)
+  if batch_size % (jax.device_count() // mesh.shape["tensor"]):
+    raise ValueError(f"batch_size={batch_size} is not divisible by the "
+                     f"{jax.device_count() // mesh.shape['tensor']} data-parallel devices")
+  if is_main:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+    log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
+             jax.process_count())
+
+  source = make_source(config)
+  state: TrainState = trainer.init_state(int(config.seed))
+  example = source.batch(0, range(1))
+  trainer.compile_step(example)
+  rows = distributed.local_rows(next(iter(trainer.batch_shardings.values())), batch_size)
+
+  def batch_at(step: int, split: str = "train"):
+    local = source.batch(step, rows, split)
+    return distributed.global_batch(local, trainer.batch_shardings, batch_size)
+
+  flops_per_step = flops.train_flops_per_step(trainer.model_config, batch_size, seq_length,
+                                              _predictions_per_seq(config))
+  peak, peak_source = flops.peak_flops_per_device()
+  # Simulated CPU devices share one host's cores: the measured matmul peak is the host's.
+  total_peak = peak if jax.default_backend() == "cpu" else peak * jax.device_count()
+  if is_main:
+    log.info("model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", flops_per_step, total_peak,
+             peak_source)
+
+  writer = MetricsWriter(workdir, total, enabled=is_main)
+  watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
+  profile_dir = str(workdir / "profile")
+  tracing = False
+  last_log_time, last_log_step = time.perf_counter(), int(state.step)
+  train_metrics: dict[str, Any] = {}
+  step = int(state.step)
+  try:
+    while step < total:
+      if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
+        jax.profiler.start_trace(profile_dir)
+        tracing = True
+      state, metrics = trainer.step(state, batch_at(step))
+      step += 1
+      watchdog.tick()
+      if tracing and step >= config.profile.start_step + config.profile.num_steps:
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        tracing = False
+        log.info("profile of steps %d..%d written to %s", config.profile.start_step, step - 1,
+                 profile_dir)
+      if step % config.log_every == 0 or step == total:
+        train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        now = time.perf_counter()
+        steps_done = step - last_log_step
+        step_time = (now - last_log_time) / max(steps_done, 1)
+        train_metrics.update(step_time=step_time,
+                             tokens_per_sec=batch_size * seq_length / step_time,
+                             mfu=flops_per_step / step_time / total_peak)
+        check_finite(step, train_metrics)
+        writer.write(step, train_metrics)
+        last_log_time, last_log_step = time.perf_counter(), step
+      if config.eval_every and (step % config.eval_every == 0 or step == total):
+        writer.write(step, evaluate(trainer, state, batch_at, int(config.eval_steps)),
+                     prefix="eval")
+        last_log_time = time.perf_counter()
+  finally:
+    watchdog.stop()
+    writer.close()
+  # The product of the run: params-only, what `bertjax export` and fine-tuning start from.
+  params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
+  if is_main:
+    log.info("final parameters written to %s", params_dir)
+  return train_metrics
+
+
+def evaluate(trainer: Trainer, state: TrainState, batch_at, num_batches: int) -> dict[str, float]:
+  """Mean metrics over `num_batches` held-out batches (the synthetic source's eval split)."""
+  totals: dict[str, float] = {}
+  for i in range(num_batches):
+    metrics = jax.device_get(trainer.evaluate(state.params, batch_at(i, "eval")))
+    for key, value in metrics.items():
+      totals[key] = totals.get(key, 0.0) + float(value) / num_batches
+  if "lm_loss" in totals:
+    totals["perplexity"] = float(np.exp(totals["lm_loss"]))
+  return totals

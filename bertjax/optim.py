@@ -1,0 +1,99 @@
+"""Optimizers and learning-rate schedules, built from the config's `optimizer` group.
+
+- AdamW with BERT's conventions (eps 1e-6, decoupled weight decay 0.01, no decay on LayerNorm
+  parameters and biases), LAMB (You et al. 2020, large-batch BERT), Adafactor.
+- Schedules: linear warmup + linear decay to zero (BERT), linear warmup + cosine decay to a
+  floor and constant after (GPT-2/3), or constant after warmup.
+- Global-norm gradient clipping.
+
+Weight decay applies to matrices and embedding tables only: `decay_mask` is the one place that
+decides, from the parameter's leaf name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+
+# Leaves that are decayed; everything else (LayerNorm scale/bias, biases, mlm_bias) is not.
+DECAYED_LEAVES = ("kernel", "embedding")
+
+
+def decay_mask(params: Any) -> Any:
+  """True for parameters that get weight decay: kernels and embedding tables."""
+  def is_decayed(path, _):
+    last = path[-1]
+    return getattr(last, "key", getattr(last, "name", None)) in DECAYED_LEAVES
+  return jax.tree_util.tree_map_with_path(is_decayed, params)
+
+
+def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
+  """Warmup then `opt.schedule`: linear (to 0 at the last step), cosine (to end_lr_fraction of
+  the peak at `decay_steps`, constant after) or constant."""
+  peak, warmup = float(opt.learning_rate), int(opt.warmup_steps)
+  if warmup > num_train_steps:
+    raise ValueError(f"optimizer.warmup_steps={warmup} exceeds num_train_steps={num_train_steps}")
+  warmup_fn = optax.linear_schedule(0.0, peak, warmup)
+  decay_steps = int(opt.decay_steps) or num_train_steps
+  remaining = max(decay_steps - warmup, 1)
+  if opt.schedule == "linear":
+    decay_fn = optax.linear_schedule(peak, peak * float(opt.end_lr_fraction), remaining)
+  elif opt.schedule == "cosine":
+    decay_fn = optax.cosine_decay_schedule(peak, remaining, alpha=float(opt.end_lr_fraction))
+  elif opt.schedule == "constant":
+    decay_fn = optax.constant_schedule(peak)
+  else:
+    raise ValueError(f"optimizer.schedule must be linear, cosine or constant, got "
+                     f"{opt.schedule!r}")
+  return optax.join_schedules([warmup_fn, decay_fn], [warmup])
+
+
+def build_optimizer(opt: ml_collections.ConfigDict,
+                    num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The full update rule (clipping, then the optimizer) and its learning-rate schedule."""
+  schedule = learning_rate_schedule(opt, num_train_steps)
+  wd = float(opt.weight_decay)
+  if opt.name == "adamw":
+    core = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
+                       mask=decay_mask)
+  elif opt.name == "lamb":
+    core = optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
+                      mask=decay_mask)
+  elif opt.name == "adafactor":
+    core = optax.adafactor(schedule, weight_decay_rate=wd or None,
+                           weight_decay_mask=decay_mask if wd else None)
+  else:
+    raise ValueError(f"optimizer.name must be adamw, lamb or adafactor, got {opt.name!r}")
+  chain = [core]
+  if opt.clip_norm and float(opt.clip_norm) > 0:
+    chain.insert(0, optax.clip_by_global_norm(float(opt.clip_norm)))
+  return optax.chain(*chain), schedule
+
+
+def default_optimizer_config() -> ml_collections.ConfigDict:
+  """The `optimizer` group; defaults are BERT's (Devlin et al. 2019, App. A.2)."""
+  return ml_collections.ConfigDict({
+      # adamw | lamb | adafactor
+      "name": "adamw",
+      # Peak learning rate, reached at the end of warmup.
+      "learning_rate": 1e-4,
+      # Linear warmup from 0, in steps.
+      "warmup_steps": 10_000,
+      # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant.
+      "schedule": "linear",
+      # Final learning rate as a fraction of the peak (BERT: 0; GPT-3: 0.1).
+      "end_lr_fraction": 0.0,
+      # Step at which decay ends (0: the last training step); constant afterwards.
+      "decay_steps": 0,
+      # Adam/LAMB moments and epsilon (BERT: 0.9, 0.999, 1e-6).
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-6,
+      # Decoupled weight decay on kernels and embeddings only.
+      "weight_decay": 0.01,
+      # Global-norm gradient clipping (0: off).
+      "clip_norm": 1.0,
+  })

@@ -1,0 +1,179 @@
+"""The training core: a sharded train state and one jitted, pure train step.
+
+`train_step(state, batch) -> (state, metrics)` is jitted once with explicit in/out shardings
+and the state donated. Gradient accumulation runs inside the step as a scan over
+micro-batches. Parameters and optimizer state are created directly in their shardings.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bertjax import objectives, optim, sharding
+from bertjax.config import model_config
+from bertjax.models import build_model, init_compiler_options, init_params
+
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  # Raw key data (uint32), so checkpoints hold a plain array.
+  rng: jax.Array
+
+
+def _trailing_names(path) -> tuple[str, ...]:
+  names = []
+  for entry in reversed(path):
+    if isinstance(entry, jax.tree_util.DictKey):
+      names.append(str(entry.key))
+    else:
+      break
+  return tuple(reversed(names))
+
+
+def optimizer_state_shardings(abstract_opt_state: Any, param_shardings: Any, params: Any,
+                              mesh: Mesh) -> Any:
+  """Optimizer slots mirror their parameter's sharding (ZeRO: moments sharded like weights);
+  anything else (step counts, factored Adafactor rows) is replicated."""
+  by_name = {}
+  for path, sh in jax.tree_util.tree_leaves_with_path(param_shardings):
+    by_name[_trailing_names(path)] = sh
+  shapes = {_trailing_names(p): leaf.shape for p, leaf in jax.tree_util.tree_leaves_with_path(
+      params)}
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def pick(path, leaf):
+    names = _trailing_names(path)
+    if names in by_name and shapes[names] == leaf.shape:
+      return by_name[names]
+    return replicated
+  return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
+def batch_shardings(example: dict[str, Any], mesh: Mesh, rules) -> dict[str, NamedSharding]:
+  """Every batch field sharded over the mesh axes the rules give `batch`, on dimension 0."""
+  batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  return {k: NamedSharding(mesh, PartitionSpec(batch_axes, *([None] * (np.ndim(v) - 1))))
+          for k, v in example.items()}
+
+
+def _split_micro_batches(x: jax.Array, k: int) -> jax.Array:
+  """[B, ...] -> [k, B/k, ...] with micro-batch j = rows j, j+k, ...: every micro-batch spans
+  all data shards, so the split is local to each device."""
+  b = x.shape[0]
+  if b % k:
+    raise ValueError(f"batch of {b} is not divisible into {k} micro-batches")
+  x = x.reshape((b // k, k) + x.shape[1:])
+  x = jnp.swapaxes(x, 0, 1)
+  return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+
+
+def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.BertPretraining |
+               objectives.CausalLM, optimizer: optax.GradientTransformation,
+               schedule: optax.Schedule, accum_steps: int, rules) -> tuple[TrainState, dict]:
+  """One optimizer update on the global batch (pure; jitted by `Trainer`)."""
+  with nn.logical_axis_rules(rules):
+    norm = loss_fn.normalizers(batch)
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if accum_steps == 1:
+      (loss, metrics), grads = grad_fn(state.params, batch, norm, key)
+    else:
+      micro = jax.tree.map(functools.partial(_split_micro_batches, k=accum_steps), batch)
+
+      def accumulate(carry, xs):
+        micro_batch, i = xs
+        (l, m), g = grad_fn(state.params, micro_batch, norm, jax.random.fold_in(key, i))
+        return jax.tree.map(jnp.add, carry, (l, m, g)), None
+
+      shapes = jax.eval_shape(
+          lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), norm, key))
+      (loss0, metrics0), grads0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+      zeros = (loss0, metrics0, grads0)
+      (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros,
+                                               (micro, jnp.arange(accum_steps)))
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+  metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads),
+             "learning_rate": schedule(state.step)}
+  if "lm_loss" in metrics:
+    metrics["perplexity"] = jnp.exp(metrics["lm_loss"])
+  return TrainState(state.step + 1, params, opt_state, state.rng), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, loss_fn, rules) -> dict:
+  with nn.logical_axis_rules(rules):
+    loss, metrics = loss_fn(params, batch, loss_fn.normalizers(batch), None)
+  return {**metrics, "loss": loss}
+
+
+class Trainer:
+  """Holds the model, objective, optimizer and the compiled, sharded step functions."""
+
+  def __init__(self, config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    self.config = config
+    self.mesh = mesh
+    self.rules = sharding.resolve_rules(config.sharding_rules)
+    self.model_config = model_config(config)
+    self.model = build_model(self.model_config)
+    self.loss_fn = objectives.build_objective(config.objective, self.model)
+    self.optimizer, self.schedule = optim.build_optimizer(config.optimizer,
+                                                          config.num_train_steps)
+    self.accum_steps = int(config.grad_accum_steps)
+    self.state_shardings = self._state_shardings()
+    self._step = None
+    self._eval = None
+
+  def _init_fn(self, rng: jax.Array) -> TrainState:
+    param_rng, dropout_rng = jax.random.split(rng)
+    params = nn.meta.unbox(init_params(self.model, param_rng))
+    return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params),
+                      jax.random.key_data(dropout_rng))
+
+  def _state_shardings(self) -> TrainState:
+    boxed = jax.eval_shape(lambda r: init_params(self.model, r), jax.random.key(0))
+    param_sh = sharding.shardings_for(boxed, self.mesh, self.rules)
+    abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
+    replicated = NamedSharding(self.mesh, PartitionSpec())
+    opt_sh = optimizer_state_shardings(abstract.opt_state, param_sh, abstract.params,
+                                       self.mesh)
+    return TrainState(replicated, param_sh, opt_sh, replicated)
+
+  def init_state(self, seed: int) -> TrainState:
+    """The initial state, created directly in its shardings."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return jax.jit(self._init_fn, out_shardings=self.state_shardings,
+                     compiler_options=init_compiler_options())(jax.random.key(seed))
+
+  def compile_step(self, example_batch: dict[str, Any]) -> Callable:
+    self.batch_shardings = batch_shardings(example_batch, self.mesh, self.rules)
+    step = functools.partial(train_step, loss_fn=self.loss_fn, optimizer=self.optimizer,
+                             schedule=self.schedule, accum_steps=self.accum_steps,
+                             rules=self.rules)
+    self._step = jax.jit(step, in_shardings=(self.state_shardings, self.batch_shardings),
+                         out_shardings=(self.state_shardings, None), donate_argnums=(0,))
+    self._eval = jax.jit(functools.partial(eval_step, loss_fn=self.loss_fn, rules=self.rules),
+                         in_shardings=(self.state_shardings.params, self.batch_shardings))
+    return self._step
+
+  def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    with jax.set_mesh(self.mesh):
+      return self._step(state, batch)
+
+  def evaluate(self, params: Any, batch: Batch) -> dict:
+    with jax.set_mesh(self.mesh):
+      return self._eval(params, batch)

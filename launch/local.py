@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Run one command as N cooperating JAX processes on this machine (127.0.0.1), each with M CPU
+devices: the multi-host setup of a pod, in miniature. The multi-host tests use it.
+
+  python launch/local.py --processes 2 --devices 4 -- \\
+      bertjax train --config configs/gpt_tiny.py --workdir runs/gpt_2x4
+
+Each process gets BERTJAX_COORDINATOR_ADDRESS / BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID
+(read by bertjax.distributed), JAX_PLATFORMS=cpu and its device count in XLA_FLAGS; output
+lines are prefixed with [pN]. If a process fails, the others get --grace seconds to notice and
+exit on their own, then are terminated; the launcher exits with the first failure's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def process_env(index: int, processes: int, devices: int, port: int) -> dict[str, str]:
+  env = dict(os.environ)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith("--xla_force_host_platform_device_count")]
+  env.update(
+      BERTJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", BERTJAX_NUM_PROCESSES=str(processes),
+      BERTJAX_PROCESS_ID=str(index), JAX_PLATFORMS="cpu",
+      XLA_FLAGS=" ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]))
+  return env
+
+
+def _pump(index: int, stream) -> None:
+  for line in iter(stream.readline, ""):
+    sys.stdout.write(f"[p{index}] {line}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--processes", type=int, default=2, help="number of processes (hosts)")
+  parser.add_argument("--devices", type=int, default=4, help="CPU devices per process")
+  parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
+  parser.add_argument("--grace", type=float, default=60.0,
+                      help="seconds the others get to exit after one process fails")
+  parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+  parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+  args = parser.parse_args(argv)
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  if not command:
+    parser.error("no command given (put it after --)")
+  port = args.port or free_port()
+  if args.dry_run:
+    for i in range(args.processes):
+      env = process_env(i, args.processes, args.devices, port)
+      keys = ("BERTJAX_COORDINATOR_ADDRESS", "BERTJAX_NUM_PROCESSES", "BERTJAX_PROCESS_ID",
+              "JAX_PLATFORMS", "XLA_FLAGS")
+      print(" ".join(f"{k}='{env[k]}'" for k in keys) + " " + " ".join(command))
+    return 0
+  procs = []
+  for i in range(args.processes):
+    proc = subprocess.Popen(command, env=process_env(i, args.processes, args.devices, port),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    threading.Thread(target=_pump, args=(i, proc.stdout), daemon=True).start()
+    procs.append(proc)
+  first_failure, failed_at = 0, None
+  while any(p.poll() is None for p in procs):
+    for i, p in enumerate(procs):
+      if p.returncode not in (None, 0) and failed_at is None:
+        first_failure, failed_at = p.returncode, time.monotonic()
+        print(f"[launch] process {i} exited with {p.returncode}; the others have "
+              f"{args.grace:.0f} s to exit", flush=True)
+    if failed_at is not None and time.monotonic() - failed_at > args.grace:
+      for p in procs:
+        if p.poll() is None:
+          p.terminate()
+    time.sleep(0.2)
+  codes = [p.returncode for p in procs]
+  if first_failure == 0:
+    first_failure = next((c for c in codes if c != 0), 0)
+  return first_failure
+
+
+if __name__ == "__main__":
+  sys.exit(main())

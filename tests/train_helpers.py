@@ -1,0 +1,51 @@
+"""Small training configs and one-step helpers shared by the training tests."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from bertjax import config as config_lib, distributed, sharding
+from bertjax.data import make_source
+from bertjax.train import Trainer
+
+
+def tiny_config(family: str, **overrides):
+  """bert_tiny / gpt_tiny shrunk further, fp32, dropout off (deterministic comparisons)."""
+  config = config_lib.load_config("bert_tiny" if family == "bert" else "gpt_tiny")
+  config.model.update(dict(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
+                           mlp_dim=128, max_positions=32, hidden_dropout=0.0,
+                           attention_dropout=0.0))
+  config.update(dict(batch_size=16, seq_length=32, max_predictions=5, num_train_steps=10,
+                     log_every=1, eval_every=0))
+  config.optimizer.warmup_steps = 2
+  config.optimizer.learning_rate = 1e-3
+  for key, value in overrides.items():
+    node = config
+    *parents, last = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[last] = value
+  return config
+
+
+def mesh_for(axes: tuple[int, int, int]):
+  n = int(np.prod(axes))
+  return sharding.make_mesh(dict(zip(sharding.MESH_AXES, axes)), jax.devices()[:n])
+
+
+def run_steps(config, axes, steps: int = 1):
+  """Trains `steps` steps on a mesh; returns (trainer, state, [metrics per step])."""
+  mesh = mesh_for(axes)
+  trainer = Trainer(config, mesh)
+  state = trainer.init_state(int(config.seed))
+  source = make_source(config)
+  trainer.compile_step(source.batch(0, range(1)))
+  rows = distributed.local_rows(next(iter(trainer.batch_shardings.values())), config.batch_size)
+  history = []
+  for step in range(steps):
+    batch = distributed.global_batch(source.batch(step, rows), trainer.batch_shardings,
+                                     config.batch_size)
+    state, metrics = trainer.step(state, batch)
+    history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+  return trainer, state, history
