@@ -123,6 +123,21 @@ def base_config(model: ConfigDict) -> ConfigDict:
   return config
 
 
+def tiny_cpu_training(config: ConfigDict, batch_size: int) -> ConfigDict:
+  """The training settings of the tiny CPU configs (minutes on 2 cores): 300 steps of
+  `batch_size` x 128 tokens, lr 1e-3 after 30 warmup steps, logs every 25 steps, eval every
+  100 on 4 batches."""
+  config.batch_size = batch_size
+  config.seq_length = 128
+  config.num_train_steps = 300
+  config.log_every = 25
+  config.eval_every = 100
+  config.eval_steps = 4
+  config.optimizer.learning_rate = 1e-3
+  config.optimizer.warmup_steps = 30
+  return config
+
+
 def model_config(config: ConfigDict) -> ModelConfig:
   return ModelConfig.from_mapping(config.model.to_dict())
 

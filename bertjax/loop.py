@@ -7,6 +7,7 @@ host building the next batch while the device runs this one).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+import tqdm
 
 from bertjax import checkpoint, distributed, flops, sharding
 from bertjax.data import make_source
@@ -21,6 +23,17 @@ from bertjax.metrics import MetricsWriter, check_finite
 from bertjax.train import Trainer, TrainState
 
 log = logging.getLogger(__name__)
+
+
+class _TqdmStream:
+  """Console lines printed above the progress bar instead of through it."""
+
+  def write(self, text: str) -> None:
+    if text.strip():
+      tqdm.tqdm.write(text.rstrip("\n"))
+
+  def flush(self) -> None:
+    pass
 
 
 def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
@@ -67,13 +80,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     log.info("model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", flops_per_step, total_peak,
              peak_source)
 
-  writer = MetricsWriter(workdir, total, enabled=is_main)
+  # A progress bar only where a person watches; log files get the periodic lines alone.
+  progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True)
+              if is_main and sys.stdout.isatty() else None)
+  writer = MetricsWriter(workdir, total, enabled=is_main,
+                         stream=_TqdmStream() if progress else None)
   watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
   profile_dir = str(workdir / "profile")
   tracing = False
   last_log_time, last_log_step = time.perf_counter(), int(state.step)
   train_metrics: dict[str, Any] = {}
-  step = int(state.step)
+  step = first_step = int(state.step)
   try:
     while step < total:
       if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
@@ -82,6 +99,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       state, metrics = trainer.step(state, batch_at(step))
       step += 1
       watchdog.tick()
+      if progress:
+        progress.update(1)
+      if step == first_step + 1:
+        # The first step includes compilation: time it apart from the steady state.
+        jax.block_until_ready(metrics)
+        if is_main:
+          log.info("first step (compile + run) took %.1f s",
+                   time.perf_counter() - last_log_time)
+        last_log_time, last_log_step = time.perf_counter(), step
       if tracing and step >= config.profile.start_step + config.profile.num_steps:
         jax.block_until_ready(state)
         jax.profiler.stop_trace()
@@ -92,20 +118,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
         steps_done = step - last_log_step
-        step_time = (now - last_log_time) / max(steps_done, 1)
-        train_metrics.update(step_time=step_time,
-                             tokens_per_sec=batch_size * seq_length / step_time,
-                             mfu=flops_per_step / step_time / total_peak)
+        if steps_done:  # none right after the (compiling) first step
+          step_time = (now - last_log_time) / steps_done
+          train_metrics.update(step_time=step_time,
+                               tokens_per_sec=batch_size * seq_length / step_time,
+                               mfu=flops_per_step / step_time / total_peak)
         check_finite(step, train_metrics)
         writer.write(step, train_metrics)
         last_log_time, last_log_step = time.perf_counter(), step
       if config.eval_every and (step % config.eval_every == 0 or step == total):
+        eval_start = time.perf_counter()
         writer.write(step, evaluate(trainer, state, batch_at, int(config.eval_steps)),
                      prefix="eval")
-        last_log_time = time.perf_counter()
+        # Time spent evaluating is not training time: keep it out of step time and tokens/s.
+        last_log_time += time.perf_counter() - eval_start
   finally:
     watchdog.stop()
     writer.close()
+    if progress:
+      progress.close()
   # The product of the run: params-only, what `bertjax export` and fine-tuning start from.
   params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
   if is_main:

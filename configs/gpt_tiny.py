@@ -1,25 +1,20 @@
 """A tiny GPT-2-style decoder for CPU: the tests and quick experiments.
 
 GPT-2 architecture (pre-LN, final LayerNorm, tanh-GELU, tied LM head, 1/sqrt(2L) residual init)
-at 2 layers, width 128, 4 heads, context 128, vocabulary 8192.
+at 2 layers, width 128, 4 heads, context 128, vocabulary 8192; batch 16 x 128 tokens,
+300 steps, AdamW (0.9, 0.95) lr 1e-3, warmup 30, cosine to 10%, weight decay 0.1.
 
-  bertjax info --config configs/gpt_tiny.py
+  bertjax train --config configs/gpt_tiny.py --workdir runs/gpt_tiny
 """
 
-from bertjax.config import base_config, gpt_model
+from bertjax.config import base_config, gpt_model, tiny_cpu_training
 
 
 def get_config():
   config = base_config(gpt_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=4,
                                  mlp_dim=512, max_positions=128))
-  config.batch_size = 16
-  config.seq_length = 128
-  config.num_train_steps = 300
-  config.log_every = 25
-  config.eval_every = 100
-  config.eval_steps = 4
-  config.optimizer.learning_rate = 1e-3
-  config.optimizer.warmup_steps = 30
+  tiny_cpu_training(config, batch_size=16)
+  # GPT-3's optimizer shape (Brown et al. 2020, App. B), scaled down.
   config.optimizer.schedule = "cosine"
   config.optimizer.end_lr_fraction = 0.1
   config.optimizer.b2 = 0.95

@@ -62,3 +62,16 @@ def test_gradient_accumulation_equals_large_batch(devices, family):
   for x, y in zip(jax.tree.leaves(jax.device_get(state_a.params)),
                   jax.tree.leaves(jax.device_get(state_b.params))):
     np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"model.dtype": "bfloat16", "model.remat_policy": "dots", "optimizer.name": "lamb"},
+    {"model.remat_policy": "full", "optimizer.name": "adafactor", "model.scan_layers": False},
+], ids=["bf16-dots-lamb", "full-remat-adafactor-unrolled"])
+def test_precision_remat_and_optimizer_variants_train(devices, overrides):
+  config = train_helpers.tiny_config("gpt", **overrides)
+  _, state, history = train_helpers.run_steps(config, (2, 2, 2), steps=3)
+  assert all(np.isfinite(h["loss"]) for h in history)
+  assert history[-1]["loss"] < history[0]["loss"]
+  # fp32 master weights whatever the compute dtype.
+  assert {str(x.dtype) for x in jax.tree.leaves(state.params)} == {"float32"}
