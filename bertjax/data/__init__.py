@@ -1,4 +1,5 @@
-"""Input sources. Until the corpus pipeline lands, `synthetic_markov` is the only source."""
+"""Input sources. Training reads `synthetic_markov` until the corpus pipeline is complete;
+`wikipedia` streams MediaWiki dumps into clean articles (the pipeline's first stage)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,157 @@
+"""MediaWiki dump reading and wikitext cleaning on real-format XML, and its bad inputs."""
+
+import bz2
+
+import pytest
+
+from bertjax.data import wikipedia
+from bertjax.data.wikitext import clean_wikitext, is_disambiguation
+
+HEADER = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10" '
+          'xml:lang="en">\n  <siteinfo><sitename>Wikipedia</sitename></siteinfo>\n')
+
+ARTICLE = """{{Infobox country
+| name = Freedonia
+| capital = [[Fredville]]
+}}
+'''Freedonia''' is a [[fictional country|fictional nation]] in the film ''[[Duck Soup]]''.<ref>{{cite web|url=http://x|title=Y}}</ref> It is ruled by Rufus T. Firefly.<!-- hidden -->
+[[File:Flag.png|thumb|200px|The flag of Freedonia]]
+
+== History ==
+Freedonia declared war on [[Sylvania]] after a series of insults.{{citation needed|date=May 2020}}
+
+{| class="wikitable"
+! Year !! Event
+|-
+| 1933 || The war
+|}
+
+* a list item about navigation
+== See also ==
+* [[Marx Brothers]]
+
+== References ==
+{{reflist}}
+
+[[Category:Fictional countries]]
+[[fr:Freedonie]]
+"""
+
+
+def _page(title, text, ns=0, redirect=None, page_id=1):
+  red = f'<redirect title="{redirect}" />' if redirect else ""
+  return (f"  <page>\n    <title>{title}</title>\n    <ns>{ns}</ns>\n    <id>{page_id}</id>\n"
+          f"    {red}\n    <revision><id>1</id><text xml:space=\"preserve\">{text}</text>"
+          f"</revision>\n  </page>\n")
+
+
+def _escape(text):
+  return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _dump(pages, encoding="utf-8"):
+  body = HEADER + "".join(pages) + "</mediawiki>\n"
+  return (f'<?xml version="1.0" encoding="{encoding}"?>\n' + body).encode(encoding)
+
+
+def test_clean_wikitext_keeps_prose_and_link_text_only():
+  paragraphs = clean_wikitext(ARTICLE)
+  text = "\n".join(paragraphs)
+  assert paragraphs[0] == ("Freedonia is a fictional nation in the film Duck Soup. It is ruled "
+                           "by Rufus T. Firefly.")
+  assert "Freedonia declared war on Sylvania after a series of insults." in text
+  for debris in ("{{", "}}", "[[", "]]", "<ref", "cite web", "thumb", "200px", "wikitable",
+                 "1933", "Category", "Freedonie", "hidden", "Marx Brothers", "navigation",
+                 "History", "References", "Infobox", "capital"):
+    assert debris not in text, debris
+
+
+def test_disambiguation_detection():
+  assert is_disambiguation("'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n"
+                           "{{disambiguation}}")
+  assert is_disambiguation("text", title="Mercury (disambiguation)")
+  assert is_disambiguation("{{Geodis}}")
+  assert not is_disambiguation(ARTICLE, "Freedonia")
+
+
+def test_read_dump_skips_and_counts(tmp_path):
+  pages = [_page("Freedonia", _escape(ARTICLE), page_id=1),
+           _page("Fredonia", "#REDIRECT [[Freedonia]]", redirect="Freedonia", page_id=2),
+           _page("Mercury (disambiguation)", "'''Mercury''' may be:\n* [[Mercury (planet)]]",
+                 page_id=3),
+           _page("Talk:Freedonia", "A talk page with several words of text.", ns=1, page_id=4),
+           _page("Empty", _escape("{{stub}}"), page_id=5)]
+  path = tmp_path / "dump.xml.bz2"
+  path.write_bytes(bz2.compress(_dump(pages)))
+  skips = wikipedia.SkipCounts()
+  articles = list(wikipedia.read_dump(path, skips))
+  assert [a.title for a in articles] == ["Freedonia"] and articles[0].id == "1"
+  assert skips.counts == {"redirect": 1, "disambiguation": 1, "non-article namespace": 1,
+                          "empty article": 1}
+
+
+def test_declared_encoding_is_respected(tmp_path):
+  text = "Café Müller is a ballet by Pina Bausch, first staged in Wuppertal."
+  path = tmp_path / "latin1.xml"
+  path.write_bytes(_dump([_page("Café Müller", text)], encoding="ISO-8859-1"))
+  assert b"Caf\xe9" in path.read_bytes()  # really not UTF-8 on disk
+  articles = list(wikipedia.read_dump(path))
+  assert articles[0].title == "Café Müller" and articles[0].paragraphs == [text]
+
+
+def test_multistream_bz2_is_read_to_the_end(tmp_path):
+  first = _dump([_page("One", "The first article has enough words here.", page_id=1)])
+  head, tail = first.split(b"  <page>", 1)
+  second = _page("Two", "The second article sits in another stream.", page_id=2).encode()
+  path = tmp_path / "multi.xml.bz2"
+  path.write_bytes(bz2.compress(head) + bz2.compress(b"  <page>" + tail.replace(
+      b"</mediawiki>\n", b"")) + bz2.compress(second + b"</mediawiki>\n"))
+  assert [a.title for a in wikipedia.read_dump(path)] == ["One", "Two"]
+
+
+def test_truncated_bz2_names_file_and_position(tmp_path):
+  data = bz2.compress(_dump([_page(f"P{i}", "Some words of article text here.", page_id=i)
+                             for i in range(200)]))
+  path = tmp_path / "cut.xml.bz2"
+  path.write_bytes(data[: len(data) // 2])
+  with pytest.raises(wikipedia.CorpusError, match=r"cut\.xml\.bz2: .*truncated"):
+    list(wikipedia.read_dump(path))
+
+
+def test_malformed_xml_names_line_and_column(tmp_path):
+  path = tmp_path / "bad.xml"
+  path.write_bytes(_dump([_page("Ok", "Fine words in this article body.")]).replace(
+      b"</title>", b"</titel>", 1))
+  with pytest.raises(wikipedia.CorpusError, match=r"bad\.xml: malformed XML at line \d+, column \d+"):
+    list(wikipedia.read_dump(path))
+
+
+@pytest.mark.parametrize("content,message", [(b"", "empty file"),
+                                             (bytes(range(256)) * 4, "malformed XML"),
+                                             (b"<html><body>hi</body></html>", "not a MediaWiki")])
+def test_bad_files(tmp_path, content, message):
+  path = tmp_path / "input.xml"
+  path.write_bytes(content)
+  with pytest.raises(wikipedia.CorpusError, match=message):
+    list(wikipedia.read_dump(path))
+
+
+def test_missing_path(tmp_path):
+  with pytest.raises(wikipedia.CorpusError, match="no such file"):
+    list(wikipedia.read_dump(tmp_path / "nope.xml"))
+
+
+def test_embedded_sample_dump():
+  """The shipped corpus: 206 pages, 100 with <redirect> (one of them outside namespace 0);
+  every page is an article or a counted skip, and every article is clean prose."""
+  skips = wikipedia.SkipCounts()
+  articles = list(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP, skips))
+  assert skips.counts["redirect"] == 99 and skips.counts["non-article namespace"] == 1
+  assert skips.counts["disambiguation"] >= 1
+  assert len(articles) + sum(skips.counts.values()) == 206
+  words = sum(len(p.split()) for a in articles for p in a.paragraphs)
+  assert words > 300_000
+  for article in articles:
+    for paragraph in article.paragraphs:
+      for debris in ("{{", "}}", "[[", "]]", "<ref", "thumb|", "{|", "|}"):
+        assert debris not in paragraph, (article.title, debris, paragraph[:200])
