@@ -1,0 +1,76 @@
+"""WordPiece vocabularies (original BERT / Hugging Face `vocab.txt`), with the ids of Hugging
+Face's BertTokenizer, so imported checkpoints can be continued.
+
+Tokenisation itself is Hugging Face `tokenizers` (Rust): BERT's basic tokenizer (cleanup,
+CJK spacing, optional lower-casing with accent stripping, punctuation splitting) followed by
+greedy longest-match WordPiece. tests/test_wordpiece.py checks its ids against the
+`transformers` BertTokenizer on thousands of sentences, cased and uncased.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import BertWordPieceTokenizer
+
+from bertjax.data.wikipedia import CorpusError
+
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclasses.dataclass
+class WordPiece:
+  """A loaded vocab.txt: `encode` text to ids; special-token ids by name."""
+
+  path: Path
+  lowercase: bool
+  _tokenizer: BertWordPieceTokenizer
+  vocab: dict[str, int]
+
+  @classmethod
+  def from_vocab(cls, path: str | Path, lowercase: bool = True) -> "WordPiece":
+    """Loads `vocab.txt` (one token per line, id = line number); `lowercase` as the
+    checkpoint was trained (bert-base-uncased: True, -cased: False)."""
+    path = Path(path)
+    if not path.is_file():
+      raise CorpusError(f"{path}: no such vocabulary file")
+    try:
+      lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+      raise CorpusError(f"{path}: not UTF-8 text at byte {e.start}; a vocab.txt is UTF-8, one "
+                        "token per line") from None
+    if lines and lines[-1] == "":
+      lines = lines[:-1]
+    vocab = {}
+    for i, token in enumerate(lines):
+      vocab.setdefault(token.rstrip("\r"), i)
+    missing = [t for t in BERT_SPECIAL_TOKENS if t not in vocab]
+    if missing:
+      raise CorpusError(f"{path}: vocabulary lacks the special token(s) {', '.join(missing)} "
+                        f"that BERT needs ({len(vocab)} tokens read)")
+    tokenizer = BertWordPieceTokenizer(str(path), lowercase=lowercase,
+                                       strip_accents=lowercase, clean_text=True,
+                                       handle_chinese_chars=True)
+    return cls(path, lowercase, tokenizer, vocab)
+
+  def __len__(self) -> int:
+    return len(self.vocab)
+
+  def token_id(self, token: str) -> int:
+    return self.vocab[token]
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text` without [CLS]/[SEP] (instances add those)."""
+    return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+  def tokens(self, text: str) -> list[str]:
+    return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+  def is_continuation(self, token_id: int) -> bool:
+    """True for "##" pieces, which whole-word masking groups with the previous piece."""
+    return self._tokenizer.id_to_token(token_id).startswith("##")

@@ -1,0 +1,80 @@
+"""WordPiece vocab.txt loading: ids equal Hugging Face's BertTokenizer (the `tokenizers`
+backend of transformers 5) and BertTokenizerLegacy (the pure-Python port of
+google-research/bert's tokenizer), cased and uncased, on thousands of Wikipedia sentences."""
+
+import re
+
+import pytest
+
+from bertjax.data import wikipedia
+from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
+
+transformers = pytest.importorskip("transformers", reason="the hf extra provides the reference")
+from tokenizers import BertWordPieceTokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sentences():
+  out = []
+  for article in wikipedia.read_dump(wikipedia.EMBEDDED_DUMP):
+    for paragraph in article.paragraphs:
+      out += [s for s in re.split(r"(?<=[.!?])\s+", paragraph) if s]
+  assert len(out) > 3000
+  # Every 4th sentence, plus text that exercises the basic tokenizer's corners.
+  return out[::4] + ["Café déjà vu — naïve façade", "東京 is Tokyo; 北京 is Beijing.",
+                     "tabs\tand\u00a0spaces\u200b and control\x07 chars", "ǅemal ÅNGSTRÖM",
+                     "a" * 150, "", "   "]
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["uncased", "cased"])
+def vocab(request, tmp_path_factory, sentences):
+  """A WordPiece vocab trained on the sample with `tokenizers` (no download needed)."""
+  lowercase = request.param
+  trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
+  trainer.train_from_iterator(sentences, vocab_size=3000, min_frequency=2,
+                              special_tokens=list(BERT_SPECIAL_TOKENS))
+  directory = tmp_path_factory.mktemp("uncased" if lowercase else "cased")
+  trainer.save_model(str(directory))
+  return directory / "vocab.txt", lowercase
+
+
+def test_ids_equal_hugging_face_bert_tokenizers(vocab, sentences):
+  path, lowercase = vocab
+  ours = WordPiece.from_vocab(path, lowercase=lowercase)
+  references = [
+      # transformers 5 builds its BertTokenizer from a directory (its vocab_file argument
+      # alone leaves an empty vocabulary).
+      transformers.BertTokenizer.from_pretrained(str(path.parent), do_lower_case=lowercase),
+      transformers.BertTokenizerLegacy(vocab_file=str(path), do_lower_case=lowercase)]
+  got = ours.encode_batch(sentences)
+  for reference in references:
+    mismatches = [(s, g) for s, g in zip(sentences, got)
+                  if g != reference.encode(s, add_special_tokens=False)]
+    assert not mismatches, (type(reference).__name__, len(mismatches), mismatches[:3])
+  assert sum(map(len, got)) > 50_000
+
+
+def test_continuation_pieces_are_marked(vocab):
+  path, lowercase = vocab
+  wp = WordPiece.from_vocab(path, lowercase=lowercase)
+  ids = wp.encode("anarchists unquestionably")
+  tokens = wp.tokens("anarchists unquestionably")
+  assert [wp.is_continuation(i) for i in ids] == [t.startswith("##") for t in tokens]
+  assert any(t.startswith("##") for t in tokens)
+
+
+def test_vocab_without_special_tokens_is_refused(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_text("[PAD]\n[UNK]\nthe\nof\n")
+  with pytest.raises(wikipedia.CorpusError, match=r"vocab\.txt: vocabulary lacks the special "
+                                                  r"token\(s\) \[CLS\], \[SEP\], \[MASK\]"):
+    WordPiece.from_vocab(path)
+
+
+def test_non_utf8_or_missing_vocab(tmp_path):
+  path = tmp_path / "vocab.txt"
+  path.write_bytes(b"[PAD]\n\xff\xfe\n")
+  with pytest.raises(wikipedia.CorpusError, match="not UTF-8 text at byte 6"):
+    WordPiece.from_vocab(path)
+  with pytest.raises(wikipedia.CorpusError, match="no such vocabulary file"):
+    WordPiece.from_vocab(tmp_path / "missing.txt")
