@@ -404,7 +404,8 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
       if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
         raise HFConversionError(f"{copy} is not tied to {original}; bertjax ties them")
       ignored.append(copy)
-  remaining = {k: v for k, v in tensors.items() if k not in set(ignored)}
+  ignored_set = set(ignored)
+  remaining = {k: v for k, v in tensors.items() if k not in ignored_set}
   fresh_flat = unstack_layers(_flat_numpy(fresh_params), cfg)
   flat: Flat = {}
   fresh: list[str] = []

@@ -155,3 +155,21 @@ def test_embedded_sample_dump():
     for paragraph in article.paragraphs:
       for debris in ("{{", "}}", "[[", "]]", "<ref", "thumb|", "{|", "|}"):
         assert debris not in paragraph, (article.title, debris, paragraph[:200])
+
+
+def test_sentence_segmentation_keeps_abbreviations():
+  from bertjax.data.sentences import split_sentences
+  text = ("Dr. Smith went to Washington D.C. on Jan. 5. He met Mr. Jones at 3 p.m. and they "
+          "talked. It was e.g. fine!  ")
+  assert split_sentences(text) == ["Dr. Smith went to Washington D.C. on Jan. 5.",
+                                   "He met Mr. Jones at 3 p.m. and they talked.",
+                                   "It was e.g. fine!"]
+  assert split_sentences("   ") == []
+
+
+def test_sample_has_thousands_of_sentences():
+  from bertjax.data.sentences import split_sentences
+  articles = list(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP))
+  sentences = [s for a in articles for p in a.paragraphs for s in split_sentences(p)]
+  assert len(sentences) > 15_000
+  assert sum(len(s.split()) < 3 for s in sentences) / len(sentences) < 0.05

@@ -2,11 +2,10 @@
 backend of transformers 5) and BertTokenizerLegacy (the pure-Python port of
 google-research/bert's tokenizer), cased and uncased, on thousands of Wikipedia sentences."""
 
-import re
-
 import pytest
 
 from bertjax.data import wikipedia
+from bertjax.data.sentences import split_sentences
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
 
 transformers = pytest.importorskip("transformers", reason="the hf extra provides the reference")
@@ -18,7 +17,7 @@ def sentences():
   out = []
   for article in wikipedia.read_dump(wikipedia.EMBEDDED_DUMP):
     for paragraph in article.paragraphs:
-      out += [s for s in re.split(r"(?<=[.!?])\s+", paragraph) if s]
+      out += split_sentences(paragraph)
   assert len(out) > 3000
   # Every 4th sentence, plus text that exercises the basic tokenizer's corners.
   return out[::4] + ["Café déjà vu — naïve façade", "東京 is Tokyo; 北京 is Beijing.",

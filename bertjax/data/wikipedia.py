@@ -10,20 +10,16 @@ malformed XML raises `CorpusError` naming the file and the position reached.
 from __future__ import annotations
 
 import bz2
-import collections
 import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import IO, Iterator
 
+from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.wikitext import clean_wikitext, is_disambiguation
 
 # Where the embedded default corpus lives (package data), with its attribution.
 EMBEDDED_DUMP = Path(__file__).parent / "corpora" / "enwiki-sample-pages-articles.xml.bz2"
-
-
-class CorpusError(ValueError):
-  """Input that cannot be read; the message names the file and the position."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,19 +27,6 @@ class Article:
   id: str
   title: str
   paragraphs: list[str]
-
-
-@dataclasses.dataclass
-class SkipCounts:
-  """Why pages were not turned into articles, by reason."""
-
-  counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-
-  def add(self, reason: str) -> None:
-    self.counts[reason] += 1
-
-  def summary(self) -> str:
-    return ", ".join(f"{reason}: {n}" for reason, n in sorted(self.counts.items())) or "none"
 
 
 def _open(path: Path) -> IO[bytes]:

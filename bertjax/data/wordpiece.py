@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
-from bertjax.data.wikipedia import CorpusError
+from bertjax.data.errors import CorpusError
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 

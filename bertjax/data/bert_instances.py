@@ -1,0 +1,220 @@
+"""BERT pre-training instances with google-research/bert's `create_pretraining_data` semantics
+("fidelity mode"), on token ids.
+
+The control flow and the order of random draws follow the reference script step for step
+(same `random.Random`, same calls), so the statistics — and, given the same tokenised
+documents and seed, the instances themselves — are the reference's:
+
+- target length max_seq_length − 3, or with probability `short_seq_prob` a uniform
+  `randint(2, max)`, drawn once per document per pass;
+- segments (sentences) accumulate into a chunk until the target is reached; A = the first
+  `randint(1, n−1)` segments; B = the rest, or (probability 0.5, or always for a one-segment
+  chunk) text from a random other document (10 tries to avoid this one), the unused segments
+  being "put back";
+- `truncate_seq_pair` trims the longer side, from the front or back at random;
+- `[CLS] A [SEP] B [SEP]`, segment ids 0 then 1; next_sentence_label 1 = random next;
+- masking: candidates exclude [CLS]/[SEP]; with whole-word masking "##" pieces join the
+  previous word; num_to_predict = min(max_predictions, max(1, round(len·prob))); a word that
+  would overshoot is skipped; each chosen position: 80% [MASK], 10% kept, 10% a random id of
+  the whole vocabulary; positions sorted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+Document = Sequence[Sequence[int]]  # a document is a list of sentences of token ids
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceConfig:
+  max_seq_length: int = 128
+  max_predictions: int = 20
+  masked_lm_prob: float = 0.15
+  short_seq_prob: float = 0.1
+  dupe_factor: int = 10
+  whole_word_mask: bool = False
+  seed: int = 12345
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+  pad: int
+  cls: int
+  sep: int
+  mask: int
+  vocab_size: int
+
+
+@dataclasses.dataclass
+class Instance:
+  tokens: list[int]
+  segment_ids: list[int]
+  is_random_next: bool
+  masked_positions: list[int]
+  masked_labels: list[int]
+
+  def features(self, cfg: InstanceConfig, pad: int) -> dict[str, np.ndarray]:
+    """google-research/bert's feature dict, zero-padded to fixed shapes."""
+    n, p = len(self.tokens), len(self.masked_positions)
+    pad_len, pad_pred = cfg.max_seq_length - n, cfg.max_predictions - p
+    return {
+        "input_ids": np.array(self.tokens + [pad] * pad_len, np.int32),
+        "input_mask": np.array([1] * n + [0] * pad_len, np.int32),
+        "segment_ids": np.array(self.segment_ids + [0] * pad_len, np.int32),
+        "masked_lm_positions": np.array(self.masked_positions + [0] * pad_pred, np.int32),
+        "masked_lm_ids": np.array(self.masked_labels + [0] * pad_pred, np.int32),
+        "masked_lm_weights": np.array([1.0] * p + [0.0] * pad_pred, np.float32),
+        "next_sentence_labels": np.int32(self.is_random_next),
+    }
+
+
+@dataclasses.dataclass
+class InstanceStats:
+  """Counts for checking the output against the reference's rules."""
+
+  documents_passed: int = 0
+  short_targets: int = 0
+  # B chosen at random because the chunk had one segment (the reference forces it).
+  forced_random_next: int = 0
+  # Chunks where a fair coin chose between the actual and a random next segment.
+  coin_flips: int = 0
+  coin_random_next: int = 0
+
+
+def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int,
+                      rng: random.Random) -> None:
+  """Trims the longer sequence (B on a tie), from the front or the back at random."""
+  while len(tokens_a) + len(tokens_b) > max_num_tokens:
+    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    if rng.random() < 0.5:
+      del trunc[0]
+    else:
+      trunc.pop()
+
+
+def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
+                is_continuation: Callable[[int], bool],
+                rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+  """(masked tokens, sorted positions, labels) as `create_masked_lm_predictions`."""
+  candidates: list[list[int]] = []
+  for i, token in enumerate(tokens):
+    if token in (special.cls, special.sep):
+      continue
+    if cfg.whole_word_mask and candidates and is_continuation(token):
+      candidates[-1].append(i)
+    else:
+      candidates.append([i])
+  rng.shuffle(candidates)
+  output = list(tokens)
+  num_to_predict = min(cfg.max_predictions,
+                       max(1, int(round(len(tokens) * cfg.masked_lm_prob))))
+  masked: list[tuple[int, int]] = []
+  covered: set[int] = set()
+  for index_set in candidates:
+    if len(masked) >= num_to_predict:
+      break
+    if len(masked) + len(index_set) > num_to_predict:
+      continue
+    if any(i in covered for i in index_set):
+      continue
+    for i in index_set:
+      covered.add(i)
+      if rng.random() < 0.8:
+        replacement = special.mask
+      elif rng.random() < 0.5:
+        replacement = tokens[i]
+      else:
+        replacement = rng.randint(0, special.vocab_size - 1)
+      output[i] = replacement
+      masked.append((i, tokens[i]))
+  masked.sort()
+  return output, [i for i, _ in masked], [label for _, label in masked]
+
+
+def instances_from_document(documents: Sequence[Document], index: int, cfg: InstanceConfig,
+                            special: SpecialIds, is_continuation: Callable[[int], bool],
+                            rng: random.Random, stats: InstanceStats) -> list[Instance]:
+  """`create_instances_from_document` for documents[index]."""
+  document = documents[index]
+  max_num_tokens = cfg.max_seq_length - 3
+  target = max_num_tokens
+  stats.documents_passed += 1
+  if rng.random() < cfg.short_seq_prob:
+    target = rng.randint(2, max_num_tokens)
+    stats.short_targets += 1
+  instances: list[Instance] = []
+  chunk: list[Sequence[int]] = []
+  length = 0
+  i = 0
+  while i < len(document):
+    segment = document[i]
+    chunk.append(segment)
+    length += len(segment)
+    if i == len(document) - 1 or length >= target:
+      if chunk:
+        a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+        tokens_a = [t for seg in chunk[:a_end] for t in seg]
+        tokens_b: list[int] = []
+        if len(chunk) == 1:
+          stats.forced_random_next += 1
+          coin = True
+        else:
+          coin = rng.random() < 0.5  # the reference draws only for multi-segment chunks
+          stats.coin_flips += 1
+          stats.coin_random_next += coin
+        if coin:
+          is_random_next = True
+          target_b = target - len(tokens_a)
+          for _ in range(10):
+            other = rng.randint(0, len(documents) - 1)
+            if other != index:
+              break
+          random_document = documents[other]
+          start = rng.randint(0, len(random_document) - 1)
+          for j in range(start, len(random_document)):
+            tokens_b.extend(random_document[j])
+            if len(tokens_b) >= target_b:
+              break
+          i -= len(chunk) - a_end  # put the unused segments back
+        else:
+          is_random_next = False
+          tokens_b = [t for seg in chunk[a_end:] for t in seg]
+        truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
+        if tokens_a and tokens_b:  # the reference asserts this; empty sentences can break it
+          tokens = [special.cls] + tokens_a + [special.sep] + tokens_b + [special.sep]
+          segment_ids = [0] * (len(tokens_a) + 2) + [1] * (len(tokens_b) + 1)
+          masked, positions, labels = mask_tokens(tokens, cfg, special, is_continuation, rng)
+          instances.append(Instance(masked, segment_ids, is_random_next, positions, labels))
+      chunk, length = [], 0
+    i += 1
+  return instances
+
+
+def create_instances(documents: Sequence[Document], cfg: InstanceConfig, special: SpecialIds,
+                     is_continuation: Callable[[int], bool] = lambda _: False,
+                     stats: InstanceStats | None = None) -> list[Instance]:
+  """All instances of `dupe_factor` passes over the documents, shuffled, as the reference:
+  documents shuffled with `random.Random(seed)`, instances shuffled once at the end."""
+  stats = InstanceStats() if stats is None else stats
+  rng = random.Random(cfg.seed)
+  documents = [[s for s in doc if len(s)] for doc in documents]
+  documents = [doc for doc in documents if doc]
+  rng.shuffle(documents)
+  instances: list[Instance] = []
+  for _ in range(cfg.dupe_factor):
+    for index in range(len(documents)):
+      instances.extend(instances_from_document(documents, index, cfg, special,
+                                               is_continuation, rng, stats))
+  rng.shuffle(instances)
+  return instances
+
+
+def iterate_features(instances: Sequence[Instance], cfg: InstanceConfig,
+                     pad: int) -> Iterator[dict[str, np.ndarray]]:
+  for instance in instances:
+    yield instance.features(cfg, pad)
