@@ -64,7 +64,7 @@ class BertModel(nn.Module):
 
   def attend(self, x: Array) -> Array:
     """x @ word_embeddings.T: the MLM decoder tied to the input embedding."""
-    return self.word_embeddings.attend(x)
+    return layers.tied_logits(self.config, self.word_embeddings, x)
 
 
 class PretrainingOutput(NamedTuple):
@@ -104,14 +104,10 @@ class BertForPreTraining(nn.Module):
     h = layers.Dense(cfg, "bpd,de->bpe", (d, d), ("embed", "mlp"), (d,), ("mlp",),
                      name="mlm_transform")(h)
     h = layers.layer_norm(cfg, "mlm_norm")(layers.activation_fn(cfg.activation)(h))
-    # Pin the layout before the tied projection. Left free, XLA (jax 0.10, Shardy) picks a
-    # partitioning on a (2, 2, 2) data/fsdp/tensor mesh whose backward pass is wrong —
-    # gradients off by up to 50% (tests/test_train_sharding.py compares them).
-    h = layers.constrain(h, layers.ACT_BLD)
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.weight_dtype)
-    mlm_logits = bert.attend(h.astype(cfg.compute_dtype)) + bias_V.astype(cfg.compute_dtype)
+    mlm_logits = bert.attend(h) + bias_V.astype(cfg.compute_dtype)
     mlm_logits = layers.constrain(mlm_logits, ("batch", "length", "vocab"))
     nsp_logits_B2 = layers.Dense(cfg, "bd,dc->bc", (d, 2), ("embed", None), (2,), (None,),
                                  name="nsp")(pooled_BD)

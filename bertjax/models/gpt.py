@@ -65,7 +65,5 @@ class GPT(nn.Module):
     x_BLD = self.decoder(x_BLD, mask, deterministic)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
-    # Layout pinned before the tied projection, as in BERT's MLM head (see bert.py).
-    x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
-    logits_BLV = self.wte.attend(x_BLD.astype(cfg.compute_dtype))
+    logits_BLV = layers.tied_logits(cfg, self.wte, x_BLD)
     return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)

@@ -109,6 +109,18 @@ def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str
                   name=name)
 
 
+def tied_logits(config: ModelConfig, embedding: nn.Embed, x_BLD: Array) -> Array:
+  """x @ embeddingᵀ: the output projection tied to the input embedding (BERT's MLM decoder,
+  GPT's LM head).
+
+  The input's layout is pinned first. Left free, XLA (jax 0.10, Shardy) picks a partitioning
+  on a (2, 2, 2) data/fsdp/tensor mesh whose backward pass is wrong — gradients off by up to
+  50% while the loss is right (tests/test_train_sharding.py compares gradient norms).
+  """
+  x_BLD = constrain(x_BLD, ACT_BLD)
+  return embedding.attend(x_BLD.astype(config.compute_dtype))
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a fused QKV projection and a boolean mask."""
 
