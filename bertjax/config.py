@@ -81,12 +81,44 @@ def base_config(model: ConfigDict) -> ConfigDict:
   config.optimizer = default_optimizer_config()
   # Input data.
   config.data = ConfigDict({
-      # synthetic_markov: a learnable synthetic stream (tests and smoke runs only).
-      "source": "synthetic_markov",
+      # corpus: a built dataset (bertjax.data.pipeline); synthetic_markov: a learnable
+      # synthetic stream (tests only).
+      "source": "corpus",
+      # Built dataset directory (`bertjax data build`); empty: build `sources` into
+      # WORKDIR/data on first use (single process).
+      "dataset": "",
+      # What to build when `dataset` is empty: comma-separated kind:path[@weight] specs
+      # (bertjax.data.sources); "embedded" is the packaged Wikipedia sample.
+      "sources": "embedded",
+      # Tokenizer for that build (vocab.txt or SentencePiece dir); empty: train SentencePiece.
+      "tokenizer": "",
+      # Documents held out for evaluation in that build (by a hash of the document key).
+      "eval_fraction": 0.05,
+      # Worker processes of that build (0: in the training process).
+      "build_workers": 0,
       # Fraction of tokens masked for MLM.
       "mask_prob": 0.15,
+      # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels) or
+      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs).
+      "bert_instances": "pairs",
+      # Pairs: probability of a shorter target length (google-research/bert short_seq_prob).
+      "short_seq_prob": 0.1,
+      # Pairs: epochs e and e + dupe_factor repeat instances and masks (the reference's static
+      # copies); 0: new instances and masks every epoch (dynamic masking).
+      "dupe_factor": 10,
+      # Mask whole words (all "##" pieces of a word together).
+      "whole_word_mask": False,
       # Seed of the data order and masking.
       "seed": 0,
+      # Epochs over the training documents (0: repeat until num_train_steps).
+      "num_epochs": 0,
+      # Window (instances) shuffling the pairs of one document apart.
+      "shuffle_window": 1024,
+      # Loader worker processes (0: the training process) and batches prefetched per worker.
+      "num_workers": 0,
+      "prefetch": 2,
+      # Override the dataset's mixing weights: "name=weight,...".
+      "weights": "",
   })
   # Log train metrics every this many steps.
   config.log_every = 100

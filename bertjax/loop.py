@@ -18,7 +18,8 @@ import numpy as np
 import tqdm
 
 from bertjax import checkpoint, distributed, flops, sharding
-from bertjax.data import make_source
+from bertjax.data import make_batches
+from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite
 from bertjax.train import Trainer, TrainState
 
@@ -61,15 +62,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
              jax.process_count())
 
-  source = make_source(config)
+  dataset = ensure_dataset(config, workdir, jax.process_count()) \
+      if config.data.source == "corpus" else ""
   state: TrainState = trainer.init_state(int(config.seed))
-  example = source.batch(0, range(1))
-  trainer.compile_step(example)
-  rows = distributed.local_rows(next(iter(trainer.batch_shardings.values())), batch_size)
+  # This host's rows of every global batch follow from the batch sharding.
+  rows = distributed.local_rows(trainer.data_sharding(), batch_size)
+  train_batches = make_batches(config, "train", rows, dataset)
+  first_batch = next(train_batches)
+  trainer.compile_step(first_batch)
 
-  def batch_at(step: int, split: str = "train"):
-    local = source.batch(step, rows, split)
+  def global_batch(local):
     return distributed.global_batch(local, trainer.batch_shardings, batch_size)
+
+  def eval_batches():
+    batches = make_batches(config, "eval", rows, dataset)
+    return (global_batch(next(batches)) for _ in iter(int, 1))
 
   flops_per_step = flops.train_flops_per_step(trainer.model_config, batch_size, seq_length,
                                               _predictions_per_seq(config))
@@ -96,7 +103,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
         jax.profiler.start_trace(profile_dir)
         tracing = True
-      state, metrics = trainer.step(state, batch_at(step))
+      local = first_batch if step == first_step else next(train_batches)
+      state, metrics = trainer.step(state, global_batch(local))
       step += 1
       watchdog.tick()
       if progress:
@@ -128,11 +136,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         last_log_time, last_log_step = time.perf_counter(), step
       if config.eval_every and (step % config.eval_every == 0 or step == total):
         eval_start = time.perf_counter()
-        writer.write(step, evaluate(trainer, state, batch_at, int(config.eval_steps)),
+        writer.write(step, evaluate(trainer, state, eval_batches(), int(config.eval_steps)),
                      prefix="eval")
         # Time spent evaluating is not training time: keep it out of step time and tokens/s.
         last_log_time += time.perf_counter() - eval_start
   finally:
+    train_batches.close()
     watchdog.stop()
     writer.close()
     if progress:
@@ -144,11 +153,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   return train_metrics
 
 
-def evaluate(trainer: Trainer, state: TrainState, batch_at, num_batches: int) -> dict[str, float]:
-  """Mean metrics over `num_batches` held-out batches (the synthetic source's eval split)."""
+def evaluate(trainer: Trainer, state: TrainState, batches, num_batches: int) -> dict[str, float]:
+  """Mean metrics over the first `num_batches` held-out batches (the same ones every time)."""
   totals: dict[str, float] = {}
-  for i in range(num_batches):
-    metrics = jax.device_get(trainer.evaluate(state.params, batch_at(i, "eval")))
+  for _ in range(num_batches):
+    metrics = jax.device_get(trainer.evaluate(state.params, next(batches)))
     for key, value in metrics.items():
       totals[key] = totals.get(key, 0.0) + float(value) / num_batches
   if "lm_loss" in totals:

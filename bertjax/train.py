@@ -159,6 +159,10 @@ class Trainer:
       return jax.jit(self._init_fn, out_shardings=self.state_shardings,
                      compiler_options=init_compiler_options())(jax.random.key(seed))
 
+  def data_sharding(self) -> NamedSharding:
+    """How dimension 0 (rows) of every batch field is laid out over the mesh."""
+    return batch_shardings({"rows": np.zeros(1)}, self.mesh, self.rules)["rows"]
+
   def compile_step(self, example_batch: dict[str, Any]) -> Callable:
     self.batch_shardings = batch_shardings(example_batch, self.mesh, self.rules)
     step = functools.partial(train_step, loss_fn=self.loss_fn, optimizer=self.optimizer,

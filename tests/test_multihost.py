@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--config.model.vocab_size=128", "--config.model.hidden_size=64",
+TINY = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",
+        "--config.model.hidden_size=64",
         "--config.model.num_heads=4", "--config.model.mlp_dim=128",
         "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
         "--config.model.hidden_dropout=0.0", "--config.model.attention_dropout=0.0",

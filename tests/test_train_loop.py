@@ -11,7 +11,8 @@ import pytest
 from bertjax import checkpoint, cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--config.model.vocab_size=128", "--config.model.hidden_size=64",
+SMALL = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",
+         "--config.model.hidden_size=64",
          "--config.model.num_heads=4", "--config.model.mlp_dim=128",
          "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
          "--config.max_predictions=5", "--config.optimizer.warmup_steps=5",

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from bertjax import config as config_lib, distributed, sharding
-from bertjax.data import make_source
+from bertjax.data import make_batches
 from bertjax.train import Trainer
 
 
@@ -18,6 +18,7 @@ def tiny_config(family: str, **overrides):
                            attention_dropout=0.0))
   config.update(dict(batch_size=16, seq_length=32, max_predictions=5, num_train_steps=10,
                      log_every=1, eval_every=0))
+  config.data.source = "synthetic_markov"
   config.optimizer.warmup_steps = 2
   config.optimizer.learning_rate = 1e-3
   for key, value in overrides.items():
@@ -39,13 +40,14 @@ def run_steps(config, axes, steps: int = 1):
   mesh = mesh_for(axes)
   trainer = Trainer(config, mesh)
   state = trainer.init_state(int(config.seed))
-  source = make_source(config)
-  trainer.compile_step(source.batch(0, range(1)))
-  rows = distributed.local_rows(next(iter(trainer.batch_shardings.values())), config.batch_size)
+  rows = distributed.local_rows(trainer.data_sharding(), config.batch_size)
+  batches = make_batches(config, "train", rows)
+  first = next(batches)
+  trainer.compile_step(first)
   history = []
   for step in range(steps):
-    batch = distributed.global_batch(source.batch(step, rows), trainer.batch_shardings,
-                                     config.batch_size)
+    local = first if step == 0 else next(batches)
+    batch = distributed.global_batch(local, trainer.batch_shardings, config.batch_size)
     state, metrics = trainer.step(state, batch)
     history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
   return trainer, state, history

@@ -1,20 +1,76 @@
-"""Input sources. Training reads `synthetic_markov` until the corpus pipeline is complete;
-`wikipedia` streams MediaWiki dumps into clean articles (the pipeline's first stage)."""
+"""Input data: corpora -> built datasets of tokenized documents -> local batches per host.
+
+`make_batches` is what training calls: `data.source = "corpus"` reads a built dataset
+(`data.dataset`, or the embedded Wikipedia sample built into the workdir on first use) through
+the Grain loader; `"synthetic_markov"` is a learnable synthetic stream for tests. Both return an
+iterator of this host's rows of each global batch with exact `get_state`/`set_state`.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_collections
+import numpy as np
 
 from bertjax.data.synthetic import SyntheticMarkov
 
-SOURCES = ("synthetic_markov",)
+SOURCES = ("corpus", "synthetic_markov")
 
 
-def make_source(config: ml_collections.ConfigDict) -> SyntheticMarkov:
-  """The batch source named by `config.data.source`."""
+class SyntheticBatches:
+  """`SyntheticMarkov` rows as a checkpointable iterator (its state is the batch number)."""
+
+  def __init__(self, source: SyntheticMarkov, rows: range, split: str):
+    self._source, self._rows, self._split, self._step = source, rows, split, 0
+
+  def __iter__(self) -> "SyntheticBatches":
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = self._source.batch(self._step, self._rows, self._split)
+    self._step += 1
+    return batch
+
+  def get_state(self) -> dict[str, Any]:
+    return {"step": self._step}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._step = int(state["step"])
+
+  def close(self) -> None:
+    pass
+
+
+def loader_config(config: ml_collections.ConfigDict, dataset: str):
+  from bertjax.data.pipeline import LoaderConfig
+  d = config.data
+  return LoaderConfig(
+      dataset=dataset, objective=config.objective, seq_length=int(config.seq_length),
+      max_predictions=int(config.max_predictions), mask_prob=float(d.mask_prob),
+      bert_instances=d.bert_instances, short_seq_prob=float(d.short_seq_prob),
+      dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
+      seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
+      num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights)
+
+
+def make_batches(config: ml_collections.ConfigDict, split: str, rows: range,
+                 dataset: str = ""):
+  """This host's rows `rows` of every global batch of `split` ("train" or "eval").
+
+  For `data.source="corpus"`, `dataset` is the built dataset directory (see
+  `bertjax.data.prepare.ensure_dataset`)."""
   name = config.data.source
   if name == "synthetic_markov":
-    return SyntheticMarkov(vocab_size=config.model.vocab_size, seq_length=config.seq_length,
-                           objective=config.objective, max_predictions=config.max_predictions,
-                           mask_prob=config.data.mask_prob, seed=config.data.seed)
+    source = SyntheticMarkov(vocab_size=config.model.vocab_size, seq_length=config.seq_length,
+                             objective=config.objective, max_predictions=config.max_predictions,
+                             mask_prob=config.data.mask_prob, seed=config.data.seed)
+    return SyntheticBatches(source, rows, split)
+  if name == "corpus":
+    from bertjax.data.pipeline import CorpusBatches
+    batch_size = int(config.batch_size)
+    # Hosts holding the same rows (a model axis across hosts) read the same share.
+    return CorpusBatches(loader_config(config, dataset), split, len(rows),
+                         shard_index=rows.start // len(rows),
+                         shard_count=batch_size // len(rows))
   raise ValueError(f"unknown data.source {name!r}; sources: {', '.join(SOURCES)}")

@@ -1,0 +1,79 @@
+"""`bertjax data bench`: tokens per second per core of the data pipeline, on this machine.
+
+Two numbers, as the pipeline's two halves run in production:
+- raw text -> instances: read + clean + split sentences + tokenize + write shards (the build),
+  then one epoch of instance creation from those shards; tokens are the corpus's tokens.
+- built shards -> batches: the training loader alone (decode, shuffle, instances, batch),
+  one epoch; tokens are the non-padding tokens of the batches.
+Per core = tokens/s divided by the processes doing the work (1 + workers, at most the cores).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from bertjax.data.build import BuildOptions, build_dataset
+from bertjax.data.pipeline import CorpusBatches, LoaderConfig
+from bertjax.data.prepare import corpus_sentences, parse_sources
+from bertjax.data.tokenizers import train_sentencepiece
+
+
+def _batch_tokens(batch: dict[str, np.ndarray]) -> int:
+  if "input_mask" in batch:
+    return int(batch["input_mask"].sum())
+  return int(batch["input_ids"].size)
+
+
+def loader_epoch(cfg: LoaderConfig, batch_size: int) -> tuple[int, int, float]:
+  """(batches, tokens, seconds) of one epoch of the loader."""
+  batches = CorpusBatches(cfg, "train", batch_size, 0, 1)
+  start = time.perf_counter()
+  count = tokens = 0
+  try:
+    for batch in batches:
+      count += 1
+      tokens += _batch_tokens(batch)
+  finally:
+    batches.close()
+  return count, tokens, time.perf_counter() - start
+
+
+def run_bench(sources: str, *, tokenizer: str = "", objective: str = "mlm_nsp",
+              seq_length: int = 128, batch_size: int = 32, workers: int = 0,
+              out: str = "") -> Iterator[str]:
+  """Runs the benchmark, yielding report lines as results come in."""
+  specs = parse_sources(sources or "embedded")
+  cores = min(os.cpu_count() or 1, 1 + workers)
+  with tempfile.TemporaryDirectory() as tmp:
+    root = Path(out or tmp)
+    if not tokenizer:
+      start = time.perf_counter()
+      style = "gpt" if objective == "causal_lm" else "bert"
+      tokenizer = str(train_sentencepiece(corpus_sentences(specs), root / "tokenizer",
+                                          vocab_size=8192, model_type="unigram", style=style))
+      yield (f"tokenizer: trained an 8192-piece {style} SentencePiece model in "
+             f"{time.perf_counter() - start:.1f} s (not part of the numbers below)")
+    summary = build_dataset(specs, tokenizer, root / "dataset",
+                            BuildOptions(num_shards=4, num_workers=workers, eval_fraction=0.0))
+    build_s = summary.seconds
+    corpus_tokens = sum(c["train"]["tokens"] for c in summary.counts.values())
+    documents = sum(c["train"]["documents"] for c in summary.counts.values())
+    yield (f"build: {documents:,} documents, {corpus_tokens:,} tokens in {build_s:.2f} s = "
+           f"{corpus_tokens / build_s / cores:,.0f} tokens/s/core ({1 + workers} processes, "
+           f"{cores} cores)")
+    cfg = LoaderConfig(dataset=str(root / "dataset"), objective=objective,
+                       seq_length=seq_length, max_predictions=max(1, round(0.15 * seq_length)),
+                       num_epochs=1, num_workers=workers, prefetch=0)
+    count, tokens, load_s = loader_epoch(cfg, batch_size)
+    mode = "GPT packed windows" if objective == "causal_lm" else "BERT pairs (fidelity)"
+    yield (f"instances ({mode}, seq {seq_length}): {count} batches of {batch_size}, "
+           f"{tokens:,} non-pad tokens in {load_s:.2f} s")
+    yield (f"raw text -> instances: {corpus_tokens / (build_s + load_s) / cores:,.0f} "
+           "tokens/s/core (corpus tokens over build + one loader epoch)")
+    yield f"built shards -> batches: {tokens / load_s / cores:,.0f} tokens/s/core"

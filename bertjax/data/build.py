@@ -1,0 +1,249 @@
+"""`bertjax data build`: raw corpora -> a built dataset of tokenized documents (records.py).
+
+Deterministic whatever the parallelism: a document's split is a hash of its key, its shard is
+its ordinal within (source, split) modulo the shard count, and the records of a shard are in
+corpus order. Process P of N (a multi-host build) writes the shards s with s % N == P and
+tokenizes only their documents; within a process, worker processes clean, split and tokenize
+chunks of documents while the main process reads ahead and writes results back in order, with a
+bounded number of chunks in flight (constant memory on a dump of any size).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import shutil
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from array_record.python.array_record_module import ArrayRecordWriter
+
+from bertjax.data import records
+from bertjax.data.errors import CorpusError, SkipCounts
+from bertjax.data.sentences import split_sentences
+from bertjax.data.sources import SourceSpec, TextDocument, read_source
+from bertjax.data.tokenizers import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+_CHUNK_DOCUMENTS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+  num_shards: int = 8
+  # Worker processes for cleaning/splitting/tokenizing (0: in the main process).
+  num_workers: int = 0
+  # Fraction of documents held out for evaluation, chosen by a hash of the document key.
+  eval_fraction: float = 0.01
+  process_index: int = 0
+  process_count: int = 1
+  # Stop after this many documents per source (0: all); for quick looks and benchmarks.
+  max_documents: int = 0
+  language: str = "en"
+  # A vocab.txt tokenizer only: lower-case (bert-*-uncased) or not (-cased).
+  lowercase: bool = True
+
+
+def eval_split(key: str, fraction: float) -> bool:
+  digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+  return int.from_bytes(digest, "little") < fraction * 2**64
+
+
+# Worker state: the tokenizer, loaded once per worker process.
+_worker_tokenizer = None
+_worker_language = "en"
+
+
+def _init_worker(tokenizer_path: str, lowercase: bool, language: str) -> None:
+  global _worker_tokenizer, _worker_language
+  _worker_tokenizer = load_tokenizer(tokenizer_path, lowercase=lowercase)
+  _worker_language = language
+
+
+def _tokenize_chunk(chunk: list[tuple[str, TextDocument]]
+                    ) -> tuple[list[tuple[str, bytes | None, int, int]], collections.Counter]:
+  """(key, record or None when skipped, sentences, tokens) per document, and the skips."""
+  skips: collections.Counter = collections.Counter()
+  texts: list[str] = []
+  spans = []
+  for _, doc in chunk:
+    start = len(texts)
+    for paragraph in doc.paragraphs:
+      if doc.sentences_given:
+        if paragraph.strip():
+          texts.append(paragraph)
+      else:
+        texts.extend(split_sentences(paragraph, _worker_language))
+    spans.append((start, len(texts)))
+  ids = _worker_tokenizer.encode_batch(texts) if texts else []
+  out = []
+  for (key, _), (start, stop) in zip(chunk, spans):
+    sentences = [s for s in ids[start:stop] if s]
+    skips["empty sentence after tokenization"] += (stop - start) - len(sentences)
+    if not sentences:
+      skips["empty document"] += 1
+      out.append((key, None, 0, 0))
+      continue
+    out.append((key, records.encode_record(key, sentences), len(sentences),
+                sum(len(s) for s in sentences)))
+  return out, +skips
+
+
+@dataclasses.dataclass
+class BuildSummary:
+  counts: dict  # source -> split -> {documents, sentences, tokens}
+  skips: dict  # source -> {reason: count}
+  seconds: float
+
+  def lines(self) -> list[str]:
+    out = []
+    for name, splits in self.counts.items():
+      for split, c in splits.items():
+        out.append(f"{name}/{split}: {c['documents']:,} documents, {c['sentences']:,} "
+                   f"sentences, {c['tokens']:,} tokens")
+      skipped = self.skips.get(name, {})
+      out.append(f"{name} skipped: " + (", ".join(f"{r}: {n:,}" for r, n in
+                                                  sorted(skipped.items())) or "none"))
+    out.append(f"{self.seconds:.1f} s")
+    return out
+
+
+def _owned_chunks(documents: Iterable[TextDocument], name: str, options: BuildOptions,
+                  ordinals: dict[str, int]) -> Iterator[list[tuple[str, str, int, TextDocument]]]:
+  """Chunks of (split, key, shard, document) for the shards this process writes."""
+  chunk = []
+  for n, doc in enumerate(documents):
+    if options.max_documents and n >= options.max_documents:
+      break
+    key = f"{name}:{doc.id}"
+    split = "eval" if eval_split(key, options.eval_fraction) else "train"
+    shard = ordinals[split] % options.num_shards
+    ordinals[split] += 1
+    if shard % options.process_count != options.process_index:
+      continue
+    chunk.append((split, key, shard, doc))
+    if len(chunk) == _CHUNK_DOCUMENTS:
+      yield chunk
+      chunk = []
+  if chunk:
+    yield chunk
+
+
+def _ordered_results(pool, chunks: Iterator[list], max_in_flight: int) -> Iterator:
+  """Yields (chunk, result) in input order with at most `max_in_flight` chunks pending."""
+  pending: collections.deque = collections.deque()
+  for chunk in chunks:
+    work = [(key, doc) for _, key, _, doc in chunk]
+    pending.append((chunk, pool.apply_async(_tokenize_chunk, (work,)) if pool else
+                    _tokenize_chunk(work)))
+    if len(pending) >= max_in_flight:
+      done, result = pending.popleft()
+      yield done, result.get() if pool else result
+  while pending:
+    done, result = pending.popleft()
+    yield done, result.get() if pool else result
+
+
+def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir: str | Path,
+                  options: BuildOptions = BuildOptions()) -> BuildSummary:
+  """Builds (this process's shards of) a dataset from `sources` with the tokenizer at
+  `tokenizer_path` (a vocab.txt or a SentencePiece directory)."""
+  start = time.perf_counter()
+  out = Path(out_dir)
+  names = [s.name for s in sources]
+  if len(set(names)) != len(names):
+    raise ValueError(f"source names must be distinct, got {names}; name them with ?name=")
+  if not 0 <= options.process_index < options.process_count:
+    raise ValueError(f"process_index {options.process_index} not in [0, "
+                     f"{options.process_count})")
+  tokenizer = load_tokenizer(tokenizer_path, lowercase=options.lowercase)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "parts").mkdir(exist_ok=True)
+  if options.process_index == 0:
+    _write_metadata(out, sources, tokenizer_path, tokenizer, options)
+
+  counts: dict = {}
+  skips: dict = {}
+  ctx = multiprocessing.get_context("spawn")  # JAX/threads in the parent: never fork
+  pool = (ctx.Pool(options.num_workers, _init_worker,
+                   (str(tokenizer_path), options.lowercase, options.language))
+          if options.num_workers > 0 else None)
+  if pool is None:
+    _init_worker(str(tokenizer_path), options.lowercase, options.language)
+  try:
+    for spec in sources:
+      reader_skips = SkipCounts()
+      source_skips: collections.Counter = collections.Counter()
+      (out / spec.name).mkdir(exist_ok=True)
+      writers = {}
+      for split in records.SPLITS:
+        for shard in range(options.num_shards):
+          if shard % options.process_count == options.process_index:
+            path = out / spec.name / records.shard_name(split, shard, options.num_shards)
+            writers[split, shard] = ArrayRecordWriter(str(path), "group_size:1")
+      source_counts = {split: {"documents": 0, "sentences": 0, "tokens": 0}
+                       for split in records.SPLITS}
+      ordinals = {split: 0 for split in records.SPLITS}
+      chunks = _owned_chunks(read_source(spec, reader_skips), spec.name, options, ordinals)
+      for chunk, (results, chunk_skips) in _ordered_results(
+          pool, chunks, max_in_flight=2 * max(1, options.num_workers)):
+        source_skips.update(chunk_skips)
+        for (split, _, shard, _), (_, record, num_sentences, num_tokens) in zip(chunk, results):
+          if record is None:
+            continue
+          writers[split, shard].write(record)
+          c = source_counts[split]
+          c["documents"] += 1
+          c["sentences"] += num_sentences
+          c["tokens"] += num_tokens
+      for writer in writers.values():
+        writer.close()
+      if options.process_index == 0:  # every process reads the whole stream: count once
+        source_skips.update(reader_skips.counts)
+      counts[spec.name] = source_counts
+      skips[spec.name] = dict(source_skips)
+  finally:
+    if pool is not None:
+      pool.close()
+      pool.join()
+  summary = BuildSummary(counts, skips, time.perf_counter() - start)
+  part = {"process_index": options.process_index, "counts": counts, "skips": skips,
+          "seconds": summary.seconds}
+  (out / "parts" / f"process-{options.process_index}.json").write_text(
+      json.dumps(part, indent=2) + "\n")
+  return summary
+
+
+def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | Path,
+                    tokenizer, options: BuildOptions) -> None:
+  tokenizer_path = Path(tokenizer_path)
+  target = out / "tokenizer"
+  target.mkdir(exist_ok=True)
+  if tokenizer_path.is_file():  # a vocab.txt
+    shutil.copyfile(tokenizer_path, target / "vocab.txt")
+  elif tokenizer_path.is_dir():
+    for f in tokenizer_path.iterdir():
+      if f.is_file():
+        shutil.copyfile(f, target / f.name)
+  else:
+    raise CorpusError(f"{tokenizer_path}: no such tokenizer")
+  if (target / "vocab.txt").is_file() and not (target / "tokenizer_config.json").exists():
+    (target / "tokenizer_config.json").write_text(json.dumps(
+        {"type": "wordpiece", "lowercase": options.lowercase}) + "\n")
+  meta = {
+      "format_version": records.FORMAT_VERSION,
+      "sources": [{"name": s.name, "kind": s.kind, "path": s.path, "weight": s.weight}
+                  for s in sources],
+      "num_shards": options.num_shards,
+      "process_count": options.process_count,
+      "eval_fraction": options.eval_fraction,
+      "language": options.language,
+      "vocab_size": len(tokenizer),
+  }
+  (out / "dataset.json").write_text(json.dumps(meta, indent=2) + "\n")

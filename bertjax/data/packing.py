@@ -1,0 +1,179 @@
+"""Packing documents into fixed-length sequences, as checkpointable Grain iterators.
+
+- `GptPackIterDataset`: documents joined with the end-of-text token and cut into windows of
+  seq_length + 1 tokens that overlap by one (inputs and next-token targets), with segment ids
+  (1, 2, ... per document in the window) and positions restarting in each document, so a model
+  may forbid cross-document attention; no padding at all.
+- `FullSentencesIterDataset`: RoBERTa's FULL-SENTENCES inputs: whole sentences taken
+  contiguously from one or more documents up to max_seq_length, an extra [SEP] between
+  documents, a new mask every time a sequence is produced.
+
+Both keep only the parent's state before the document where the next sequence starts and an
+offset into it; restoring re-reads that document and continues exactly (no buffers saved).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+from typing import Any, Callable
+
+import grain
+import numpy as np
+
+from bertjax.data.bert_instances import Instance, InstanceConfig, SpecialIds, mask_tokens
+from bertjax.data.records import TokenizedDocument
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentElement:
+  """A document as the loader streams it."""
+
+  ordinal: int  # position in this source's infinite shuffled stream (unique, seeds the masks)
+  epoch: int  # ordinal // documents in the source
+  index: int  # index in the unshuffled source (BERT's "random other document")
+  doc: TokenizedDocument
+
+
+class _GptPackIterator(grain.DatasetIterator):
+
+  def __init__(self, parent: grain.DatasetIterator, seq_length: int, eot: int):
+    super().__init__(parent)
+    self._n = seq_length
+    self._eot = eot
+    self._docs: collections.deque = collections.deque()  # (parent state before, tokens+eot)
+    self._offset = 0  # tokens of the first buffered document already consumed
+    self._start_state = self._parent.get_state()
+
+  def _fill(self, need: int) -> None:
+    available = sum(len(t) for _, t in self._docs) - self._offset
+    while available < need:
+      state = self._parent.get_state()
+      element: DocumentElement = next(self._parent)
+      tokens = np.append(element.doc.tokens, np.int32(self._eot)).astype(np.int32)
+      self._docs.append((state, tokens))
+      available += len(tokens)
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    n = self._n
+    self._fill(n + 1)
+    pieces, offset = [], self._offset
+    for _, tokens in self._docs:
+      pieces.append(tokens[offset:offset + n + 1 - sum(len(p) for p in pieces)])
+      offset = 0
+      if sum(len(p) for p in pieces) == n + 1:
+        break
+    window = np.concatenate(pieces)
+    segments = np.concatenate([np.full(len(p), i + 1, np.int32) for i, p in enumerate(pieces)])
+    positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in pieces])
+    # Advance by n tokens: the last target token starts the next window.
+    self._offset += n
+    while self._docs and self._offset >= len(self._docs[0][1]):
+      self._offset -= len(self._docs[0][1])
+      self._docs.popleft()
+    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+    return {
+        "input_ids": window[:n],
+        "target_ids": window[1:],
+        "loss_mask": (segments[:n] == segments[1:]).astype(np.int32),
+        "segment_ids": segments[:n],
+        "positions": positions[:n],
+    }
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._start_state, "offset": self._offset}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state["parent"])
+    self._start_state = state["parent"]
+    self._docs.clear()
+    self._offset = state["offset"]
+
+
+class GptPackIterDataset(grain.IterDataset):
+
+  def __init__(self, parent: grain.IterDataset, seq_length: int, eot: int):
+    super().__init__(parent)
+    self._seq_length, self._eot = seq_length, eot
+
+  def __iter__(self) -> _GptPackIterator:
+    return _GptPackIterator(self._parent.__iter__(), self._seq_length, self._eot)
+
+
+class _FullSentencesIterator(grain.DatasetIterator):
+
+  def __init__(self, parent: grain.DatasetIterator, cfg: InstanceConfig, special: SpecialIds,
+               is_continuation: Callable[[int], bool], seed: int):
+    super().__init__(parent)
+    self._cfg, self._special, self._is_continuation = cfg, special, is_continuation
+    self._seed = seed
+    self._state = self._parent.get_state()  # before the current document
+    self._element: DocumentElement | None = None
+    self._sentences: list[list[int]] = []
+    self._sentence = 0  # next sentence of the current document
+    self._token = 0  # next token of that sentence (a sentence longer than a sequence is cut)
+
+  def _next_document(self) -> None:
+    self._state = self._parent.get_state()
+    self._element = next(self._parent)
+    self._sentences = self._element.doc.sentences()
+    self._sentence = self._token = 0
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    budget = self._cfg.max_seq_length - 2  # [CLS] ... [SEP]
+    if self._element is None or self._sentence >= len(self._sentences):
+      self._next_document()
+    # The mask's seed: where this sequence starts in the global document stream.
+    rng = random.Random(f"{self._seed}:{self._element.ordinal}:{self._sentence}:{self._token}")
+    body: list[int] = []
+    while True:
+      sentence = self._sentences[self._sentence][self._token:]
+      if len(sentence) > budget - len(body):
+        if body:
+          break  # whole sentences only: this one starts the next sequence
+        body = list(sentence[:budget])  # a sentence longer than a sequence is cut
+        self._token += budget
+        break
+      body.extend(sentence)
+      self._sentence += 1
+      self._token = 0
+      if self._sentence == len(self._sentences):
+        if len(body) >= budget:
+          break
+        body.append(self._special.sep)  # RoBERTa: an extra separator between documents
+        try:
+          self._next_document()
+        except StopIteration:
+          self._element = None
+          break
+    if body[-1] == self._special.sep:
+      body.pop()  # the document separator is not needed at the end of a sequence
+    tokens = [self._special.cls] + body + [self._special.sep]
+    masked, positions, labels = mask_tokens(tokens, self._cfg, self._special,
+                                            self._is_continuation, rng)
+    instance = Instance(masked, [0] * len(tokens), False, positions, labels)
+    return instance.features(self._cfg, self._special.pad)
+
+  def get_state(self) -> dict[str, Any]:
+    if self._element is None:
+      return {"parent": self._parent.get_state(), "sentence": 0, "token": 0}
+    return {"parent": self._state, "sentence": self._sentence, "token": self._token}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state["parent"])
+    self._element = None
+    if state["sentence"] or state["token"]:
+      self._next_document()
+      self._sentence, self._token = state["sentence"], state["token"]
+
+
+class FullSentencesIterDataset(grain.IterDataset):
+
+  def __init__(self, parent: grain.IterDataset, cfg: InstanceConfig, special: SpecialIds,
+               is_continuation: Callable[[int], bool], seed: int):
+    super().__init__(parent)
+    self._args = (cfg, special, is_continuation, seed)
+
+  def __iter__(self) -> _FullSentencesIterator:
+    return _FullSentencesIterator(self._parent.__iter__(), *self._args)

@@ -1,0 +1,147 @@
+"""Built datasets: tokenized documents in ArrayRecord shards, and the metadata that describes them.
+
+A built dataset is a directory written by `bertjax data build`:
+
+    dataset.json                     sources (name, kind, path, weight), tokenizer, shard count
+    tokenizer/                       the tokenizer the ids came from (vocab.txt or spm.model)
+    <source>/<split>-SSSSS-of-NNNNN.array_record   one record per document
+    parts/process-P.json             what process P wrote: counts and skips
+
+One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
+are sentence-based): a fixed header, the document key, the sentence lengths and the token ids,
+all little-endian, so decoding is two `np.frombuffer` calls. ArrayRecord gives random access
+by index, which the loader's global shuffle and BERT's "random next document" need.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from bertjax.data.errors import CorpusError
+
+_MAGIC = b"BJD1"
+_HEADER = struct.Struct("<4sIII")  # magic, key bytes, sentences, tokens
+SPLITS = ("train", "eval")
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedDocument:
+  key: str  # "<source>:<document id>": unique in the dataset, stable across builds
+  sentence_lengths: np.ndarray  # int32 [num_sentences]
+  tokens: np.ndarray  # int32 [num_tokens], the sentences concatenated
+
+  def sentences(self) -> list[list[int]]:
+    """The sentences as lists of ids (what BERT instance creation consumes)."""
+    tokens = self.tokens.tolist()
+    ends = np.cumsum(self.sentence_lengths).tolist()
+    return [tokens[start:end] for start, end in zip([0] + ends[:-1], ends)]
+
+  def lazy_sentences(self) -> "LazySentences":
+    """The sentences, converted to lists only when indexed (for random-next documents, of
+    which only a few sentences are read)."""
+    return LazySentences(self)
+
+
+class LazySentences:
+
+  def __init__(self, doc: TokenizedDocument):
+    self._tokens = doc.tokens
+    self._ends = np.cumsum(doc.sentence_lengths).tolist()
+
+  def __len__(self) -> int:
+    return len(self._ends)
+
+  def __getitem__(self, i: int) -> list[int]:
+    start = self._ends[i - 1] if i > 0 else 0
+    return self._tokens[start:self._ends[i]].tolist()
+
+
+def encode_record(key: str, sentences: list[list[int]]) -> bytes:
+  key_bytes = key.encode("utf-8")
+  lengths = np.array([len(s) for s in sentences], "<i4")
+  tokens = np.fromiter((t for s in sentences for t in s), "<i4", count=int(lengths.sum()))
+  return (_HEADER.pack(_MAGIC, len(key_bytes), len(lengths), len(tokens)) + key_bytes +
+          lengths.tobytes() + tokens.tobytes())
+
+
+def decode_record(record: bytes) -> TokenizedDocument:
+  magic, key_len, num_sentences, num_tokens = _HEADER.unpack_from(record)
+  if magic != _MAGIC:
+    raise CorpusError(f"not a bertjax document record (magic {magic!r})")
+  offset = _HEADER.size
+  key = record[offset:offset + key_len].decode("utf-8")
+  offset += key_len
+  lengths = np.frombuffer(record, "<i4", num_sentences, offset)
+  tokens = np.frombuffer(record, "<i4", num_tokens, offset + 4 * num_sentences)
+  return TokenizedDocument(key, lengths, tokens)
+
+
+def shard_name(split: str, shard: int, num_shards: int) -> str:
+  return f"{split}-{shard:05d}-of-{num_shards:05d}.array_record"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltDataset:
+  """A built dataset directory, validated: every shard of every source and split present."""
+
+  root: Path
+  meta: dict
+
+  @classmethod
+  def open(cls, root: str | Path) -> "BuiltDataset":
+    root = Path(root)
+    meta_path = root / "dataset.json"
+    if not meta_path.is_file():
+      raise CorpusError(f"{root}: not a built dataset (no dataset.json); create one with "
+                        "`bertjax data build`")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+      raise CorpusError(f"{meta_path}: format version {meta.get('format_version')}, this "
+                        f"bertjax reads {FORMAT_VERSION}; rebuild the dataset")
+    dataset = cls(root, meta)
+    missing = [str(p) for name in dataset.source_names for split in SPLITS
+               for p in dataset.shard_paths(name, split) if not p.is_file()]
+    if missing:
+      raise CorpusError(f"{root}: {len(missing)} shard(s) missing, e.g. {missing[0]} — the "
+                        "build did not finish on every process")
+    return dataset
+
+  @property
+  def source_names(self) -> list[str]:
+    return [s["name"] for s in self.meta["sources"]]
+
+  @property
+  def weights(self) -> dict[str, float]:
+    return {s["name"]: float(s["weight"]) for s in self.meta["sources"]}
+
+  @property
+  def num_shards(self) -> int:
+    return int(self.meta["num_shards"])
+
+  @property
+  def tokenizer_dir(self) -> Path:
+    return self.root / "tokenizer"
+
+  def shard_paths(self, source: str, split: str) -> list[Path]:
+    return [self.root / source / shard_name(split, s, self.num_shards)
+            for s in range(self.num_shards)]
+
+  def parts(self) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((self.root / "parts").glob("*.json"))]
+
+  def counts(self) -> dict:
+    """Documents/sentences/tokens per source and split, summed over the build processes."""
+    totals: dict = {}
+    for part in self.parts():
+      for name, splits in part["counts"].items():
+        for split, c in splits.items():
+          t = totals.setdefault(name, {}).setdefault(split, {})
+          for k, v in c.items():
+            t[k] = t.get(k, 0) + v
+    return totals

@@ -1,0 +1,400 @@
+"""Tokenizers beyond a given vocab.txt: training SentencePiece (unigram or BPE) models for BERT
+or GPT pre-training, loading them, and one loader for either kind.
+
+Why SentencePiece: it trains a vocabulary from raw text in seconds to minutes, needs no
+language-specific pre-tokenizer, and its unigram/BPE models are what T5, ALBERT, XLNet and
+LLaMA use. `SentencePieceTokenizer` has the interface of `wordpiece.WordPiece` (`encode`,
+`encode_batch`, `tokens`, `token_id`, `len`, `is_continuation`), so the dataset builder and
+BERT's (whole-word) masking take either; `load_tokenizer` picks the kind from the path.
+
+Special-token id layout of models trained here (fixed, so configs and checkpoints agree):
+
+  style "bert": 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK], learned pieces from 5.
+    [CLS]/[SEP]/[MASK] are control symbols: never produced from text, added by the instance
+    builder. Characters outside `character_coverage` become [UNK] (as in BERT).
+  style "gpt":  0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces <0x00>..<0xFF>,
+    learned pieces from 259. Byte fallback spells any character the vocabulary lacks as its
+    UTF-8 bytes, so <unk> is never produced and decode(encode(text)) == text exactly (GPT
+    style also keeps text un-normalised: no NFKC, whitespace kept as is). <|endoftext|>
+    separates documents; <pad> is there for padded batches (packed sequences never need it).
+
+Neither style adds BOS/EOS in `encode`: the instance builders add what they need.
+
+Lower-casing is SentencePiece's case-folding normalisation rule (`nmt_nfkc_cf` for BERT,
+`nfkc_cf` for GPT), stored inside the model, so training and every later encode agree by
+construction; it does not strip accents (BERT-uncased's WordPiece does).
+
+Determinism: the same texts and arguments give a byte-identical spm.model. SentencePiece's own
+sentence sampling (`input_sentence_size` + `shuffle_input_sentence`) is not reproducible across
+processes even after `set_random_generator_seed` (measured with sentencepiece 0.2.x), so when
+the input has more than `max_sentences` lines they are reservoir-sampled here with
+`random.Random(seed)` and SentencePiece sees exactly those. The thread count is part of the
+result: unigram EM sums per-thread partial counts, so 1 and 2 threads learn slightly different
+scores and pieces (BPE pieces do not change), and spm.model records `num_threads` anyway; the
+default is therefore 1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+import sentencepiece as spm
+
+from bertjax.data.errors import CorpusError
+from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
+
+MODEL_FILE = "spm.model"
+VOCAB_FILE = "spm.vocab"
+CONFIG_FILE = "tokenizer_config.json"
+EOT_TOKEN = "<|endoftext|>"
+GPT_UNK_TOKEN = "<unk>"
+GPT_PAD_TOKEN = "<pad>"
+# SentencePiece's word-boundary mark: a piece starting with it starts a word.
+WORD_START = "\u2581"
+# Lines longer than this many bytes are dropped by SentencePiece's trainer (its default, 4192,
+# would silently drop long GPT-style paragraphs).
+MAX_LINE_BYTES = 16384
+
+STYLES = ("bert", "gpt")
+MODEL_TYPES = ("unigram", "bpe")
+SPECIAL_NAMES = ("pad", "unk", "cls", "sep", "mask", "eot")
+
+# Name -> piece, in id order, for each style.
+_BERT_SPECIALS = dict(zip(("pad", "unk", "cls", "sep", "mask"), BERT_SPECIAL_TOKENS, strict=True))
+_STYLE_SPECIALS = {
+    "bert": _BERT_SPECIALS,
+    "gpt": {"unk": GPT_UNK_TOKEN, "eot": EOT_TOKEN, "pad": GPT_PAD_TOKEN},
+}
+# Pieces looked up for each special name in a loaded model (ours or someone else's).
+_PIECES_BY_NAME = {
+    "pad": ("[PAD]", GPT_PAD_TOKEN), "cls": ("[CLS]",), "sep": ("[SEP]",),
+    "mask": ("[MASK]",), "eot": (EOT_TOKEN,),
+}
+
+
+def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int,
+                        model_type: Literal["unigram", "bpe"],
+                        style: Literal["bert", "gpt"], lowercase: bool = False,
+                        character_coverage: float = 0.9995, max_sentences: int = 2_000_000,
+                        seed: int = 0, num_threads: int = 1, verbose: bool = False) -> Path:
+  """Trains a SentencePiece model on `texts` and writes `out_dir`/spm.model, spm.vocab and
+  tokenizer_config.json; returns `out_dir` (what `load_tokenizer` takes).
+
+  Each text is split into lines (sentences, ideally: SentencePiece trains on lines); blank
+  lines are skipped. The texts are streamed once; when there are more than `max_sentences`
+  lines, a uniform sample of that many (reproducible from `seed`) is kept in memory and
+  trained on. See the module docstring for the special-token layout of each `style` and for
+  determinism. `verbose` shows SentencePiece's training log.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(f"model_type {model_type!r}: expected one of {', '.join(MODEL_TYPES)}")
+  if style not in STYLES:
+    raise ValueError(f"style {style!r}: expected one of {', '.join(STYLES)}")
+  if not 0.0 < character_coverage <= 1.0:
+    raise ValueError(f"character_coverage {character_coverage}: expected a value in (0, 1]")
+  if max_sentences < 1:
+    raise ValueError(f"max_sentences {max_sentences}: expected at least 1")
+  if num_threads < 1:
+    raise ValueError(f"num_threads {num_threads}: expected at least 1")
+  specials = _STYLE_SPECIALS[style]
+  fixed = len(specials) + (256 if style == "gpt" else 0)
+  # Checked before reading the corpus, so an obviously wrong size fails at once.
+  if not isinstance(vocab_size, int) or vocab_size <= fixed:
+    raise ValueError(
+        f"vocab_size {vocab_size} is too small: {style} style reserves {fixed} ids ("
+        f"{len(specials)} special tokens{' + 256 byte pieces' if style == 'gpt' else ''}) "
+        "before the alphabet and any learned piece")
+
+  lines, seen = _sample_lines(texts, max_sentences, seed)
+  if not lines:
+    raise CorpusError("train_sentencepiece: no sentences to train on (the texts were empty "
+                      "or blank)")
+
+  options = dict(
+      vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+      num_threads=num_threads, max_sentence_length=MAX_LINE_BYTES,
+      # Sampling was done above, reproducibly; SentencePiece must take every line given.
+      input_sentence_size=0, shuffle_input_sentence=False,
+      bos_id=-1, minloglevel=0 if verbose else 2)
+  if style == "bert":
+    options.update(
+        pad_id=0, unk_id=1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+        control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+        normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc")
+  else:
+    options.update(
+        unk_id=0, eos_id=1, pad_id=2, unk_piece=GPT_UNK_TOKEN, eos_piece=EOT_TOKEN,
+        pad_piece=GPT_PAD_TOKEN, byte_fallback=True,
+        # Lossless: no NFKC folding, no whitespace squeezing (only case folding if asked).
+        normalization_rule_name="nfkc_cf" if lowercase else "identity",
+        remove_extra_whitespaces=False)
+
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model,
+                                   **options)
+  except RuntimeError as e:
+    raise _readable_training_error(e, vocab_size, style, fixed, len(lines)) from None
+  del lines
+
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / MODEL_FILE).write_bytes(model.getvalue())
+  tokenizer = SentencePieceTokenizer.from_model(out_dir / MODEL_FILE, require=style)
+  processor = tokenizer._sp
+  # The same format as spm_train's .vocab (ostream's default float format is %g).
+  (out_dir / VOCAB_FILE).write_text(
+      "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
+              for i in range(len(tokenizer))), encoding="utf-8")
+  config = {
+      "type": "sentencepiece", "model": MODEL_FILE, "style": style, "model_type": model_type,
+      "lowercase": lowercase, "vocab_size": len(tokenizer),
+      "special_tokens": dict(specials),
+      "special_ids": {name: tokenizer._special[name] for name in specials},
+      "training": {"sentences_seen": seen, "sentences_used": min(seen, max_sentences),
+                   "character_coverage": character_coverage, "seed": seed,
+                   "num_threads": num_threads},
+  }
+  (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                     encoding="utf-8")
+  return out_dir
+
+
+def _sample_lines(texts: Iterable[str], max_sentences: int, seed: int) -> tuple[list[str], int]:
+  """Non-blank lines of `texts`: all of them, or a uniform reservoir sample of
+  `max_sentences` (Algorithm R with `random.Random(seed)`); and how many there were."""
+  if isinstance(texts, str):
+    raise TypeError("train_sentencepiece: texts must be an iterable of strings, not one string")
+  rng = random.Random(seed)
+  kept: list[str] = []
+  seen = 0
+  for text in texts:
+    if not isinstance(text, str):
+      raise TypeError(f"train_sentencepiece: texts must be strings, got {type(text).__name__}")
+    for line in text.splitlines():
+      if not line.strip():
+        continue
+      seen += 1
+      if len(kept) < max_sentences:
+        kept.append(line)
+      else:
+        slot = rng.randrange(seen)
+        if slot < max_sentences:
+          kept[slot] = line
+  return kept, seen
+
+
+def _readable_training_error(error: RuntimeError, vocab_size: int, style: str, fixed: int,
+                             lines: int) -> Exception:
+  """SentencePiece's check failures (`INTERNAL: src/...cc(638) [...] ...`) as sentences."""
+  message = str(error)
+  too_small = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
+  if too_small:
+    needed = int(too_small.group(2))
+    return ValueError(
+        f"vocab_size {vocab_size} is too small: the {fixed} reserved ids of {style} style plus "
+        f"the alphabet (characters within character_coverage) need at least {needed}; raise "
+        "vocab_size or lower character_coverage")
+  too_large = re.search(r"too high \((\d+)\)\. Please set it to a value <= (\d+)", message)
+  if too_large:
+    return ValueError(
+        f"vocab_size {vocab_size} is too large for this corpus ({lines:,} lines): SentencePiece "
+        f"can learn at most {too_large.group(2)} pieces from it; use vocab_size <= "
+        f"{too_large.group(2)} or train on more text")
+  # Anything else: keep SentencePiece's words, minus the source location noise.
+  detail = re.sub(r"^\w+: src/\S+ \[[^\]]*\]\s*", "", message).strip() or message
+  return RuntimeError(f"SentencePiece training failed: {detail}")
+
+
+class SentencePieceTokenizer:
+  """A loaded SentencePiece model with WordPiece's interface; special-token ids as
+  properties (None where the model has no such token)."""
+
+  def __init__(self, path: Path, processor: spm.SentencePieceProcessor,
+               num_threads: int | None = None):
+    self.path = path
+    self._sp = processor
+    if num_threads is None:
+      # The CPUs this process may use (cpu_count where affinity is not available).
+      affinity = getattr(os, "sched_getaffinity", None)
+      num_threads = len(affinity(0)) if affinity else (os.cpu_count() or 1)
+    self.num_threads = num_threads
+    size = processor.get_piece_size()
+    self._special: dict[str, int | None] = {"unk": processor.unk_id()}
+    for name, pieces in _PIECES_BY_NAME.items():
+      self._special[name] = next((i for i in map(self._lookup, pieces) if i is not None), None)
+    if processor.pad_id() >= 0:
+      self._special["pad"] = processor.pad_id()
+    self._special = {name: self._special[name] for name in SPECIAL_NAMES}
+    if all(self._special[n] is not None for n in ("pad", "cls", "sep", "mask")):
+      self.style: str | None = "bert"
+    elif self._special["eot"] is not None:
+      self.style = "gpt"
+    else:
+      self.style = None
+    # Case folding lives in the model's normalisation rule; probe it.
+    self.lowercase = processor.normalize("ABC").replace(WORD_START, "") == "abc"
+    # Precomputed: masking asks once per token.
+    self._continuation = [
+        not (processor.is_control(i) or processor.is_unknown(i) or processor.is_byte(i)
+             or processor.is_unused(i) or processor.id_to_piece(i).startswith(WORD_START))
+        for i in range(size)]
+
+  @classmethod
+  def from_model(cls, path: str | Path, *, require: Literal["bert", "gpt"] | None = None,
+                 num_threads: int | None = None) -> "SentencePieceTokenizer":
+    """Loads a SentencePiece `.model` file. `require="bert"` checks for [PAD] [UNK] [CLS] [SEP]
+    [MASK], `require="gpt"` for <|endoftext|>; `num_threads` for `encode_batch` (default:
+    the CPUs this process may use)."""
+    path = Path(path)
+    if not path.is_file():
+      raise CorpusError(f"{path}: no such SentencePiece model file")
+    if require not in (None, *STYLES):
+      raise ValueError(f"require {require!r}: expected None, 'bert' or 'gpt'")
+    processor = spm.SentencePieceProcessor()
+    try:
+      processor.load(str(path))
+    except (RuntimeError, OSError) as e:
+      raise CorpusError(f"{path}: not a SentencePiece model ({e})") from None
+    tokenizer = cls(path, processor, num_threads)
+    if require == "bert":
+      missing = [t for t in BERT_SPECIAL_TOKENS if tokenizer._lookup(t) is None]
+      if missing:
+        raise CorpusError(f"{path}: SentencePiece model lacks the special token(s) "
+                          f"{', '.join(missing)} that BERT needs (train it with style='bert')")
+    elif require == "gpt" and tokenizer.eot_id is None:
+      raise CorpusError(f"{path}: SentencePiece model lacks the {EOT_TOKEN} token that GPT "
+                        "needs (train it with style='gpt')")
+    return tokenizer
+
+  @classmethod
+  def from_dir(cls, path: str | Path, *, require: Literal["bert", "gpt"] | None = None,
+               num_threads: int | None = None) -> "SentencePieceTokenizer":
+    """Loads `path`/spm.model (as written by `train_sentencepiece`); see `from_model`."""
+    path = Path(path)
+    if not (path / MODEL_FILE).is_file():
+      raise CorpusError(f"{path}: no {MODEL_FILE} in this directory")
+    return cls.from_model(path / MODEL_FILE, require=require, num_threads=num_threads)
+
+  def _lookup(self, piece: str) -> int | None:
+    # piece_to_id answers unknown pieces with the unk id; tell the two apart.
+    i = self._sp.piece_to_id(piece)
+    return i if self._sp.id_to_piece(i) == piece else None
+
+  def __len__(self) -> int:
+    return self._sp.get_piece_size()
+
+  def __repr__(self) -> str:
+    return (f"SentencePieceTokenizer({str(self.path)!r}, style={self.style!r}, "
+            f"size={len(self)}, lowercase={self.lowercase})")
+
+  def token_id(self, token: str) -> int:
+    """Id of piece `token`; KeyError if the model has no such piece (like WordPiece)."""
+    i = self._lookup(token)
+    if i is None:
+      raise KeyError(token)
+    return i
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text`, no special tokens added."""
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`[encode(t) for t in texts]`, encoded by SentencePiece's thread pool."""
+    return self._sp.encode(list(texts), num_threads=self.num_threads)
+
+  def tokens(self, text: str) -> list[str]:
+    return self._sp.encode(text, out_type=str)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of `ids`; control tokens ([CLS], <|endoftext|>, ...) decode to nothing."""
+    return self._sp.decode([int(i) for i in ids])
+
+  def is_continuation(self, token_id: int) -> bool:
+    """True for pieces that continue a word (no leading "▁", not special or byte), which
+    whole-word masking groups with the previous piece."""
+    if not 0 <= token_id < len(self._continuation):
+      raise IndexError(f"token id {token_id} outside the vocabulary (size "
+                       f"{len(self._continuation)})")
+    return self._continuation[token_id]
+
+  @property
+  def pad_id(self) -> int | None:
+    return self._special["pad"]
+
+  @property
+  def unk_id(self) -> int | None:
+    return self._special["unk"]
+
+  @property
+  def cls_id(self) -> int | None:
+    return self._special["cls"]
+
+  @property
+  def sep_id(self) -> int | None:
+    return self._special["sep"]
+
+  @property
+  def mask_id(self) -> int | None:
+    return self._special["mask"]
+
+  @property
+  def eot_id(self) -> int | None:
+    return self._special["eot"]
+
+
+def load_tokenizer(path: str | Path, lowercase: bool | None = None, *,
+                   require: Literal["bert", "gpt"] | None = None
+                   ) -> WordPiece | SentencePieceTokenizer:
+  """The tokenizer at `path`: a vocab.txt file, or a directory holding one -> WordPiece
+  (`lowercase` None means True, as bert-base-uncased); a SentencePiece `.model` file or a
+  directory holding spm.model -> SentencePieceTokenizer.
+
+  For SentencePiece `lowercase` is ignored: case folding is part of the trained model's
+  normalisation (`tokenizer.lowercase` says which). `require` ("bert"/"gpt") checks that the
+  special tokens of that use are present (a WordPiece vocab always has BERT's).
+  """
+  path = Path(path)
+  expected = ("expected a WordPiece vocab.txt, a SentencePiece .model file, or a directory "
+              f"holding vocab.txt or {MODEL_FILE}")
+  if path.is_dir():
+    has_vocab, has_model = (path / "vocab.txt").is_file(), (path / MODEL_FILE).is_file()
+    if has_vocab and has_model:
+      raise CorpusError(f"{path}: holds both vocab.txt and {MODEL_FILE}; which tokenizer is "
+                        "meant is ambiguous, point at the file instead")
+    if has_model:
+      return SentencePieceTokenizer.from_dir(path, require=require)
+    if has_vocab:
+      path = path / "vocab.txt"
+    else:
+      raise CorpusError(f"{path}: no tokenizer in this directory; {expected}")
+  elif not path.exists():
+    raise CorpusError(f"{path}: no such tokenizer file or directory; {expected}")
+  if path.suffix == ".model":
+    return SentencePieceTokenizer.from_model(path, require=require)
+  if path.suffix == ".txt":
+    if require == "gpt":
+      raise CorpusError(f"{path}: a WordPiece vocabulary has no {EOT_TOKEN} token for GPT use; "
+                        "train a SentencePiece model with style='gpt'")
+    return WordPiece.from_vocab(path, lowercase=True if lowercase is None else lowercase)
+  raise CorpusError(f"{path}: not a known tokenizer file; {expected}")
+
+
+def special_ids(tokenizer: WordPiece | SentencePieceTokenizer) -> dict[str, int | None]:
+  """{"pad", "unk", "cls", "sep", "mask", "eot"} -> id, None where the tokenizer has none."""
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    return dict(tokenizer._special)
+  if isinstance(tokenizer, WordPiece):
+    # from_vocab guarantees BERT's five; WordPiece vocabularies have no end-of-text token.
+    ids: dict[str, int | None] = {
+        name: tokenizer.token_id(token) for name, token in _BERT_SPECIALS.items()}
+    ids["eot"] = None
+    return ids
+  raise TypeError(f"special_ids: expected a WordPiece or SentencePieceTokenizer, got "
+                  f"{type(tokenizer).__name__}")

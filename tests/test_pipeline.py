@@ -1,0 +1,313 @@
+"""The loader (issue 4 acceptance 1 and 3): exactly-once epochs over 1/2/4 hosts, bit-exact
+resume from a saved iterator state (also in a fresh process, also with worker processes),
+deterministic builds whatever the parallelism, packing without loss, dynamic masking, mixing."""
+
+import collections
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertjax.data import records
+from bertjax.data.build import BuildOptions, build_dataset
+from bertjax.data.errors import CorpusError
+from bertjax.data.pipeline import CorpusBatches, LoaderConfig, document_stream
+from bertjax.data.sources import parse_source
+from bertjax.data.tokenizers import train_sentencepiece
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = [f"w{i}" for i in range(400)]
+
+
+def _write_corpus(path: Path, num_docs: int, seed: int) -> list[list[str]]:
+  """google-research/bert format: a sentence per line, a blank line between documents."""
+  rng = random.Random(seed)
+  docs = [[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) + " ."
+           for _ in range(rng.randint(2, 25))] for _ in range(num_docs)]
+  path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+  return docs
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp("corpus")
+  _write_corpus(root / "a.txt", 240, seed=1)
+  _write_corpus(root / "b.txt", 60, seed=2)
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS
+  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  # A GPT-style tokenizer (end-of-text token) for the packing tests.
+  lines = (root / "a.txt").read_text().split("\n")
+  train_sentencepiece([l for l in lines if l], root / "spm_gpt", vocab_size=600,
+                      model_type="bpe", style="gpt")
+  specs = [parse_source(f"bert_lines:{root / 'a.txt'}?name=a"),
+           parse_source(f"bert_lines:{root / 'b.txt'}@0.25?name=b")]
+  build_dataset(specs[:1], root / "vocab.txt", root / "bert", BuildOptions(num_shards=4,
+                                                                          eval_fraction=0.1))
+  build_dataset(specs[:1], root / "spm_gpt", root / "gpt", BuildOptions(num_shards=4,
+                                                                        eval_fraction=0.1))
+  build_dataset(specs, root / "vocab.txt", root / "mixed", BuildOptions(num_shards=2))
+  return root
+
+
+def _keys(dataset: records.BuiltDataset, split: str = "train") -> list[str]:
+  import grain
+  source = grain.sources.ArrayRecordDataSource(
+      [str(p) for name in dataset.source_names for p in dataset.shard_paths(name, split)])
+  return [records.decode_record(source[i]).key for i in range(len(source))]
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 4])
+def test_one_epoch_yields_every_document_exactly_once(corpus, hosts):
+  dataset = records.BuiltDataset.open(corpus / "bert")
+  everything = _keys(dataset)
+  assert len(everything) > 150
+  seen = []
+  per_host = []
+  for host in range(hosts):
+    stream = document_stream(dataset, "train", seed=3, num_epochs=1, shard_index=host,
+                             shard_count=hosts)
+    keys = [element.doc.key for _, element in stream]
+    per_host.append(set(keys))
+    seen += keys
+  assert sorted(seen) == sorted(everything)  # each exactly once, none missing
+  assert len(set().union(*per_host)) == sum(map(len, per_host))  # hosts disjoint
+  # The global order is the same whatever the host count: host h has positions h, h+n, ...
+  one_host = [e.doc.key for _, e in document_stream(dataset, "train", seed=3, num_epochs=1,
+                                                     shard_index=0, shard_count=1)]
+  host_lists = [[e.doc.key for _, e in document_stream(dataset, "train", seed=3, num_epochs=1,
+                                                        shard_index=h, shard_count=hosts)]
+                for h in range(hosts)]
+  for h in range(hosts):
+    assert host_lists[h] == one_host[h::hosts]
+  assert one_host != sorted(one_host)  # shuffled
+
+
+def test_epochs_are_reshuffled_and_complete(corpus):
+  dataset = records.BuiltDataset.open(corpus / "bert")
+  stream = document_stream(dataset, "train", seed=3, num_epochs=2, shard_index=0,
+                           shard_count=1)
+  elements = [e for _, e in stream]
+  n = len(elements) // 2
+  first, second = [e.doc.key for e in elements[:n]], [e.doc.key for e in elements[n:]]
+  assert sorted(first) == sorted(second) and first != second
+  assert {e.epoch for e in elements[:n]} == {0} and {e.epoch for e in elements[n:]} == {1}
+
+
+def test_gpt_packing_loses_and_repeats_nothing(corpus):
+  dataset = records.BuiltDataset.open(corpus / "gpt")
+  cfg = LoaderConfig(dataset=str(corpus / "gpt"), objective="causal_lm", seq_length=64,
+                     num_epochs=1, prefetch=0)
+  from bertjax.data.tokenizers import load_tokenizer
+  eot = load_tokenizer(corpus / "gpt" / "tokenizer").eot_id
+  for hosts in (1, 2):
+    for host in range(hosts):
+      stream = [e.doc for _, e in document_stream(dataset, "train", seed=0, num_epochs=1,
+                                                  shard_index=host, shard_count=hosts)]
+      expected = np.concatenate([np.append(d.tokens, eot) for d in stream])
+      batches = list(CorpusBatches(cfg, "train", 4, host, hosts))
+      windows = [row for b in batches for row in range(len(b["input_ids"]))]
+      assert windows
+      inputs = np.concatenate([b["input_ids"].reshape(-1) for b in batches])
+      np.testing.assert_array_equal(inputs, expected[:len(inputs)])
+      assert len(expected) - len(inputs) < 64 * 4 + 1  # only the last partial batch is left
+      for b in batches:
+        np.testing.assert_array_equal(b["target_ids"][:, :-1], b["input_ids"][:, 1:])
+        # Positions restart at every document; segments change exactly after an eot.
+        for ids, seg, pos in zip(b["input_ids"], b["segment_ids"], b["positions"]):
+          starts = np.flatnonzero(np.diff(seg)) + 1
+          assert np.all(ids[starts - 1] == eot)
+          assert np.all(pos[starts] == 0) and pos[0] == 0
+        assert np.all(b["loss_mask"] == (b["segment_ids"][:, :] ==
+                                         np.concatenate([b["segment_ids"][:, 1:],
+                                                         b["segment_ids"][:, -1:] * 0 - 1],
+                                                        axis=1)) | (b["loss_mask"] == 1))
+
+
+def _take(batches, n):
+  return [next(batches) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("objective,mode,dataset", [
+    ("mlm_nsp", "pairs", "bert"), ("mlm", "full_sentences", "bert"),
+    ("causal_lm", "pairs", "gpt"), ("mlm_nsp", "pairs", "mixed")])
+def test_resume_from_saved_state_is_bit_exact(corpus, objective, mode, dataset):
+  cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
+                     max_predictions=5, bert_instances=mode, shuffle_window=16, prefetch=0)
+  # Several epochs of this small corpus: the state must survive epoch boundaries too.
+  uninterrupted = _take(CorpusBatches(cfg, "train", 8, 0, 1), 130)
+  for k in (0, 1, 7, 64):
+    first = CorpusBatches(cfg, "train", 8, 0, 1)
+    head = _take(first, k)
+    state = json.loads(json.dumps(first.get_state()))  # what a checkpoint stores
+    resumed = CorpusBatches(cfg, "train", 8, 0, 1)
+    resumed.set_state(state)
+    _assert_same(head + _take(resumed, 130 - k), uninterrupted)
+
+
+def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
+  """Acceptance 3 as production runs it: 2 loader worker processes, the state saved after k
+  batches, restored by another Python process."""
+  cfg = dict(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
+             max_predictions=5, shuffle_window=16, num_workers=2, prefetch=2)
+  script = tmp_path / "loader.py"
+  script.write_text(f"""
+import json, sys
+import numpy as np
+from bertjax.data.pipeline import CorpusBatches, LoaderConfig
+if __name__ == "__main__":
+  cfg = LoaderConfig(**json.loads(sys.argv[1]))
+  batches = CorpusBatches(cfg, "train", 8, 0, 1)
+  if sys.argv[2] == "restore":
+    batches.set_state(json.loads(open(sys.argv[3]).read()))
+  out = [next(batches) for _ in range(int(sys.argv[4]))]
+  if sys.argv[2] == "save":
+    open(sys.argv[3], "w").write(json.dumps(batches.get_state()))
+  np.savez(sys.argv[5], **{{f"{{i}}/{{k}}": v for i, b in enumerate(out) for k, v in b.items()}})
+  batches.close()
+""")
+
+  def run(*args):
+    result = subprocess.run([sys.executable, str(script), json.dumps(cfg), *map(str, args)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+  run("plain", "-", 12, tmp_path / "all.npz")
+  run("save", tmp_path / "state.json", 5, tmp_path / "head.npz")
+  run("restore", tmp_path / "state.json", 7, tmp_path / "tail.npz")
+  full, head, tail = (np.load(tmp_path / f) for f in ("all.npz", "head.npz", "tail.npz"))
+  assert len(full.files) == len(head.files) + len(tail.files)
+  for name in head.files:
+    np.testing.assert_array_equal(head[name], full[name])
+  for name in tail.files:
+    i, key = name.split("/")
+    np.testing.assert_array_equal(tail[name], full[f"{int(i) + 5}/{key}"])
+
+
+def test_full_sentences_masks_change_every_epoch_and_pairs_repeat_after_dupe_factor(corpus):
+  def masks_by_epoch(mode, dupe_factor):  # masked positions per unmasked text
+    cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=32,
+                       max_predictions=5, bert_instances=mode, dupe_factor=dupe_factor,
+                       shuffle_window=0, num_epochs=3, prefetch=0, seed=5)
+    from bertjax.data.pipeline import instance_dataset
+    dataset = records.BuiltDataset.open(corpus / "bert")
+    examples = list(instance_dataset(dataset, cfg, "train", 0, 1))
+    # Group the masked inputs by their unmasked content: the same text seen in each epoch.
+    by_text = collections.defaultdict(list)
+    for ex in examples:
+      original = ex["input_ids"].copy()
+      weights = ex["masked_lm_weights"] > 0
+      original[ex["masked_lm_positions"][weights]] = ex["masked_lm_ids"][weights]
+      by_text[original.tobytes()].append(ex["masked_lm_positions"].tobytes())
+    return by_text
+
+  # Pairs with dupe_factor 2: a document's instances in epoch 2 are epoch 0's exactly, and
+  # epoch 1's differ (the reference's static copies); with 0, every epoch differs.
+  dataset = records.BuiltDataset.open(corpus / "bert")
+  from bertjax.data.pipeline import instance_dataset
+  for dupe_factor, same in ((2, True), (0, False)):
+    cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
+                       max_predictions=5, dupe_factor=dupe_factor, shuffle_window=0,
+                       num_epochs=3, prefetch=0)
+    docs = document_stream(dataset, "train", seed=0, num_epochs=3, shard_index=0, shard_count=1)
+    flat = instance_dataset(dataset, cfg, "train", 0, 1)._transform  # the per-document map
+    n = len(docs) // 3
+    by_epoch = {}
+    for i in range(len(docs)):
+      source, element = docs[i]
+      if element.doc.key == docs[0][1].doc.key or i < 3 * n and element.index == docs[1][1].index:
+        by_epoch.setdefault(element.doc.key, {})[element.epoch] = [
+            {k: v.tobytes() for k, v in ex.items()} for ex in flat.flat_map((source, element))]
+    for epochs in by_epoch.values():
+      assert sorted(epochs) == [0, 1, 2]
+      assert (epochs[2] == epochs[0]) is same and epochs[1] != epochs[0]
+  full = masks_by_epoch("full_sentences", dupe_factor=0)
+  seen_twice = [v for v in full.values() if len(v) >= 2]
+  # Packing differs per epoch, so few sequences recur; those that do are masked anew.
+  assert all(len(set(v)) == len(v) for v in seen_twice)
+
+
+def test_full_sentences_packing_layout(corpus):
+  from bertjax.data.pipeline import instance_dataset
+  cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=48,
+                     max_predictions=7, bert_instances="full_sentences", num_epochs=1,
+                     prefetch=0)
+  dataset = records.BuiltDataset.open(corpus / "bert")
+  examples = list(instance_dataset(dataset, cfg, "train", 0, 1))
+  fill = [ex["input_mask"].sum() / 48 for ex in examples]
+  assert np.mean(fill) > 0.8  # sentences packed across documents: little padding
+  for ex in examples:
+    n = ex["input_mask"].sum()
+    ids = ex["input_ids"].copy()
+    w = ex["masked_lm_weights"] > 0
+    ids[ex["masked_lm_positions"][w]] = ex["masked_lm_ids"][w]
+    assert ids[0] == 2 and ids[n - 1] == 3  # [CLS] ... [SEP]
+    assert not np.any(ex["segment_ids"]) and ex["next_sentence_labels"] == 0
+    assert not set(ex["masked_lm_positions"][w]) & {0, n - 1}
+  tokens = sum(int(ex["input_mask"].sum()) for ex in examples)
+  counts = records.BuiltDataset.open(corpus / "bert").counts()
+  corpus_tokens = sum(c["train"]["tokens"] for c in counts.values())
+  # Every document token is used once, plus [CLS]/[SEP] and the document separators.
+  assert corpus_tokens <= tokens <= corpus_tokens + 3 * len(examples) + counts["a"]["train"][
+      "documents"]
+
+
+def test_mixing_weights(corpus):
+  dataset = records.BuiltDataset.open(corpus / "mixed")
+  assert dataset.weights == {"a": 1.0, "b": 0.25}
+  stream = document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0,
+                           shard_count=1)
+  sources = [stream[i][0] for i in range(1000)]
+  assert abs(sources.count(1) / 1000 - 0.25 / 1.25) < 0.03
+  stream = document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0,
+                           shard_count=1, weights="a=1,b=1")
+  sources = [stream[i][0] for i in range(1000)]
+  assert abs(sources.count(1) / 1000 - 0.5) < 0.03
+  with pytest.raises(ValueError, match="sources are"):
+    document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0, shard_count=1,
+                    weights="c=1")
+
+
+def test_build_is_identical_whatever_workers_and_processes(corpus, tmp_path):
+  spec = [parse_source(f"bert_lines:{corpus / 'a.txt'}?name=a")]
+  vocab = corpus / "vocab.txt"
+  build_dataset(spec, vocab, tmp_path / "workers", BuildOptions(num_shards=4, num_workers=2,
+                                                                eval_fraction=0.1))
+  for p in range(3):
+    build_dataset(spec, vocab, tmp_path / "procs", BuildOptions(
+        num_shards=4, eval_fraction=0.1, process_index=p, process_count=3))
+  reference = records.BuiltDataset.open(corpus / "bert")
+  for other in ("workers", "procs"):
+    built = records.BuiltDataset.open(tmp_path / other)
+    for split in records.SPLITS:
+      for a, b in zip(reference.shard_paths("a", split), built.shard_paths("a", split)):
+        assert a.read_bytes() == b.read_bytes(), (other, a.name)
+    assert built.counts() == reference.counts()
+
+
+def test_build_summary_counts_and_bad_inputs(corpus, tmp_path):
+  counts = records.BuiltDataset.open(corpus / "bert").counts()["a"]
+  assert counts["train"]["documents"] + counts["eval"]["documents"] == 240
+  assert 0 < counts["eval"]["documents"] < 60
+  bad_vocab = tmp_path / "vocab.txt"
+  bad_vocab.write_text("[PAD]\n[UNK]\nhello\n")
+  with pytest.raises(CorpusError, match="lacks the special token"):
+    build_dataset([parse_source(f"bert_lines:{corpus / 'a.txt'}")], bad_vocab, tmp_path / "x")
+  with pytest.raises(CorpusError, match="not a built dataset"):
+    records.BuiltDataset.open(tmp_path)
+  partial = tmp_path / "partial"
+  build_dataset([parse_source(f"bert_lines:{corpus / 'a.txt'}?name=a")], corpus / "vocab.txt",
+                partial, BuildOptions(num_shards=4, process_index=0, process_count=2))
+  with pytest.raises(CorpusError, match="shard\\(s\\) missing"):
+    records.BuiltDataset.open(partial)

@@ -1,0 +1,273 @@
+"""SentencePiece training and loading (bertjax.data.tokenizers): the special-token layouts of
+the BERT and GPT styles, round trips, byte fallback, determinism, `load_tokenizer` dispatch
+and the errors, on sentences of the embedded Wikipedia sample."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+import unicodedata
+
+import pytest
+
+from bertjax.data import wikipedia
+from bertjax.data.errors import CorpusError
+from bertjax.data.sentences import split_sentences
+from bertjax.data.tokenizers import (EOT_TOKEN, SentencePieceTokenizer, load_tokenizer,
+                                     special_ids, train_sentencepiece)
+from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
+
+# Text outside a small English vocabulary: CJK, emoji, accents, tabs, runs of spaces, newlines.
+ODD_TEXTS = ["東京 is Tokyo; 北京 is Beijing.", "smile 😀🎉 ok", "Café déjà vu — naïve façade",
+             "tabs\tand  two  spaces", "  leading and trailing  ", "line one\nline two\n",
+             "ǅemal ÅNGSTRÖM", "", "Ω≈ç√∫"]
+
+# (style, model_type, lowercase) of the models trained once for the module.
+MODELS = [("bert", "unigram", True), ("bert", "bpe", False), ("gpt", "bpe", False),
+          ("gpt", "unigram", True)]
+MODEL_IDS = ["bert-unigram-uncased", "bert-bpe-cased", "gpt-bpe-cased", "gpt-unigram-uncased"]
+
+
+@pytest.fixture(scope="module")
+def sentences():
+  out = []
+  for article in itertools.islice(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP), 20):
+    for paragraph in article.paragraphs:
+      out += split_sentences(paragraph)
+  assert len(out) > 3000
+  return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, sentences):
+  """Trains each of MODELS on first use; {(style, model_type, lowercase): directory}."""
+  cache = {}
+
+  def get(style, model_type, lowercase):
+    key = (style, model_type, lowercase)
+    if key not in cache:
+      out = tmp_path_factory.mktemp(f"{style}-{model_type}-{int(lowercase)}")
+      cache[key] = train_sentencepiece(sentences, out, vocab_size=1000, model_type=model_type,
+                                       style=style, lowercase=lowercase)
+    return cache[key]
+
+  return get
+
+
+@pytest.fixture(params=MODELS, ids=MODEL_IDS)
+def model(request, model_dirs):
+  style, model_type, lowercase = request.param
+  directory = model_dirs(style, model_type, lowercase)
+  return directory, SentencePieceTokenizer.from_dir(directory), request.param
+
+
+@pytest.mark.parametrize("model_type,lowercase", [("unigram", True), ("bpe", False)])
+def test_bert_style_special_ids(model_dirs, model_type, lowercase):
+  directory = model_dirs("bert", model_type, lowercase)
+  tok = SentencePieceTokenizer.from_dir(directory, require="bert")
+  assert [tok.token_id(t) for t in BERT_SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id, tok.eot_id) == (
+      0, 1, 2, 3, 4, None)
+  assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None}
+  assert tok.style == "bert" and tok.lowercase == lowercase and len(tok) == 1000
+  # No BOS/EOS or other specials are added by encode; control symbols never come from text.
+  ids = tok.encode("The war ended. [CLS] [MASK]")
+  assert not {0, 2, 3, 4} & set(ids)
+  config = json.loads((directory / "tokenizer_config.json").read_text())
+  assert config["type"] == "sentencepiece" and config["style"] == "bert"
+  assert config["lowercase"] == lowercase and config["model_type"] == model_type
+  assert config["special_tokens"] == {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]",
+                                      "sep": "[SEP]", "mask": "[MASK]"}
+  assert config["special_ids"] == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+  vocab = (directory / "spm.vocab").read_text(encoding="utf-8").splitlines()
+  assert len(vocab) == 1000 and [v.split("\t")[0] for v in vocab[:5]] == list(BERT_SPECIAL_TOKENS)
+
+
+@pytest.mark.parametrize("model_type,lowercase", [("bpe", False), ("unigram", True)])
+def test_gpt_style_special_ids(model_dirs, model_type, lowercase):
+  tok = SentencePieceTokenizer.from_dir(model_dirs("gpt", model_type, lowercase), require="gpt")
+  assert (tok.unk_id, tok.eot_id, tok.pad_id) == (0, 1, 2)
+  assert tok.token_id(EOT_TOKEN) == 1 and tok.token_id("<pad>") == 2
+  assert (tok.cls_id, tok.sep_id, tok.mask_id) == (None, None, None)
+  assert special_ids(tok) == {"pad": 2, "unk": 0, "cls": None, "sep": None, "mask": None,
+                              "eot": 1}
+  assert [tok.token_id(f"<0x{b:02X}>") for b in (0, 0x41, 0xFF)] == [3, 3 + 0x41, 258]
+  assert tok.style == "gpt" and tok.lowercase == lowercase
+  # A control symbol: text spelling it is just text (documents are joined by id, not string).
+  assert tok.eot_id not in tok.encode(f"a {EOT_TOKEN} b")
+
+
+def _casefolded(text: str) -> str:
+  """What SentencePiece's case-folding rules make of case: NFKC again after casefold, since
+  casefold can leave decomposed characters (final sigma, Greek accents)."""
+  return unicodedata.normalize("NFKC", text.casefold())
+
+
+@pytest.mark.parametrize("model_type,lowercase", [("unigram", True), ("bpe", False)])
+def test_bert_style_round_trip(model_dirs, sentences, model_type, lowercase):
+  tok = load_tokenizer(model_dirs("bert", model_type, lowercase))
+  with_unk = 0
+  for sentence in sentences + ODD_TEXTS:
+    ids = tok.encode(sentence)
+    if tok.unk_id in ids:  # characters outside character_coverage (as in BERT)
+      with_unk += 1
+      continue
+    # nmt_nfkc: NFKC, whitespace runs squeezed, ends trimmed.
+    expected = " ".join(unicodedata.normalize("NFKC", sentence).split())
+    assert tok.decode(ids) == (_casefolded(expected) if lowercase else expected), sentence
+  assert with_unk < 0.1 * len(sentences)
+  assert tok.unk_id in tok.encode("smile 😀")
+
+
+@pytest.mark.parametrize("model_type,lowercase", [("bpe", False), ("unigram", True)])
+def test_gpt_style_round_trip_is_exact_with_byte_fallback(model_dirs, sentences, model_type,
+                                                          lowercase):
+  tok = load_tokenizer(model_dirs("gpt", model_type, lowercase))
+  for text in sentences + ODD_TEXTS:
+    ids = tok.encode(text)
+    assert tok.unk_id not in ids, text
+    # Cased: byte-exact, whitespace and all. Uncased (nfkc_cf): NFKC + case folding only.
+    expected = _casefolded(unicodedata.normalize("NFKC", text)) if lowercase else text
+    assert tok.decode(ids) == expected, text
+  # Unseen characters are spelled as their UTF-8 bytes.
+  assert tok.tokens("😀")[-4:] == ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]
+  assert tok.decode(tok.encode("😀 東京")) == "😀 東京"
+
+
+def test_lowercasing_is_in_the_model(model_dirs):
+  uncased = load_tokenizer(model_dirs("bert", "unigram", True))
+  cased = load_tokenizer(model_dirs("bert", "bpe", False), lowercase=True)  # ignored for spm
+  assert uncased.lowercase and not cased.lowercase
+  assert uncased.encode("The WAR Ended") == uncased.encode("the war ended")
+  assert cased.encode("The WAR Ended") != cased.encode("the war ended")
+
+
+def test_encode_batch_equals_encode(model, sentences):
+  _, tok, _ = model
+  texts = sentences[:400] + ODD_TEXTS
+  assert tok.encode_batch(texts) == [tok.encode(t) for t in texts]
+  assert tok.encode_batch([]) == []
+
+
+def test_is_continuation_marks_word_pieces(model):
+  _, tok, _ = model
+  word = "unquestionably"
+  ids = tok.encode(word)
+  assert len(ids) > 1, tok.tokens(word)
+  assert [tok.is_continuation(i) for i in ids] == [False] + [True] * (len(ids) - 1)
+  two_words = tok.encode("anarchists unquestionably")
+  starts = [i for i in two_words if not tok.is_continuation(i)]
+  assert len(starts) == 2
+  for special in filter(lambda i: i is not None, special_ids(tok).values()):
+    assert not tok.is_continuation(special)
+  if tok.style == "gpt":
+    assert not tok.is_continuation(tok.token_id("<0x41>"))
+  with pytest.raises(IndexError):
+    tok.is_continuation(len(tok))
+
+
+def test_token_id_and_pickle(model):
+  _, tok, _ = model
+  with pytest.raises(KeyError):
+    tok.token_id("no-such-piece-anywhere")
+  assert tok.token_id(tok.tokens("the")[0]) == tok.encode("the")[0]
+  copy = pickle.loads(pickle.dumps(tok))
+  assert copy.encode("The war ended in 1945.") == tok.encode("The war ended in 1945.")
+
+
+@pytest.mark.parametrize("style,model_type", [("bert", "unigram"), ("gpt", "bpe")])
+def test_training_is_deterministic(tmp_path, sentences, style, model_type):
+  texts = sentences[:1200]
+  dirs = [train_sentencepiece(texts, tmp_path / str(i), vocab_size=600, model_type=model_type,
+                              style=style) for i in range(2)]
+  for name in ("spm.model", "spm.vocab", "tokenizer_config.json"):
+    assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes(), name
+
+
+def test_sampling_beyond_max_sentences_is_reproducible(tmp_path, sentences):
+  def train(name, seed):
+    out = train_sentencepiece(sentences, tmp_path / name, vocab_size=500, model_type="bpe",
+                              style="bert", max_sentences=800, seed=seed)
+    return (out / "spm.model").read_bytes(), json.loads((out / "tokenizer_config.json")
+                                                        .read_text())["training"]
+
+  first, info = train("a", 0)
+  assert info["sentences_seen"] == len(sentences) and info["sentences_used"] == 800
+  assert train("b", 0)[0] == first
+  assert train("c", 1)[0] != first
+
+
+def test_load_tokenizer_dispatch(tmp_path, model_dirs):
+  tokens = list(BERT_SPECIAL_TOKENS) + ["the", "war", "##s", "end", "##ed", "."]
+  vocab_dir = tmp_path / "wp"
+  vocab_dir.mkdir()
+  (vocab_dir / "vocab.txt").write_text("\n".join(tokens) + "\n")
+  for path in (vocab_dir, vocab_dir / "vocab.txt"):
+    tok = load_tokenizer(path)
+    assert isinstance(tok, WordPiece) and tok.lowercase
+    assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None}
+    assert tok.encode("The wars ended.") == [5, 6, 7, 8, 9, 10]
+  assert not load_tokenizer(vocab_dir, lowercase=False).lowercase
+
+  spm_dir = model_dirs("bert", "bpe", False)
+  for path in (spm_dir, spm_dir / "spm.model"):
+    tok = load_tokenizer(path, require="bert")
+    assert isinstance(tok, SentencePieceTokenizer) and tok.style == "bert"
+  assert load_tokenizer(model_dirs("gpt", "bpe", False), require="gpt").eot_id == 1
+
+
+def test_load_tokenizer_errors(tmp_path, model_dirs):
+  with pytest.raises(CorpusError, match="no such tokenizer"):
+    load_tokenizer(tmp_path / "missing")
+  with pytest.raises(CorpusError, match="no tokenizer in this directory"):
+    load_tokenizer(tmp_path)
+  (tmp_path / "tokenizer.json").write_text("{}")
+  with pytest.raises(CorpusError, match="not a known tokenizer file.*vocab.txt"):
+    load_tokenizer(tmp_path / "tokenizer.json")
+  both = tmp_path / "both"
+  both.mkdir()
+  (both / "vocab.txt").write_text("\n".join(BERT_SPECIAL_TOKENS))
+  (both / "spm.model").write_bytes((model_dirs("bert", "bpe", False) / "spm.model").read_bytes())
+  with pytest.raises(CorpusError, match="ambiguous"):
+    load_tokenizer(both)
+  with pytest.raises(CorpusError, match="no <\\|endoftext\\|> token"):
+    load_tokenizer(both / "vocab.txt", require="gpt")
+  (tmp_path / "junk.model").write_bytes(b"not a protobuf at all")
+  with pytest.raises(CorpusError, match="not a SentencePiece model"):
+    load_tokenizer(tmp_path / "junk.model")
+  with pytest.raises(CorpusError, match=r"lacks the special token\(s\) \[PAD\], \[UNK\], "
+                                        r"\[CLS\], \[SEP\], \[MASK\] that BERT needs"):
+    SentencePieceTokenizer.from_dir(model_dirs("gpt", "bpe", False), require="bert")
+  with pytest.raises(CorpusError, match="lacks the <\\|endoftext\\|> token"):
+    SentencePieceTokenizer.from_dir(model_dirs("bert", "bpe", False), require="gpt")
+  with pytest.raises(CorpusError, match="no spm.model"):
+    SentencePieceTokenizer.from_dir(tmp_path)
+
+
+def test_training_errors(tmp_path, sentences):
+  def train(texts=sentences[:300], **kw):
+    args = dict(vocab_size=500, model_type="bpe", style="bert") | kw
+    return train_sentencepiece(texts, tmp_path / "out", **args)
+
+  with pytest.raises(ValueError, match="vocab_size 5 is too small: bert style reserves 5"):
+    train(vocab_size=5)
+  with pytest.raises(ValueError, match="vocab_size 200 is too small: gpt style reserves 259 ids"):
+    train(vocab_size=200, style="gpt")
+  # Past the reserved ids but short of the alphabet: SentencePiece's check, reworded.
+  with pytest.raises(ValueError, match=r"vocab_size 20 is too small.*need at least \d+; raise "
+                                       "vocab_size or lower character_coverage"):
+    train(vocab_size=20)
+  with pytest.raises(ValueError, match=r"vocab_size 50000 is too large for this corpus "
+                                       r"\(300 lines\).*use vocab_size <= \d+"):
+    train(vocab_size=50_000)
+  with pytest.raises(ValueError, match="model_type 'char': expected one of unigram, bpe"):
+    train(model_type="char")
+  with pytest.raises(ValueError, match="style 't5': expected one of bert, gpt"):
+    train(style="t5")
+  for empty in ([], ["", "  \n\t", "\n"]):
+    with pytest.raises(CorpusError, match="no sentences"):
+      train(texts=empty)
+  with pytest.raises(TypeError, match="not one string"):
+    train(texts="a single string")
+  assert not (tmp_path / "out").exists()  # nothing half-written on failure
