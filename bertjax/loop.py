@@ -7,6 +7,7 @@ host building the next batch while the device runs this one).
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -148,6 +149,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       progress.close()
   # The product of the run: params-only, what `bertjax export` and fine-tuning start from.
   params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
+  if is_main and dataset:
+    # The ids mean nothing without the tokenizer: it travels with the parameters.
+    shutil.copytree(Path(dataset) / "tokenizer", params_dir / "tokenizer", dirs_exist_ok=True)
   if is_main:
     log.info("final parameters written to %s", params_dir)
   return train_metrics

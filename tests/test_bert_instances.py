@@ -158,3 +158,14 @@ def test_deterministic_for_a_seed():
   c = create_instances(docs, InstanceConfig(dupe_factor=1, seed=1), SPECIAL, _is_continuation)
   assert [x.tokens for x in a] == [x.tokens for x in b]
   assert [x.tokens for x in a] != [x.tokens for x in c]
+
+
+def test_fast_shuffle_draws_exactly_like_random_shuffle():
+  from bertjax.data.bert_instances import shuffle
+  for seed in range(200):
+    items = list(range(seed % 150))
+    a, b = list(items), list(items)
+    ra, rb = random.Random(seed), random.Random(seed)
+    ra.shuffle(a)
+    shuffle(b, rb)
+    assert a == b and ra.random() == rb.random()

@@ -311,3 +311,24 @@ def test_build_summary_counts_and_bad_inputs(corpus, tmp_path):
                 partial, BuildOptions(num_shards=4, process_index=0, process_count=2))
   with pytest.raises(CorpusError, match="shard\\(s\\) missing"):
     records.BuiltDataset.open(partial)
+
+
+def test_data_and_tokenizer_commands(corpus, tmp_path, capsys):
+  from bertjax import cli
+  source = f"bert_lines:{corpus / 'a.txt'}?name=a"
+  assert cli.main(["tokenizer", "train", "--source", source, "--vocab-size", "600",
+                   "--style", "gpt", "--model-type", "bpe", "--out", str(tmp_path / "spm")]) == 0
+  assert (tmp_path / "spm" / "spm.model").is_file()
+  assert cli.main(["data", "build", "--source", source, "--tokenizer", str(tmp_path / "spm"),
+                   "--out", str(tmp_path / "ds"), "--num-shards", "2"]) == 0
+  out = capsys.readouterr().out
+  assert "a/train: " in out and "a skipped: none" in out
+  assert records.BuiltDataset.open(tmp_path / "ds").counts()["a"]["train"]["documents"] > 200
+  assert cli.main(["data", "bench", "--source", source, "--tokenizer", str(tmp_path / "spm"),
+                   "--objective", "causal_lm", "--seq-length", "32", "--batch-size", "4"]) == 0
+  out = capsys.readouterr().out
+  assert "raw text -> instances:" in out and "built shards -> batches:" in out
+  # Bad input through the command: an error naming the path, exit status 2.
+  assert cli.main(["data", "build", "--source", f"text:{tmp_path / 'missing'}", "--tokenizer",
+                   str(tmp_path / "spm"), "--out", str(tmp_path / "x")]) == 2
+  assert "missing" in capsys.readouterr().err

@@ -74,7 +74,7 @@ def test_bert_style_special_ids(model_dirs, model_type, lowercase):
   # No BOS/EOS or other specials are added by encode; control symbols never come from text.
   ids = tok.encode("The war ended. [CLS] [MASK]")
   assert not {0, 2, 3, 4} & set(ids)
-  config = json.loads((directory / "tokenizer_config.json").read_text())
+  config = json.loads((directory / "bertjax_tokenizer.json").read_text())
   assert config["type"] == "sentencepiece" and config["style"] == "bert"
   assert config["lowercase"] == lowercase and config["model_type"] == model_type
   assert config["special_tokens"] == {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]",
@@ -181,7 +181,7 @@ def test_training_is_deterministic(tmp_path, sentences, style, model_type):
   texts = sentences[:1200]
   dirs = [train_sentencepiece(texts, tmp_path / str(i), vocab_size=600, model_type=model_type,
                               style=style) for i in range(2)]
-  for name in ("spm.model", "spm.vocab", "tokenizer_config.json"):
+  for name in ("spm.model", "spm.vocab", "bertjax_tokenizer.json"):
     assert (dirs[0] / name).read_bytes() == (dirs[1] / name).read_bytes(), name
 
 
@@ -189,7 +189,7 @@ def test_sampling_beyond_max_sentences_is_reproducible(tmp_path, sentences):
   def train(name, seed):
     out = train_sentencepiece(sentences, tmp_path / name, vocab_size=500, model_type="bpe",
                               style="bert", max_sentences=800, seed=seed)
-    return (out / "spm.model").read_bytes(), json.loads((out / "tokenizer_config.json")
+    return (out / "spm.model").read_bytes(), json.loads((out / "bertjax_tokenizer.json")
                                                         .read_text())["training"]
 
   first, info = train("a", 0)

@@ -88,3 +88,24 @@ def test_local_launcher_dry_run_prints_every_process():
     assert f"BERTJAX_PROCESS_ID='{i}'" in line and "127.0.0.1:1234" in line
     assert "--xla_force_host_platform_device_count=2" in line
     assert line.endswith("bertjax train --config gpt_tiny --workdir w")
+
+
+def test_bert_tiny_trains_on_the_embedded_wikipedia_sample(tmp_path):
+  """The README's main job, shortened: with no data.dataset the run trains a SentencePiece
+  tokenizer on the embedded sample, builds it into WORKDIR/data, trains and evaluates on it."""
+  assert cli.main(["train", "--config", "bert_tiny", "--workdir", str(tmp_path),
+                   "--config.model.vocab_size=2048", "--config.model.hidden_size=64",
+                   "--config.model.num_heads=2", "--config.model.mlp_dim=128",
+                   "--config.batch_size=16", "--config.num_train_steps=30",
+                   "--config.log_every=10", "--config.eval_every=30",
+                   "--config.eval_steps=2", "--config.optimizer.warmup_steps=5"]) == 0
+  assert (tmp_path / "data" / "tokenizer" / "spm.model").is_file()
+  counts = json.loads((tmp_path / "data" / "dataset" / "parts" / "process-0.json").read_text())
+  assert counts["counts"]["embedded"]["train"]["documents"] > 80
+  assert counts["skips"]["embedded"]["redirect"] == 99
+  train = _records(tmp_path, "train")
+  assert train[-1]["mlm_loss"] < train[0]["mlm_loss"]
+  assert 0.2 < train[-1]["nsp_accuracy"] < 1.0
+  assert len(_records(tmp_path, "eval")) == 1
+  # The tokenizer the run used travels with the final parameters.
+  assert (tmp_path / "params" / "tokenizer" / "spm.model").is_file()

@@ -97,19 +97,37 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
       trunc.pop()
 
 
+def shuffle(x: list, rng: random.Random) -> None:
+  """`rng.shuffle(x)` draw for draw (CPython's Fisher-Yates with `_randbelow` by
+  `getrandbits` rejection), without a Python call per element: the loader's hot spot.
+  tests/test_bert_instances.py checks it against `random.shuffle`."""
+  getrandbits = rng.getrandbits
+  for i in reversed(range(1, len(x))):
+    n = i + 1
+    k = n.bit_length()
+    j = getrandbits(k)
+    while j >= n:
+      j = getrandbits(k)
+    x[i], x[j] = x[j], x[i]
+
+
 def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
                 is_continuation: Callable[[int], bool],
                 rng: random.Random) -> tuple[list[int], list[int], list[int]]:
   """(masked tokens, sorted positions, labels) as `create_masked_lm_predictions`."""
-  candidates: list[list[int]] = []
-  for i, token in enumerate(tokens):
-    if token in (special.cls, special.sep):
-      continue
-    if cfg.whole_word_mask and candidates and is_continuation(token):
-      candidates[-1].append(i)
-    else:
-      candidates.append([i])
-  rng.shuffle(candidates)
+  cls, sep = special.cls, special.sep
+  if cfg.whole_word_mask:
+    candidates: list[list[int]] = []
+    for i, token in enumerate(tokens):
+      if token == cls or token == sep:
+        continue
+      if candidates and is_continuation(token):
+        candidates[-1].append(i)
+      else:
+        candidates.append([i])
+  else:
+    candidates = [[i] for i, token in enumerate(tokens) if token != cls and token != sep]
+  shuffle(candidates, rng)
   output = list(tokens)
   num_to_predict = min(cfg.max_predictions,
                        max(1, int(round(len(tokens) * cfg.masked_lm_prob))))

@@ -233,8 +233,8 @@ def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | 
         shutil.copyfile(f, target / f.name)
   else:
     raise CorpusError(f"{tokenizer_path}: no such tokenizer")
-  if (target / "vocab.txt").is_file() and not (target / "tokenizer_config.json").exists():
-    (target / "tokenizer_config.json").write_text(json.dumps(
+  if (target / "vocab.txt").is_file() and not (target / "bertjax_tokenizer.json").exists():
+    (target / "bertjax_tokenizer.json").write_text(json.dumps(
         {"type": "wordpiece", "lowercase": options.lowercase}) + "\n")
   meta = {
       "format_version": records.FORMAT_VERSION,

@@ -4,6 +4,7 @@
   seq_length + 1 tokens that overlap by one (inputs and next-token targets), with segment ids
   (1, 2, ... per document in the window) and positions restarting in each document, so a model
   may forbid cross-document attention; no padding at all.
+- `WindowShuffleIterDataset`: shuffling within windows, cheaply.
 - `FullSentencesIterDataset`: RoBERTa's FULL-SENTENCES inputs: whole sentences taken
   contiguously from one or more documents up to max_seq_length, an extra [SEP] between
   documents, a new mask every time a sequence is produced.
@@ -177,3 +178,65 @@ class FullSentencesIterDataset(grain.IterDataset):
 
   def __iter__(self) -> _FullSentencesIterator:
     return _FullSentencesIterator(self._parent.__iter__(), *self._args)
+
+
+class _WindowShuffleIterator(grain.DatasetIterator):
+
+  def __init__(self, parent: grain.DatasetIterator, window_size: int, seed: int):
+    super().__init__(parent)
+    self._size, self._seed = window_size, seed
+    self._window: list = []
+    self._window_index = -1
+    self._start_state = self._parent.get_state()
+    self._taken = 0  # elements of the current window already returned
+
+  def _fill(self) -> None:
+    self._start_state = self._parent.get_state()
+    self._window_index += 1
+    self._window = []
+    for _ in range(self._size):
+      try:
+        self._window.append(next(self._parent))
+      except StopIteration:
+        break
+    order = np.random.default_rng([self._seed, self._window_index]).permutation(
+        len(self._window))
+    self._window = [self._window[i] for i in order[::-1]]  # popped from the end
+    self._taken = 0
+
+  def __next__(self) -> Any:
+    if not self._window:
+      self._fill()
+      if not self._window:
+        raise StopIteration
+    self._taken += 1
+    return self._window.pop()
+
+  def get_state(self) -> dict[str, Any]:
+    if not self._window:  # between windows: the next one starts at the parent's position
+      return {"parent": self._parent.get_state(), "window": self._window_index + 1, "taken": 0}
+    return {"parent": self._start_state, "window": self._window_index, "taken": self._taken}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state["parent"])
+    self._window_index = state["window"] - 1
+    self._window = []
+    if state["taken"]:
+      self._fill()
+      del self._window[len(self._window) - state["taken"]:]
+
+
+class WindowShuffleIterDataset(grain.IterDataset):
+  """Shuffles elements within consecutive windows (the pairs of one document apart).
+
+  Grain's own WindowShuffleIterDataset costs ~35 µs per element on this machine (a seeded
+  index permutation call and stats bookkeeping per element), a seventh of the per-instance
+  budget; this one draws one numpy permutation per window. State: the parent's position at the
+  window start, the window number and how many were taken."""
+
+  def __init__(self, parent: grain.IterDataset, window_size: int, seed: int):
+    super().__init__(parent)
+    self._window_size, self._seed = window_size, seed
+
+  def __iter__(self) -> _WindowShuffleIterator:
+    return _WindowShuffleIterator(self._parent.__iter__(), self._window_size, self._seed)

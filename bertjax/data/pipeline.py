@@ -27,7 +27,8 @@ from bertjax.data import records
 from bertjax.data.bert_instances import (InstanceConfig, InstanceStats, SpecialIds,
                                          instances_from_document)
 from bertjax.data.errors import CorpusError
-from bertjax.data.packing import DocumentElement, FullSentencesIterDataset, GptPackIterDataset
+from bertjax.data.packing import (DocumentElement, FullSentencesIterDataset, GptPackIterDataset,
+                                  WindowShuffleIterDataset)
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
 BERT_INSTANCE_MODES = ("pairs", "full_sentences")
@@ -202,8 +203,7 @@ def instance_dataset(dataset: records.BuiltDataset, cfg: LoaderConfig, split: st
       docs.to_iter_dataset(), _PairInstances(views, instance_cfg, special, continuation,
                                              cfg.dupe_factor))
   if cfg.shuffle_window > 1:
-    instances = grain.experimental.WindowShuffleIterDataset(
-        instances, window_size=cfg.shuffle_window, seed=seed)
+    instances = WindowShuffleIterDataset(instances, cfg.shuffle_window, seed)
   return instances
 
 
@@ -212,7 +212,7 @@ def _never(_: int) -> bool:
 
 
 def dataset_tokenizer(dataset: records.BuiltDataset):
-  config_path = dataset.tokenizer_dir / "tokenizer_config.json"
+  config_path = dataset.tokenizer_dir / "bertjax_tokenizer.json"
   lowercase = None
   if config_path.is_file():
     lowercase = json.loads(config_path.read_text()).get("lowercase")

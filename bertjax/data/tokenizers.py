@@ -51,7 +51,9 @@ from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
 
 MODEL_FILE = "spm.model"
 VOCAB_FILE = "spm.vocab"
-CONFIG_FILE = "tokenizer_config.json"
+# Not "tokenizer_config.json": that name belongs to Hugging Face, and tokenizer files travel
+# into exported Hugging Face directories.
+CONFIG_FILE = "bertjax_tokenizer.json"
 EOT_TOKEN = "<|endoftext|>"
 GPT_UNK_TOKEN = "<unk>"
 GPT_PAD_TOKEN = "<pad>"
@@ -84,7 +86,7 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
                         character_coverage: float = 0.9995, max_sentences: int = 2_000_000,
                         seed: int = 0, num_threads: int = 1, verbose: bool = False) -> Path:
   """Trains a SentencePiece model on `texts` and writes `out_dir`/spm.model, spm.vocab and
-  tokenizer_config.json; returns `out_dir` (what `load_tokenizer` takes).
+  bertjax_tokenizer.json; returns `out_dir` (what `load_tokenizer` takes).
 
   Each text is split into lines (sentences, ideally: SentencePiece trains on lines); blank
   lines are skipped. The texts are streamed once; when there are more than `max_sentences`
