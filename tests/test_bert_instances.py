@@ -169,3 +169,20 @@ def test_fast_shuffle_draws_exactly_like_random_shuffle():
     ra.shuffle(a)
     shuffle(b, rb)
     assert a == b and ra.random() == rb.random()
+
+
+def test_single_token_fast_path_equals_the_general_masking_loop():
+  """Without whole-word masking a shortcut is taken; the reference's general loop (our
+  whole-word path with no continuation pieces) must give the same output and draws."""
+  import dataclasses
+  from bertjax.data.bert_instances import InstanceConfig, mask_tokens
+  cfg = InstanceConfig(max_seq_length=64, max_predictions=7)
+  for seed in range(300):
+    rng = random.Random(seed)
+    tokens = [SPECIAL.cls] + [rng.randint(5, 99) for _ in range(rng.randint(1, 40))] + \
+        [SPECIAL.sep] + [rng.randint(5, 99) for _ in range(rng.randint(1, 20))] + [SPECIAL.sep]
+    ra, rb = random.Random(seed), random.Random(seed)
+    fast = mask_tokens(tokens, cfg, SPECIAL, lambda _: False, ra)
+    general = mask_tokens(tokens, dataclasses.replace(cfg, whole_word_mask=True), SPECIAL,
+                          lambda _: False, rb)
+    assert fast == general and ra.random() == rb.random()

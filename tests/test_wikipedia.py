@@ -173,3 +173,43 @@ def test_sample_has_thousands_of_sentences():
   sentences = [s for a in articles for p in a.paragraphs for s in split_sentences(p)]
   assert len(sentences) > 15_000
   assert sum(len(s.split()) < 3 for s in sentences) / len(sentences) < 0.05
+
+
+def test_read_pages_then_clean_page_is_read_dump():
+  """The split a build uses to clean in worker processes gives read_dump's articles and skips."""
+  skips, page_skips = wikipedia.SkipCounts(), wikipedia.SkipCounts()
+  articles = list(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP, skips))
+  pages = list(wikipedia.read_pages(wikipedia.EMBEDDED_DUMP, page_skips))
+  cleaned = [wikipedia.clean_page(page) for page in pages]
+  assert [a for a in cleaned if a is not None] == articles
+  for article in cleaned:
+    if article is None:
+      page_skips.add("empty article")
+  assert page_skips.counts == skips.counts
+  assert all(isinstance(page.wikitext, str) and page.id for page in pages)
+
+
+@pytest.mark.parametrize("wikitext,expected", [
+    # An unclosed "{{" and a stray "}}" are not a template: the prose between them stays.
+    ("Alpha beta {{a|{{b|c}}|d}} gamma delta. {{unclosed and more words\n\nNext para has "
+     "words. Stray }} braces here.", ["Alpha beta gamma delta. unclosed and more words",
+                                      "Next para has words. Stray braces here."]),
+    # Apostrophes are read as MediaWiki reads them, around removed templates and in link text.
+    ("He read the ''Iliad'''s end and ''{{lang|fr|mot}}'' here.",
+     ["He read the Iliad's end and here."]),
+    ("In the ''[[Republic (Plato)|''Republic'']]'' he wants more.",
+     ["In the Republic he wants more."]),
+    # TeX braces are not templates; a line after removed math is not a definition list.
+    ("Then <math>x^{{2}}</math>; however, it holds}} well here.",
+     ["Then; however, it holds well here."]),
+    ("Links [[a|]] and [[b|B text]] and [[bus]]es and [[:Category:X]] and [[wikt:x|w]] and "
+     "[[fr:Foo]] and [http://x.com the site] and [http://y.com] end.",
+     ["Links and B text and buses and and and and the site and end."]),
+    ("Text <span>hidden</span> and <i>kept</i> and <br/> &amp; &mdash; &bogus; done.",
+     ["Text and kept and & — &bogus; done."]),
+    ("__NOTOC__\nMagic words go away here.\n----\nAfter the rule here.\n* list line\nSame "
+     "paragraph here.\n== References ==\nBack matter words here.",
+     ["Magic words go away here.", "After the rule here. Same paragraph here."]),
+])
+def test_clean_wikitext_constructs(wikitext, expected):
+  assert clean_wikitext(wikitext) == expected

@@ -126,7 +126,7 @@ def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
       else:
         candidates.append([i])
   else:
-    candidates = [[i] for i, token in enumerate(tokens) if token != cls and token != sep]
+    return _mask_single_tokens(tokens, cfg, special, rng)
   shuffle(candidates, rng)
   output = list(tokens)
   num_to_predict = min(cfg.max_predictions,
@@ -152,6 +152,29 @@ def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
       masked.append((i, tokens[i]))
   masked.sort()
   return output, [i for i, _ in masked], [label for _, label in masked]
+
+
+def _mask_single_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
+                        rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+  """`mask_tokens` without whole-word masking, draw for draw: every candidate is one position
+  and all are distinct, so the reference's loop takes the first `num_to_predict` candidates of
+  the shuffle with no overshoot or overlap checks (the loader's hot path)."""
+  cls, sep, mask = special.cls, special.sep, special.mask
+  candidates = [i for i, token in enumerate(tokens) if token != cls and token != sep]
+  shuffle(candidates, rng)  # the same draws as shuffling one-element lists
+  num_to_predict = min(cfg.max_predictions,
+                       max(1, int(round(len(tokens) * cfg.masked_lm_prob))))
+  output = list(tokens)
+  random_ = rng.random
+  top = special.vocab_size - 1
+  chosen = candidates[:num_to_predict]
+  for i in chosen:
+    if random_() < 0.8:
+      output[i] = mask
+    elif random_() >= 0.5:
+      output[i] = rng.randint(0, top)
+  chosen.sort()
+  return output, chosen, [tokens[i] for i in chosen]
 
 
 def instances_from_document(documents: Sequence[Document], index: int, cfg: InstanceConfig,

@@ -186,7 +186,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
         for shard in range(options.num_shards):
           if shard % options.process_count == options.process_index:
             path = out / spec.name / records.shard_name(split, shard, options.num_shards)
-            writers[split, shard] = ArrayRecordWriter(str(path), "group_size:1")
+            writers[split, shard] = ArrayRecordWriter(str(path), records.WRITER_OPTIONS)
       source_counts = {split: {"documents": 0, "sentences": 0, "tokens": 0}
                        for split in records.SPLITS}
       ordinals = {split: 0 for split in records.SPLITS}

@@ -5,6 +5,9 @@ Constant memory: pages are parsed one at a time with `iterparse` and cleared aft
 XML declaration's encoding is honoured (the parser reads bytes). Redirects, disambiguation
 pages and pages outside the main namespace are skipped and counted; a truncated archive or
 malformed XML raises `CorpusError` naming the file and the position reached.
+
+`read_pages` is the reading half alone (raw wikitext of the pages kept), so that a build can
+clean pages (`clean_page`, the costly half) in worker processes; `read_dump` chains the two.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import bz2
 import dataclasses
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterator, NamedTuple
 
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.wikitext import clean_wikitext, is_disambiguation
@@ -27,6 +30,22 @@ class Article:
   id: str
   title: str
   paragraphs: list[str]
+
+
+class Page(NamedTuple):
+  """A main-namespace page that is neither a redirect nor a disambiguation page, uncleaned (a
+  tuple: cheap to send to a worker process)."""
+  id: str
+  title: str
+  wikitext: str
+
+
+def clean_page(page: Page) -> Article | None:
+  """The page's article of clean prose; None when no paragraph is left (an "empty article")."""
+  paragraphs = clean_wikitext(page.wikitext)
+  if not paragraphs:
+    return None
+  return Article(id=page.id, title=page.title, paragraphs=paragraphs)
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -52,6 +71,18 @@ def _local(tag: str) -> str:
 
 def read_dump(path: str | Path, skips: SkipCounts | None = None) -> Iterator[Article]:
   """Articles of the main namespace, in dump order, with clean paragraphs."""
+  skips = SkipCounts() if skips is None else skips
+  for page in read_pages(path, skips):
+    article = clean_page(page)
+    if article is None:
+      skips.add("empty article")
+    else:
+      yield article
+
+
+def read_pages(path: str | Path, skips: SkipCounts | None = None) -> Iterator[Page]:
+  """Pages of the main namespace, in dump order, with their raw wikitext; redirects,
+  disambiguation pages and other namespaces are skipped and counted in `skips`."""
   path = Path(path)
   skips = SkipCounts() if skips is None else skips
   stream = _open(path)
@@ -67,9 +98,9 @@ def read_dump(path: str | Path, skips: SkipCounts | None = None) -> Iterator[Art
       if event != "end" or _local(element.tag) != "page":
         continue
       pages += 1
-      article = _page(element, skips)
-      if article is not None:
-        yield article
+      page = _page(element, skips)
+      if page is not None:
+        yield page
       root.clear()  # constant memory: drop the finished page from the tree
   except ET.ParseError as e:
     line, column = e.position
@@ -87,7 +118,7 @@ def read_dump(path: str | Path, skips: SkipCounts | None = None) -> Iterator[Art
     skips.add("empty dump")
 
 
-def _page(page: ET.Element, skips: SkipCounts) -> Article | None:
+def _page(page: ET.Element, skips: SkipCounts) -> Page | None:
   fields = {_local(child.tag): child for child in page}
   title = (fields["title"].text or "") if "title" in fields else ""
   if "ns" in fields and (fields["ns"].text or "").strip() != "0":
@@ -106,9 +137,5 @@ def _page(page: ET.Element, skips: SkipCounts) -> Article | None:
   if is_disambiguation(wikitext, title):
     skips.add("disambiguation")
     return None
-  paragraphs = clean_wikitext(wikitext)
-  if not paragraphs:
-    skips.add("empty article")
-    return None
-  return Article(id=(fields["id"].text or "").strip() if "id" in fields else "", title=title,
-                 paragraphs=paragraphs)
+  return Page(id=(fields["id"].text or "").strip() if "id" in fields else "", title=title,
+              wikitext=wikitext)
