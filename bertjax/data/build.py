@@ -5,12 +5,15 @@ its ordinal within (source, split) modulo the shard count, and the records of a 
 corpus order. Process P of N (a multi-host build) writes the shards s with s % N == P and
 tokenizes only their documents; within a process, worker processes clean, split and tokenize
 chunks of documents while the main process reads ahead and writes results back in order, with a
-bounded number of chunks in flight (constant memory on a dump of any size).
+bounded number of chunks in flight (constant memory on a dump of any size). MediaWiki pages
+reach the workers uncleaned, so a process cleans only the pages of its own shards (a page's
+shard is decided before cleaning; one that cleans to nothing is counted as an empty article).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -28,6 +31,7 @@ from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SourceSpec, TextDocument, read_source
 from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.wikipedia import Page, clean_page
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,15 @@ def _tokenize_chunk(chunk: list[tuple[str, TextDocument]]
   skips: collections.Counter = collections.Counter()
   texts: list[str] = []
   spans = []
-  for _, doc in chunk:
+  for i, (key, doc) in enumerate(chunk):
+    if isinstance(doc, Page):  # MediaWiki pages are cleaned here, in the worker
+      article = clean_page(doc)
+      if article is None:
+        skips["empty article"] += 1
+        doc = TextDocument(id=doc.id, paragraphs=())
+        chunk[i] = (key, doc)
+      else:
+        doc = TextDocument(id=doc.id, paragraphs=tuple(article.paragraphs))
     start = len(texts)
     for paragraph in doc.paragraphs:
       if doc.sentences_given:
@@ -83,11 +95,12 @@ def _tokenize_chunk(chunk: list[tuple[str, TextDocument]]
     spans.append((start, len(texts)))
   ids = _worker_tokenizer.encode_batch(texts) if texts else []
   out = []
-  for (key, _), (start, stop) in zip(chunk, spans):
+  for (key, doc), (start, stop) in zip(chunk, spans):
     sentences = [s for s in ids[start:stop] if s]
     skips["empty sentence after tokenization"] += (stop - start) - len(sentences)
     if not sentences:
-      skips["empty document"] += 1
+      if doc.paragraphs:  # an empty article is already counted as such
+        skips["empty document"] += 1
       out.append((key, None, 0, 0))
       continue
     out.append((key, records.encode_record(key, sentences), len(sentences),
@@ -114,7 +127,7 @@ class BuildSummary:
     return out
 
 
-def _owned_chunks(documents: Iterable[TextDocument], name: str, options: BuildOptions,
+def _owned_chunks(documents: Iterable[TextDocument | Page], name: str, options: BuildOptions,
                   ordinals: dict[str, int]) -> Iterator[list[tuple[str, str, int, TextDocument]]]:
   """Chunks of (split, key, shard, document) for the shards this process writes."""
   chunk = []
@@ -140,14 +153,14 @@ def _ordered_results(pool, chunks: Iterator[list], max_in_flight: int) -> Iterat
   pending: collections.deque = collections.deque()
   for chunk in chunks:
     work = [(key, doc) for _, key, _, doc in chunk]
-    pending.append((chunk, pool.apply_async(_tokenize_chunk, (work,)) if pool else
+    pending.append((chunk, pool.submit(_tokenize_chunk, work) if pool else
                     _tokenize_chunk(work)))
     if len(pending) >= max_in_flight:
       done, result = pending.popleft()
-      yield done, result.get() if pool else result
+      yield done, result.result() if pool else result
   while pending:
     done, result = pending.popleft()
-    yield done, result.get() if pool else result
+    yield done, result.result() if pool else result
 
 
 def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir: str | Path,
@@ -170,9 +183,12 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
 
   counts: dict = {}
   skips: dict = {}
-  ctx = multiprocessing.get_context("spawn")  # JAX/threads in the parent: never fork
-  pool = (ctx.Pool(options.num_workers, _init_worker,
-                   (str(tokenizer_path), options.lowercase, options.language))
+  # Spawned, never forked (JAX and threads in the parent); an executor rather than a Pool so a
+  # worker that dies raises BrokenProcessPool instead of leaving its chunk pending forever.
+  pool = (concurrent.futures.ProcessPoolExecutor(
+      options.num_workers, mp_context=multiprocessing.get_context("spawn"),
+      initializer=_init_worker,
+      initargs=(str(tokenizer_path), options.lowercase, options.language))
           if options.num_workers > 0 else None)
   if pool is None:
     _init_worker(str(tokenizer_path), options.lowercase, options.language)
@@ -190,7 +206,8 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
       source_counts = {split: {"documents": 0, "sentences": 0, "tokens": 0}
                        for split in records.SPLITS}
       ordinals = {split: 0 for split in records.SPLITS}
-      chunks = _owned_chunks(read_source(spec, reader_skips), spec.name, options, ordinals)
+      chunks = _owned_chunks(read_source(spec, reader_skips, raw_pages=True), spec.name,
+                             options, ordinals)
       for chunk, (results, chunk_skips) in _ordered_results(
           pool, chunks, max_in_flight=2 * max(1, options.num_workers)):
         source_skips.update(chunk_skips)
@@ -210,8 +227,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
       skips[spec.name] = dict(source_skips)
   finally:
     if pool is not None:
-      pool.close()
-      pool.join()
+      pool.shutdown(cancel_futures=True)
   summary = BuildSummary(counts, skips, time.perf_counter() - start)
   part = {"process_index": options.process_index, "counts": counts, "skips": skips,
           "seconds": summary.seconds}

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from bertjax.data.errors import CorpusError, SkipCounts
-from bertjax.data.wikipedia import EMBEDDED_DUMP, read_dump
+from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, read_dump, read_pages
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +182,13 @@ def format_source(spec: SourceSpec) -> str:
   return text + ("?" + "&".join(options) if options else "")
 
 
-def read_source(spec: SourceSpec, skips: SkipCounts) -> Iterator[TextDocument]:
-  """The documents of one source, in a deterministic order."""
+def read_source(spec: SourceSpec, skips: SkipCounts,
+                raw_pages: bool = False) -> Iterator[TextDocument | Page]:
+  """The documents of one source, in a deterministic order. `raw_pages`: a MediaWiki source
+  yields uncleaned `wikipedia.Page`s instead (a build cleans them in its worker processes,
+  and only those of its own shards); other kinds ignore it."""
   if spec.kind == "wikipedia":
-    return read_wikipedia(spec.path, skips)
+    return read_wikipedia(spec.path, skips, raw_pages=raw_pages)
   if spec.kind == "wikiextractor":
     return read_wikiextractor(spec.path, skips, max_line_bytes=spec.max_line_bytes)
   if spec.kind == "text":
@@ -412,7 +415,8 @@ def _paragraphs(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- readers
 
 
-def read_wikipedia(path: str | Path, skips: SkipCounts) -> Iterator[TextDocument]:
+def read_wikipedia(path: str | Path, skips: SkipCounts,
+                   raw_pages: bool = False) -> Iterator[TextDocument | Page]:
   """Articles of MediaWiki XML dumps (a file, plain or .bz2, a directory or glob of dump
   parts); id = page id, paragraphs as `read_dump` cleans them (the title is not one)."""
   if str(path) == "embedded":
@@ -425,6 +429,9 @@ def read_wikipedia(path: str | Path, skips: SkipCounts) -> Iterator[TextDocument
       raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
     if empty:
       skip("empty file", str(file))
+      continue
+    if raw_pages:
+      yield from read_pages(file, skips)
       continue
     for article in read_dump(file, skips):
       yield TextDocument(id=article.id, paragraphs=tuple(article.paragraphs))
