@@ -589,21 +589,29 @@ def read_jsonl(path: str | Path, skips: SkipCounts, *, text_field: str = "text",
       record = _json_object(line, where, skip)
       if record is None:
         continue
-      text = record.get(text_field)
-      if not isinstance(text, str):
-        skip("missing text field", where, f"no string {text_field!r}")
-        continue
-      paragraphs = _paragraphs(text)
-      if not paragraphs:
-        skip("empty document", where)
-        continue
-      doc_id = f"{label}:{number}"
-      if id_field:
-        if record.get(id_field) is None:
-          skip("missing id field", where, f"no {id_field!r}; the document is kept as {doc_id}")
-        else:
-          doc_id = str(record[id_field])
-      yield TextDocument(id=doc_id, paragraphs=paragraphs)
+      doc = _record_document(record.get(text_field), record.get(id_field) if id_field else None,
+                             f"{label}:{number}", where, skip, text_field, id_field)
+      if doc is not None:
+        yield doc
+
+
+def _record_document(text: object, id_value: object, default_id: str, where: str,
+                     skip: _Skipper, text_field: str, id_field: str) -> TextDocument | None:
+  """One JSON/Parquet record as a document, or None with the reason counted."""
+  if not isinstance(text, str):
+    skip("missing text field", where, f"no string {text_field!r}")
+    return None
+  paragraphs = _paragraphs(text)
+  if not paragraphs:
+    skip("empty document", where)
+    return None
+  doc_id = default_id
+  if id_field:
+    if id_value is None:
+      skip("missing id field", where, f"no {id_field!r}; the document is kept as {default_id}")
+    else:
+      doc_id = str(id_value)
+  return TextDocument(id=doc_id, paragraphs=paragraphs)
 
 
 def read_parquet(path: str | Path, skips: SkipCounts, *, text_field: str = "text",
@@ -638,21 +646,11 @@ def read_parquet(path: str | Path, skips: SkipCounts, *, text_field: str = "text
         texts = batch.column(0).to_pylist()
         ids = batch.column(1).to_pylist() if id_field else [None] * len(texts)
         for text, value in zip(texts, ids):
-          where = f"{file}:row {row}"
-          doc_id = f"{label}:{row}"
+          doc = _record_document(text, value, f"{label}:{row}", f"{file}:row {row}", skip,
+                                 text_field, id_field)
           row += 1
-          if text is None:
-            skip("missing text field", where, f"{text_field!r} is null")
-            continue
-          paragraphs = _paragraphs(text)
-          if not paragraphs:
-            skip("empty document", where)
-            continue
-          if id_field and value is None:
-            skip("missing id field", where, f"{id_field!r} is null; kept as {doc_id}")
-          elif id_field:
-            doc_id = str(value)
-          yield TextDocument(id=doc_id, paragraphs=paragraphs)
+          if doc is not None:
+            yield doc
     except (OSError, pa.ArrowException) as e:
       raise CorpusError(f"{file}: cannot be read at row {row} ({e})") from None
 
