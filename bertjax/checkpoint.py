@@ -41,6 +41,11 @@ def load_model_config(directory: str | Path) -> ModelConfig:
   return ModelConfig.from_mapping(json.loads(path.read_text()))
 
 
+def abstract_params_of(config: ModelConfig) -> Any:
+  """The parameter tree's shapes for `config`, allocating nothing."""
+  return nn.meta.unbox(abstract_params(build_model(config)))
+
+
 def load_params(directory: str | Path, shardings: Any = None) -> tuple[Any, ModelConfig]:
   """Restores params directly into `shardings` (default: the first local device)."""
   directory = Path(directory).absolute()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -97,10 +98,17 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
   from bertjax import checkpoint, hf
   if overrides:
     raise SystemExit("bertjax export takes no --config overrides")
-  params, model_cfg = checkpoint.load_params(args.params)
+  if bool(args.params) == bool(args.workdir):
+    raise SystemExit("bertjax export: give exactly one of --params DIR or --workdir DIR")
+  if args.workdir:
+    params, model_cfg, tokenizer, step = _workdir_params(args.workdir, args.step)
+    print(f"exporting step {step} of {args.workdir}")
+  else:
+    params, model_cfg = checkpoint.load_params(args.params)
+    tokenizer = checkpoint.tokenizer_dir(args.params)
   dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
   if args.format == "hf":
-    out = hf.export_hf(params, model_cfg, args.out, dtype, checkpoint.tokenizer_dir(args.params))
+    out = hf.export_hf(params, model_cfg, args.out, dtype, tokenizer)
     print(f"wrote a Hugging Face {hf.hf_config_dict(model_cfg)['architectures'][0]} directory "
           f"to {out} ({dtype})")
   else:
@@ -109,9 +117,8 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     cast = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
     params = jax.tree.map(lambda x: x.astype(cast), params)
     out = checkpoint.save_params(args.out, params, model_cfg.replace(param_dtype=dtype))
-    if checkpoint.tokenizer_dir(args.params):
-      (Path(out) / "tokenizer").mkdir(exist_ok=True)
-      hf.copy_tokenizer_files(checkpoint.tokenizer_dir(args.params), Path(out) / "tokenizer")
+    if tokenizer:
+      shutil.copytree(tokenizer, Path(out) / "tokenizer", dirs_exist_ok=True)
     print(f"wrote a params-only checkpoint to {out} ({dtype})")
   return 0
 
@@ -154,6 +161,36 @@ def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str
   print(f"wrote a {args.style}-style {args.model_type} SentencePiece tokenizer "
         f"({args.vocab_size} pieces) to {out}")
   return 0
+
+
+def _workdir_params(workdir: str, step: int | None):
+  """(params, model config, tokenizer dir, step) of a training checkpoint: the parameters
+  only, restored onto this process's first device; the optimizer state is never read."""
+  from bertjax import checkpoint
+  from bertjax.train_checkpoint import TrainCheckpoints
+  import jax
+  import ml_collections
+  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
+                                                     "async_save": False}})
+  checkpoints = TrainCheckpoints(workdir, probe)
+  step = checkpoints.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{Path(workdir) / 'checkpoints'} holds no checkpoint")
+  saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
+  model_cfg = config_lib.model_config(saved)
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                          checkpoint.abstract_params_of(model_cfg))
+  params, step = checkpoints.restore_params(abstract, step)
+  checkpoints.close()
+  tokenizer = None
+  for candidate in (Path(workdir) / "params" / "tokenizer",
+                    Path(workdir) / "data" / "dataset" / "tokenizer",
+                    Path(saved.data.dataset) / "tokenizer" if saved.data.dataset else None):
+    if candidate is not None and candidate.is_dir():
+      tokenizer = candidate
+      break
+  return params, model_cfg, tokenizer, step
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -216,14 +253,19 @@ def _parser() -> argparse.ArgumentParser:
                  help="keep layers unrolled (layers_0, layers_1, ...) instead of scanned")
 
   p = add("export", "export parameters for others to fine-tune",
-          "Exports a params checkpoint as a Hugging Face directory (config.json + "
+          "Exports a params checkpoint, or the parameters of a training run's checkpoint "
+          "(--workdir, optimizer state never read), as a Hugging Face directory (config.json + "
           "model.safetensors + tokenizer files) that `transformers` loads with "
           "BertForPreTraining / GPT2LMHeadModel / OpenAIGPTLMHeadModel.from_pretrained, or as "
           "another params-only checkpoint (e.g. cast to bf16).",
           "examples:\n  bertjax export --params runs/bert_params --format hf --out runs/bert_hf\n"
+          "  bertjax export --workdir runs/bert --step 5000 --format params --out runs/b5k\n"
           "  bertjax export --params runs/bert_params --format params --dtype bf16 "
           "--out runs/bert_bf16", cmd_export)
-  p.add_argument("--params", required=True, help="params checkpoint directory")
+  p.add_argument("--params", help="params checkpoint directory")
+  p.add_argument("--workdir", help="a training run's directory: export its checkpoint")
+  p.add_argument("--step", type=int, default=None,
+                 help="with --workdir: the checkpoint step (default: the latest)")
   p.add_argument("--format", choices=("hf", "params"), default="hf", help="output format")
   p.add_argument("--dtype", choices=("fp32", "bf16", "float32", "bfloat16"), default="fp32",
                  help="dtype of the exported weights")

@@ -120,6 +120,22 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # Override the dataset's mixing weights: "name=weight,...".
       "weights": "",
   })
+  # Training checkpoints in WORKDIR/checkpoints (bertjax.train_checkpoint).
+  config.checkpoint = ConfigDict({
+      # Save every this many steps (0: only at the end and on preemption).
+      "every": 1000,
+      # Keep the latest this many (0: all) ...
+      "keep": 3,
+      # ... plus every step divisible by this one, permanently (0: none).
+      "keep_period": 0,
+      # Write in the background while training continues.
+      "async_save": True,
+  })
+  # Resume from this checkpoint step instead of the latest (-1: latest).
+  config.restore_step = -1
+  # Start a new run from these weights (continued / domain-adaptive pre-training): a params-only
+  # checkpoint (bertjax export --format params) or a Hugging Face directory. Empty: random init.
+  config.init_from = ""
   # Log train metrics every this many steps.
   config.log_every = 100
   # Evaluate every this many steps (0: never) on eval_steps held-out batches.
@@ -165,6 +181,7 @@ def tiny_cpu_training(config: ConfigDict, batch_size: int) -> ConfigDict:
   config.log_every = 25
   config.eval_every = 100
   config.eval_steps = 4
+  config.checkpoint.every = 100
   config.optimizer.learning_rate = 1e-3
   config.optimizer.warmup_steps = 30
   return config

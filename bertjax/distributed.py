@@ -105,3 +105,10 @@ class StepWatchdog:
               f"step completed in {idle:.0f} s; a peer process has probably died or hung. "
               "Exiting so the job can be restarted from its last checkpoint.", flush=True)
         os._exit(3)
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (a no-op with one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

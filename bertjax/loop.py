@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite
 from bertjax.train import Trainer, TrainState
+from bertjax.train_checkpoint import TrainCheckpoints
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +50,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   distributed.initialize(config.distributed)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
-  if (workdir / "params" / "params").exists():
-    raise FileExistsError(f"{workdir} already holds the final parameters of a finished run; "
-                          "choose a new --workdir")
   mesh = sharding.make_mesh(dict(config.mesh))
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
@@ -65,19 +65,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
   dataset = ensure_dataset(config, workdir, jax.process_count()) \
       if config.data.source == "corpus" else ""
-  state: TrainState = trainer.init_state(int(config.seed))
   # This host's rows of every global batch follow from the batch sharding.
   rows = distributed.local_rows(trainer.data_sharding(), batch_size)
   train_batches = make_batches(config, "train", rows, dataset)
+  checkpoints = TrainCheckpoints(workdir, config)
+  state = _initial_state(config, trainer, checkpoints, train_batches)
+  if int(state.step) >= total:
+    log.info("%s: the run already finished (step %d of %d)", workdir, int(state.step), total)
+    _write_final_params(workdir, state, trainer, dataset, is_main)
+    train_batches.close()
+    checkpoints.close()
+    return {}
   first_batch = next(train_batches)
   trainer.compile_step(first_batch)
 
   def global_batch(local):
     return distributed.global_batch(local, trainer.batch_shardings, batch_size)
-
-  def eval_batches():
-    batches = make_batches(config, "eval", rows, dataset)
-    return (global_batch(next(batches)) for _ in iter(int, 1))
 
   flops_per_step = flops.train_flops_per_step(trainer.model_config, batch_size, seq_length,
                                               _predictions_per_seq(config))
@@ -99,6 +102,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   last_log_time, last_log_step = time.perf_counter(), int(state.step)
   train_metrics: dict[str, Any] = {}
   step = first_step = int(state.step)
+  preemption = _Preemption(checkpoints)
   try:
     while step < total:
       if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
@@ -137,24 +141,148 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         last_log_time, last_log_step = time.perf_counter(), step
       if config.eval_every and (step % config.eval_every == 0 or step == total):
         eval_start = time.perf_counter()
-        writer.write(step, evaluate(trainer, state, eval_batches(), int(config.eval_steps)),
-                     prefix="eval")
+        eval_batches = make_batches(config, "eval", rows, dataset)
+        try:
+          writer.write(step, evaluate(trainer, state, (global_batch(next(eval_batches))
+                                                       for _ in iter(int, 1)),
+                                      int(config.eval_steps)), prefix="eval")
+        finally:
+          eval_batches.close()
         # Time spent evaluating is not training time: keep it out of step time and tokens/s.
         last_log_time += time.perf_counter() - eval_start
+      preempted = preemption.requested(step)
+      if preempted or checkpoints.due(step, total):
+        # Counted in step time: what a save costs the run is part of its throughput.
+        checkpoints.save(step, state, train_batches, config)
+      if preempted:
+        checkpoints.wait()
+        log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
+                    "resumes)", step, preemption.reason)
+        break
+    checkpoints.wait()
   finally:
+    preemption.uninstall()
     train_batches.close()
+    checkpoints.close()
     watchdog.stop()
     writer.close()
     if progress:
       progress.close()
-  # The product of the run: params-only, what `bertjax export` and fine-tuning start from.
+  if step >= total:
+    _write_final_params(workdir, state, trainer, dataset, is_main, replace=True)
+  return train_metrics
+
+
+def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,
+                   checkpoints: TrainCheckpoints, train_batches) -> TrainState:
+  """The latest (or `restore_step`) checkpoint with the data position, or a fresh state,
+  optionally with the weights of `init_from`."""
+  latest = checkpoints.latest_step()
+  if latest is not None:
+    requested = None if int(config.restore_step) < 0 else int(config.restore_step)
+    state, step = checkpoints.restore(trainer.abstract_state(), train_batches, requested)
+    later = [s for s in checkpoints.steps() if s > step]
+    if later:
+      # Training on from an earlier step rewrites history: the later steps are gone.
+      log.warning("restore_step=%d: deleting the later checkpoints %s", step, later)
+      for s in later:
+        checkpoints.manager.delete(s)
+    log.info("resumed from %s step %d", checkpoints.directory, step)
+    return state
+  if int(config.restore_step) >= 0:
+    raise ValueError(f"restore_step={config.restore_step} but {checkpoints.directory} holds "
+                     "no checkpoint")
+  state = trainer.init_state(int(config.seed))
+  if config.init_from:
+    params = initial_params(config.init_from, trainer)
+    state = state.replace(params=params)
+    log.info("initialised the parameters from %s", config.init_from)
+  return state
+
+
+def initial_params(path: str, trainer: Trainer) -> Any:
+  """Weights of a params-only checkpoint or a Hugging Face directory, in the trainer's
+  shardings; an error lists the parameters whose shapes do not fit the config."""
+  from bertjax import hf
+  abstract = trainer.abstract_state().params
+  source = Path(path)
+  if (source / "model.json").is_file():
+    loaded_config = checkpoint.load_model_config(source)
+    _check_fits(path, checkpoint.abstract_params_of(loaded_config), abstract)
+    params, _ = checkpoint.load_params(source, trainer.state_shardings.params)
+    return params
+  if (source / "config.json").is_file():
+    params, _, report = hf.import_hf(source, scan_layers=trainer.model_config.scan_layers)
+    log.info("%s", report.summary())
+    _check_fits(path, params, abstract)
+    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
+                        params, abstract)
+  raise ValueError(f"init_from={path}: neither a params-only checkpoint (model.json) nor a "
+                   "Hugging Face directory (config.json)")
+
+
+def _check_fits(path: str, loaded: Any, abstract: Any) -> None:
+  shapes = lambda tree: {jax.tree_util.keystr(p): tuple(np.shape(x))  # noqa: E731
+                         for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  have, want = shapes(loaded), shapes(abstract)
+  problems = [f"{k}: {have.get(k)} vs config {v}" for k, v in want.items() if have.get(k) != v]
+  problems += [f"{k}: not in the config's model" for k in have if k not in want]
+  if problems:
+    raise ValueError(f"init_from={path} does not fit the config ({len(problems)} "
+                     "parameter(s)):\n  " + "\n  ".join(problems[:20]))
+
+
+def _write_final_params(workdir: Path, state: TrainState, trainer: Trainer, dataset: str,
+                        is_main: bool, replace: bool = False) -> None:
+  """The product of the run: params-only, what `bertjax export` and fine-tuning start from.
+  `replace`: this invocation trained to the end (perhaps again, from an earlier step)."""
+  if (workdir / "params").exists():
+    if not replace:
+      return
+    if is_main:
+      shutil.rmtree(workdir / "params")
+    distributed.barrier("final params replaced")
   params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
   if is_main and dataset:
     # The ids mean nothing without the tokenizer: it travels with the parameters.
     shutil.copytree(Path(dataset) / "tokenizer", params_dir / "tokenizer", dirs_exist_ok=True)
   if is_main:
     log.info("final parameters written to %s", params_dir)
-  return train_metrics
+
+
+class _Preemption:
+  """SIGTERM (how TPU VMs announce preemption) or Ctrl-C: finish the step, save, exit 0.
+
+  One process: a Python handler sets a flag; a second signal while saving changes nothing
+  (Orbax commits a step atomically, so even a kill leaves the previous step intact). Several
+  processes: JAX's preemption sync point, so that every process stops at the same step."""
+
+  def __init__(self, checkpoints: TrainCheckpoints):
+    self._checkpoints = checkpoints
+    self.reason = ""
+    self._previous = {}
+    self._multi = jax.process_count() > 1
+    if not self._multi and threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame) -> None:
+    if not self.reason:
+      self.reason = signal.Signals(signum).name
+      log.warning("%s received: saving a checkpoint after this step, then exiting",
+                  self.reason)
+
+  def requested(self, step: int) -> bool:
+    if self._multi:
+      if self._checkpoints.manager.reached_preemption(step):
+        self.reason = "preemption notice"
+        return True
+      return False
+    return bool(self.reason)
+
+  def uninstall(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
 
 
 def evaluate(trainer: Trainer, state: TrainState, batches, num_batches: int) -> dict[str, float]:

@@ -72,10 +72,15 @@ def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path):
   assert "stopping" in result.stderr
 
 
-def test_rerun_into_a_finished_workdir_is_refused(tmp_path, capsys):
-  (tmp_path / "params" / "params").mkdir(parents=True)
-  assert cli.main(["train", "--config", "gpt_tiny", "--workdir", str(tmp_path)]) == 2
-  assert "already holds the final parameters" in capsys.readouterr().err
+def test_rerun_of_a_finished_run_does_nothing(tmp_path, caplog):
+  args = ["train", "--config", "gpt_tiny", "--workdir", str(tmp_path), *SMALL,
+          "--config.num_train_steps=4", "--config.eval_every=0", "--config.log_every=1",
+          "--config.optimizer.warmup_steps=1"]
+  assert cli.main(args) == 0
+  lines = (tmp_path / "metrics.jsonl").read_text()
+  assert cli.main(args) == 0
+  assert "the run already finished (step 4 of 4)" in caplog.text
+  assert (tmp_path / "metrics.jsonl").read_text() == lines
 
 
 def test_local_launcher_dry_run_prints_every_process():

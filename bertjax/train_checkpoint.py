@@ -1,0 +1,190 @@
+"""Training checkpoints: everything needed to continue a run exactly, saved asynchronously.
+
+WORKDIR/checkpoints/<step>/ is an Orbax CheckpointManager step with four items:
+  params   the parameters (each process writes its own shards; restored into any mesh)
+  train    step, optimizer state and the dropout RNG key data
+  data     the data iterator's state, one JSON file per process (Grain's handler)
+  config   the resolved run config (JSON)
+Orbax writes a step into a temporary directory and renames it when every item of every
+process is written, so a step that appears is complete; a step killed mid-write is never
+listed. Restoring tries the requested (default: latest) step and, when its files are missing
+or corrupt, says so and falls back to the previous complete step; a checkpoint whose shapes do
+not fit the config is an error listing the parameters that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import grain
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from bertjax.train import TrainState
+
+log = logging.getLogger(__name__)
+
+ITEMS = ("params", "train", "data", "config")
+
+
+class CheckpointMismatch(ValueError):
+  """A checkpoint whose arrays do not fit the config (never silently skipped)."""
+
+
+class _IteratorState:
+  """Any iterator with get_state()/set_state() (dict states) as Grain's checkpoint handler
+  expects: JSON bytes. One file per process, written at save time (synchronously: the state
+  of the batches consumed up to the saved step)."""
+
+  def __init__(self, batches: Any):
+    self.batches = batches
+
+  def get_state(self) -> bytes:
+    return json.dumps(self.batches.get_state()).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self.batches.set_state(json.loads(state.decode()))
+
+  def start_prefetch(self) -> None:  # called by Grain's handler after a restore
+    pass
+
+
+def _shape_tree(tree: Any) -> dict[str, tuple]:
+  return {jax.tree_util.keystr(path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+class TrainCheckpoints:
+  """The CheckpointManager of one run directory."""
+
+  def __init__(self, workdir: str | Path, config: ml_collections.ConfigDict):
+    c = config.checkpoint
+    self.directory = Path(workdir).absolute() / "checkpoints"
+    self.every = int(c.every)
+    options = ocp.CheckpointManagerOptions(
+        # Saves are decided by the loop (interval, preemption, the end); Orbax keeps K.
+        save_interval_steps=1,
+        max_to_keep=int(c.keep) if c.keep else None,
+        keep_period=int(c.keep_period) if c.keep_period else None,
+        enable_async_checkpointing=bool(c.async_save),
+        cleanup_tmp_directories=True,
+        create=True)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=ITEMS,
+        item_handlers={"params": ocp.StandardCheckpointHandler(),
+                       "train": ocp.StandardCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler(),
+                       "config": ocp.JsonCheckpointHandler()})
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.steps()
+    return steps[-1] if steps else None
+
+  def due(self, step: int, total: int) -> bool:
+    return step == total or (self.every > 0 and step % self.every == 0)
+
+  def save(self, step: int, state: TrainState, batches: Any,
+           config: ml_collections.ConfigDict) -> None:
+    """Starts an (async) save of `step`; returns once the device arrays are copied."""
+    args = ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params),
+        train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state,
+                                     "rng": state.rng}),
+        data=grain.checkpoint.CheckpointSave(_IteratorState(batches)),
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())))
+    self.manager.save(step, args=args, force=True)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+  def check_shapes(self, step: int, abstract_params: Any) -> None:
+    """Raises CheckpointMismatch listing every parameter whose shape differs."""
+    metadata = self.manager.item_metadata(step)["params"]
+    saved = _shape_tree(metadata)
+    expected = _shape_tree(abstract_params)
+    problems = [f"{k}: checkpoint {saved.get(k)} vs config {v}" for k, v in expected.items()
+                if saved.get(k) != v]
+    problems += [f"{k}: in the checkpoint, not in the model" for k in saved
+                 if k not in expected]
+    if problems:
+      raise CheckpointMismatch(
+          f"checkpoint step {step} in {self.directory} does not fit the config "
+          f"({len(problems)} parameter(s)):\n  " + "\n  ".join(problems[:20]))
+
+  def restore(self, abstract_state: TrainState, batches: Any | None,
+              step: int | None = None) -> tuple[TrainState, int]:
+    """The state (into the shardings of `abstract_state`, whatever mesh it was saved on) and
+    the data iterator position of `step` (default: the latest complete step, falling back to
+    earlier ones when a step cannot be read)."""
+    steps = self.steps()
+    if step is not None:
+      if step not in steps:
+        raise ValueError(f"no checkpoint of step {step} in {self.directory}; steps: {steps}")
+      candidates = [step]
+    else:
+      candidates = steps[::-1]
+    errors = []
+    for candidate in candidates:
+      items = {
+          "params": ocp.args.StandardRestore(abstract_state.params),
+          "train": ocp.args.StandardRestore({"step": abstract_state.step,
+                                             "opt_state": abstract_state.opt_state,
+                                             "rng": abstract_state.rng}),
+      }
+      if batches is not None:
+        items["data"] = grain.checkpoint.CheckpointRestore(_IteratorState(batches))
+      try:
+        self.check_shapes(candidate, abstract_state.params)
+        restored = self.manager.restore(candidate, args=ocp.args.Composite(**items))
+      except CheckpointMismatch:
+        raise
+      except Exception as e:  # noqa: BLE001 — any unreadable step: say so, try the previous
+        message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        errors.append(f"step {candidate}: {message}")
+        log.warning("checkpoint step %d in %s cannot be restored (%s)%s", candidate,
+                    self.directory, message,
+                    "; falling back to the previous step" if candidate != candidates[-1]
+                    else "")
+        continue
+      train = restored["train"]
+      state = TrainState(train["step"], restored["params"], train["opt_state"], train["rng"])
+      if candidate != candidates[0]:
+        log.warning("resumed from step %d instead of the latest step %d", candidate,
+                    candidates[0])
+      return state, candidate
+    raise ValueError(f"no checkpoint in {self.directory} can be restored:\n  " +
+                     "\n  ".join(errors))
+
+  def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+    """Only the parameters of `step` (default latest): what export and fine-tuning need; the
+    optimizer state is never read."""
+    step = self.latest_step() if step is None else step
+    if step is None or step not in self.steps():
+      raise ValueError(f"no checkpoint{'' if step is None else f' of step {step}'} in "
+                       f"{self.directory}; steps: {self.steps()}")
+    self.check_shapes(step, abstract_params)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))
+    return restored["params"], step
+
+  def saved_config(self, step: int) -> dict:
+    return self.manager.restore(step, args=ocp.args.Composite(
+        config=ocp.args.JsonRestore()))["config"]
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+  """ShapeDtypeStructs carrying the target shardings (what Orbax restores into)."""
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=s),
+                      tree, shardings)
