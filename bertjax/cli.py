@@ -150,6 +150,15 @@ def cmd_data_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -
   return 0
 
 
+def cmd_checkpoint_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax.checkpoint_bench import run_checkpoint_bench
+  config = config_lib.load_config(args.config, overrides)
+  logging.getLogger("bertjax").setLevel(logging.INFO)
+  for line in run_checkpoint_bench(config, blocks=args.blocks, workdir=args.workdir):
+    print(line, flush=True)
+  return 0
+
+
 def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax.data.prepare import corpus_sentences, parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
@@ -324,6 +333,16 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--batch-size", type=int, default=32, help="batch size (32)")
   p.add_argument("--workers", type=int, default=0, help="build/loader workers (0)")
   p.add_argument("--out", default="", help="keep the built dataset here (default: temp)")
+
+  p = add("checkpoint-bench", "measure what asynchronous checkpointing costs",
+          "Trains the config in alternating blocks of checkpoint.every steps, one starting with "
+          "a save and one without, and prints the relative cost of saving (same process, so "
+          "noise hits both).",
+          "example:\n  bertjax checkpoint-bench --config configs/bert_tiny.py\n\n"
+          + _EPILOG_OVERRIDES, cmd_checkpoint_bench)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--blocks", type=int, default=4, help="blocks, half with a save (4)")
+  p.add_argument("--workdir", default="", help="keep data and checkpoints here (temp)")
 
   tok = add("tokenizer", "train tokenizers",
             "Tokenizer commands: `train` fits a SentencePiece model on corpora.",

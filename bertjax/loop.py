@@ -236,7 +236,12 @@ def _write_final_params(workdir: Path, state: TrainState, trainer: Trainer, data
                         is_main: bool, replace: bool = False) -> None:
   """The product of the run: params-only, what `bertjax export` and fine-tuning start from.
   `replace`: this invocation trained to the end (perhaps again, from an earlier step)."""
-  if (workdir / "params").exists():
+  existed = (workdir / "params").exists()
+  # Every process looks before any process writes: save_params creates the directory, and a
+  # process that looked after a faster peer began saving would take the replace branch alone
+  # and deadlock the barriers (seen in CI with 2 processes).
+  distributed.barrier("final params checked")
+  if existed:
     if not replace:
       return
     if is_main:

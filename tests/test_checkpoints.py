@@ -266,3 +266,10 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
     config = train_helpers.tiny_config("gpt", **{"model.hidden_size": 32})
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
     loop.initial_params(str(source / "params"), trainer)
+
+
+def test_checkpoint_bench_command(capsys):
+  assert cli.main(["checkpoint-bench", "--config", "gpt_tiny", *GPT_SYNTHETIC[2:], *TINY,
+                   "--config.checkpoint.every=3", "--blocks", "2"]) == 0
+  out = capsys.readouterr().out
+  assert "ms blocking the loop" in out and "of training time" in out
