@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
+from bertjax import phases
 from bertjax.models.config import ModelConfig
 
 ConfigDict = ml_collections.ConfigDict
@@ -77,6 +78,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   config.num_train_steps = 1_000_000
   # Micro-batches per step, accumulated inside the step (batch_size must divide by it).
   config.grad_accum_steps = 1
+  # A second phase with another sequence length / batch / schedule (BERT's 128 -> 512), run
+  # in the same run from phase2.start_step on (bertjax.phases).
+  config.phase2 = phases.phase2_defaults()
   # Optimizer and learning-rate schedule (bertjax.optim).
   config.optimizer = default_optimizer_config()
   # Input data.
@@ -184,6 +188,41 @@ def tiny_cpu_training(config: ConfigDict, batch_size: int) -> ConfigDict:
   config.checkpoint.every = 100
   config.optimizer.learning_rate = 1e-3
   config.optimizer.warmup_steps = 30
+  return config
+
+
+def bert_paper_training(config: ConfigDict) -> ConfigDict:
+  """Devlin et al. (2019, App. A.2): batch 256, 1M steps, Adam lr 1e-4 (β 0.9/0.999, weight
+  decay 0.01), 10k warmup steps then linear decay, dropout 0.1 (the model default); 90% of the
+  steps at sequence length 128 and the last 10% at 512, with google-research/bert's
+  max_predictions_per_seq 20 and 76 (MLPerf's value at 512) for the two phases."""
+  config.batch_size = 256
+  config.num_train_steps = 1_000_000
+  config.seq_length = 128
+  config.max_predictions = 20
+  config.optimizer.update(dict(name="adamw", learning_rate=1e-4, warmup_steps=10_000,
+                               schedule="linear", b1=0.9, b2=0.999, weight_decay=0.01))
+  config.phase2.update(dict(start_step=900_000, seq_length=512, max_predictions=76))
+  config.checkpoint.every = 10_000
+  config.log_every = 100
+  return config
+
+
+def gpt3_training(config: ConfigDict, batch_tokens: int, learning_rate: float) -> ConfigDict:
+  """Brown et al. (2020, Table 2.1 and App. B): context 2048, `batch_tokens` per step, 300B
+  tokens in all, Adam β (0.9, 0.95) ε 1e-8, clip 1.0, weight decay 0.1, linear warmup over the
+  first 375M tokens, cosine decay to 10% of the peak over 260B tokens, constant after. (The
+  paper's batch-size ramp over the first 4-12B tokens is not reproduced: the full batch is
+  used from the start.)"""
+  config.seq_length = 2048
+  config.batch_size = batch_tokens // 2048
+  config.num_train_steps = -(-300_000_000_000 // batch_tokens)
+  config.optimizer.update(dict(
+      name="adamw", learning_rate=learning_rate, warmup_steps=round(375e6 / batch_tokens),
+      schedule="cosine", decay_steps=round(260e9 / batch_tokens), end_lr_fraction=0.1,
+      b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, clip_norm=1.0))
+  config.checkpoint.every = 2_000
+  config.log_every = 50
   return config
 
 
@@ -297,4 +336,5 @@ def load_config(path_or_name: str, overrides: Sequence[tuple[str, str]] = ()) ->
   for key, value in overrides:
     apply_override(config, key, value)
   model_config(config)  # fails early, naming the key, on an invalid model group
+  phases.validate(config)
   return config

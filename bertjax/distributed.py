@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import jax
@@ -40,11 +41,20 @@ def initialize(cfg: Mapping[str, Any]) -> None:
     if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or cfg.get("cpu_collectives"):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(address, num, pid, **timeouts)
-  elif cfg.get("auto", True) and any(k in os.environ for k in _CLUSTER_ENV):
+  elif cfg.get("auto", True) and (any(k in os.environ for k in _CLUSTER_ENV) or _on_tpu_vm()):
     jax.distributed.initialize(**timeouts)  # TPU VM / GKE / SLURM cluster detection
   if jax.process_count() > 1:
     log.info("process %d of %d, %d local devices of %d", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def _on_tpu_vm() -> bool:
+  """A Cloud TPU VM: its TPU chips are device files (v2-v4 /dev/accel*, v5e and later
+  /dev/vfio/N). An ssh session there has none of the cluster variables above, and JAX finds the
+  slice's workers through the VM metadata server once `jax.distributed.initialize()` is called."""
+  if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
+    return False
+  return Path("/dev/accel0").exists() or any(Path("/dev/vfio").glob("[0-9]*"))
 
 
 def local_rows(sharding: NamedSharding, global_batch_size: int) -> range:

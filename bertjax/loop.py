@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from bertjax import checkpoint, distributed, flops, sharding
+from bertjax import checkpoint, distributed, flops, phases, sharding
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite
@@ -45,18 +45,45 @@ def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
   return None if config.objective == "causal_lm" else int(config.max_predictions)
 
 
+class _PhaseData:
+  """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
+  (bertjax.phases): a two-phase run builds a new one at the switch."""
+
+  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
+               step: int) -> None:
+    self.index = phases.phase_of(config, step)
+    self.config = phases.config_at(config, step)
+    self.batch_size = int(self.config.batch_size)
+    self.seq_length = int(self.config.seq_length)
+    self.accum_steps = int(self.config.grad_accum_steps)
+    data_parallel = jax.device_count() // trainer.mesh.shape["tensor"]
+    if self.batch_size % data_parallel:
+      raise ValueError(f"batch_size={self.batch_size} is not divisible by the {data_parallel} "
+                       "data-parallel devices")
+    # This host's rows of every global batch follow from the batch sharding.
+    self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
+    self.batches = make_batches(self.config, "train", self.rows, dataset)
+    self.flops_per_step = flops.train_flops_per_step(
+        trainer.model_config, self.batch_size, self.seq_length,
+        _predictions_per_seq(self.config))
+
+  def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return distributed.global_batch(local, trainer.batch_shardings, self.batch_size)
+
+  def describe(self) -> str:
+    return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
+            f"{self.accum_steps} micro-batch(es)")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
   """Trains `config.num_train_steps` steps; returns the last logged train metrics."""
   distributed.initialize(config.distributed)
+  phases.validate(config)
   workdir = Path(workdir)
   is_main = jax.process_index() == 0
   mesh = sharding.make_mesh(dict(config.mesh))
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
-  batch_size, seq_length = int(config.batch_size), int(config.seq_length)
-  if batch_size % (jax.device_count() // mesh.shape["tensor"]):
-    raise ValueError(f"batch_size={batch_size} is not divisible by the "
-                     f"{jax.device_count() // mesh.shape['tensor']} data-parallel devices")
   if is_main:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
@@ -65,31 +92,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
 
   dataset = ensure_dataset(config, workdir, jax.process_count()) \
       if config.data.source == "corpus" else ""
-  # This host's rows of every global batch follow from the batch sharding.
-  rows = distributed.local_rows(trainer.data_sharding(), batch_size)
-  train_batches = make_batches(config, "train", rows, dataset)
   checkpoints = TrainCheckpoints(workdir, config)
-  state = _initial_state(config, trainer, checkpoints, train_batches)
+  # The data state in a checkpoint belongs to the phase of the step it resumes at.
+  requested = int(config.restore_step)
+  resume_at = requested if requested >= 0 else (checkpoints.latest_step() or 0)
+  phase = _PhaseData(config, trainer, dataset, resume_at)
+  state = _initial_state(config, trainer, checkpoints, phase.batches)
+  if phases.phase_of(config, int(state.step)) != phase.index:
+    # A damaged latest step made the restore fall back across the phase switch.
+    phase.batches.close()
+    phase = _PhaseData(config, trainer, dataset, int(state.step))
+    state, _ = checkpoints.restore(trainer.abstract_state(), phase.batches, int(state.step))
   if int(state.step) >= total:
     log.info("%s: the run already finished (step %d of %d)", workdir, int(state.step), total)
     _write_final_params(workdir, state, trainer, dataset, is_main)
-    train_batches.close()
+    phase.batches.close()
     checkpoints.close()
     return {}
-  first_batch = next(train_batches)
-  trainer.compile_step(first_batch)
 
-  def global_batch(local):
-    return distributed.global_batch(local, trainer.batch_shardings, batch_size)
-
-  flops_per_step = flops.train_flops_per_step(trainer.model_config, batch_size, seq_length,
-                                              _predictions_per_seq(config))
   peak, peak_source = flops.peak_flops_per_device()
   # Simulated CPU devices share one host's cores: the measured matmul peak is the host's.
   total_peak = peak if jax.default_backend() == "cpu" else peak * jax.device_count()
   if is_main:
-    log.info("model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", flops_per_step, total_peak,
-             peak_source)
+    log.info("%s; model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", phase.describe(),
+             phase.flops_per_step, total_peak, peak_source)
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True)
@@ -101,24 +127,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   tracing = False
   last_log_time, last_log_step = time.perf_counter(), int(state.step)
   train_metrics: dict[str, Any] = {}
-  step = first_step = int(state.step)
+  step = int(state.step)
+  # The step is (re)jitted for the phase's batch shape when its first batch arrives; the step
+  # that compiles is timed apart from the steady state.
+  compile_pending = True
   preemption = _Preemption(checkpoints)
   try:
     while step < total:
       if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
         jax.profiler.start_trace(profile_dir)
         tracing = True
-      local = first_batch if step == first_step else next(train_batches)
-      state, metrics = trainer.step(state, global_batch(local))
+      local = next(phase.batches)
+      compiling = compile_pending
+      if compile_pending:
+        trainer.compile_step(local, phase.accum_steps)
+        compile_pending = False
+        last_log_time = time.perf_counter()
+      state, metrics = trainer.step(state, phase.global_batch(trainer, local))
       step += 1
       watchdog.tick()
       if progress:
         progress.update(1)
-      if step == first_step + 1:
-        # The first step includes compilation: time it apart from the steady state.
+      if compiling:
+        # The first step of a phase includes compilation: time it apart.
         jax.block_until_ready(metrics)
         if is_main:
-          log.info("first step (compile + run) took %.1f s",
+          log.info("first step of phase %d (compile + run) took %.1f s", phase.index + 1,
                    time.perf_counter() - last_log_time)
         last_log_time, last_log_step = time.perf_counter(), step
       if tracing and step >= config.profile.start_step + config.profile.num_steps:
@@ -131,29 +165,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
         steps_done = step - last_log_step
-        if steps_done:  # none right after the (compiling) first step
+        if steps_done:  # none right after a compiling step
           step_time = (now - last_log_time) / steps_done
           train_metrics.update(step_time=step_time,
-                               tokens_per_sec=batch_size * seq_length / step_time,
-                               mfu=flops_per_step / step_time / total_peak)
+                               tokens_per_sec=phase.batch_size * phase.seq_length / step_time,
+                               mfu=phase.flops_per_step / step_time / total_peak)
         check_finite(step, train_metrics)
         writer.write(step, train_metrics)
         last_log_time, last_log_step = time.perf_counter(), step
       if config.eval_every and (step % config.eval_every == 0 or step == total):
         eval_start = time.perf_counter()
-        eval_batches = make_batches(config, "eval", rows, dataset)
+        eval_batches = make_batches(phase.config, "eval", phase.rows, dataset)
         try:
-          writer.write(step, evaluate(trainer, state, (global_batch(next(eval_batches))
-                                                       for _ in iter(int, 1)),
-                                      int(config.eval_steps)), prefix="eval")
+          writer.write(step, evaluate(trainer, state, (phase.global_batch(
+              trainer, next(eval_batches)) for _ in iter(int, 1)), int(config.eval_steps)),
+                       prefix="eval")
         finally:
           eval_batches.close()
         # Time spent evaluating is not training time: keep it out of step time and tokens/s.
         last_log_time += time.perf_counter() - eval_start
+      if step < total and phases.phase_of(config, step) != phase.index:
+        # Switch before any save: a checkpoint of this step holds the new phase's position.
+        phase.batches.close()
+        phase = _PhaseData(config, trainer, dataset, step)
+        compile_pending = True
+        if is_main:
+          log.info("step %d: switching to %s; model FLOPs/step %.3g", step, phase.describe(),
+                   phase.flops_per_step)
       preempted = preemption.requested(step)
       if preempted or checkpoints.due(step, total):
         # Counted in step time: what a save costs the run is part of its throughput.
-        checkpoints.save(step, state, train_batches, config)
+        checkpoints.save(step, state, phase.batches, config)
       if preempted:
         checkpoints.wait()
         log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
@@ -162,7 +204,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     checkpoints.wait()
   finally:
     preemption.uninstall()
-    train_batches.close()
+    phase.batches.close()
     checkpoints.close()
     watchdog.stop()
     writer.close()

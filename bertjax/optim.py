@@ -30,9 +30,24 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
-def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int) -> optax.Schedule:
-  """Warmup then `opt.schedule`: linear (to 0 at the last step), cosine (to end_lr_fraction of
-  the peak at `decay_steps`, constant after) or constant."""
+def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
+                           restart: ml_collections.ConfigDict | None = None) -> optax.Schedule:
+  """Warmup then `opt.schedule`: linear (polynomial with `opt.power`; to end_lr_fraction of the
+  peak at `decay_steps`, constant after), cosine (likewise) or constant.
+
+  `restart` (a config's `phase2` group): from `restart.start_step` on, a new warmup to
+  `restart.learning_rate` over `restart.warmup_steps`, then the same kind of decay to the end of
+  training (NVIDIA's and You et al.'s two-phase LAMB recipe). Without a restart peak the first
+  schedule runs on through the switch (Devlin et al.)."""
+  if restart is not None and int(restart.start_step) > 0 and float(restart.learning_rate) > 0:
+    start = int(restart.start_step)
+    first = learning_rate_schedule(opt, start)
+    second_opt = opt.copy_and_resolve_references()
+    second_opt.learning_rate = float(restart.learning_rate)
+    second_opt.warmup_steps = int(restart.warmup_steps)
+    second_opt.decay_steps = 0
+    second = learning_rate_schedule(second_opt, num_train_steps - start)
+    return optax.join_schedules([first, second], [start])
   peak, warmup = float(opt.learning_rate), int(opt.warmup_steps)
   if warmup > num_train_steps:
     raise ValueError(f"optimizer.warmup_steps={warmup} exceeds num_train_steps={num_train_steps}")
@@ -40,7 +55,8 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int)
   decay_steps = int(opt.decay_steps) or num_train_steps
   remaining = max(decay_steps - warmup, 1)
   if opt.schedule == "linear":
-    decay_fn = optax.linear_schedule(peak, peak * float(opt.end_lr_fraction), remaining)
+    decay_fn = optax.polynomial_schedule(peak, peak * float(opt.end_lr_fraction),
+                                         float(opt.get("power", 1.0)), remaining)
   elif opt.schedule == "cosine":
     decay_fn = optax.cosine_decay_schedule(peak, remaining, alpha=float(opt.end_lr_fraction))
   elif opt.schedule == "constant":
@@ -51,10 +67,12 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int)
   return optax.join_schedules([warmup_fn, decay_fn], [warmup])
 
 
-def build_optimizer(opt: ml_collections.ConfigDict,
-                    num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """The full update rule (clipping, then the optimizer) and its learning-rate schedule."""
-  schedule = learning_rate_schedule(opt, num_train_steps)
+def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
+                    restart: ml_collections.ConfigDict | None = None,
+                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """The full update rule (clipping, then the optimizer) and its learning-rate schedule
+  (`restart`: see `learning_rate_schedule`)."""
+  schedule = learning_rate_schedule(opt, num_train_steps, restart)
   wd = float(opt.weight_decay)
   if opt.name == "adamw":
     core = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
@@ -84,6 +102,8 @@ def default_optimizer_config() -> ml_collections.ConfigDict:
       "warmup_steps": 10_000,
       # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant.
       "schedule": "linear",
+      # Exponent of the linear schedule's decay (1: linear; NVIDIA's LAMB BERT: 0.5).
+      "power": 1.0,
       # Final learning rate as a fraction of the peak (BERT: 0; GPT-3: 0.1).
       "end_lr_fraction": 0.0,
       # Step at which decay ends (0: the last training step); constant afterwards.

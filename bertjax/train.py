@@ -131,8 +131,8 @@ class Trainer:
     self.model_config = model_config(config)
     self.model = build_model(self.model_config)
     self.loss_fn = objectives.build_objective(config.objective, self.model)
-    self.optimizer, self.schedule = optim.build_optimizer(config.optimizer,
-                                                          config.num_train_steps)
+    self.optimizer, self.schedule = optim.build_optimizer(
+        config.optimizer, config.num_train_steps, config.get("phase2"))
     self.accum_steps = int(config.grad_accum_steps)
     self.state_shardings = self._state_shardings()
     self._step = None
@@ -169,7 +169,12 @@ class Trainer:
     """How dimension 0 (rows) of every batch field is laid out over the mesh."""
     return batch_shardings({"rows": np.zeros(1)}, self.mesh, self.rules)["rows"]
 
-  def compile_step(self, example_batch: dict[str, Any]) -> Callable:
+  def compile_step(self, example_batch: dict[str, Any], accum_steps: int | None = None
+                   ) -> Callable:
+    """Jits the train and eval steps for batches like `example_batch` (a new phase with
+    another batch shape or accumulation calls it again)."""
+    if accum_steps:
+      self.accum_steps = int(accum_steps)
     self.batch_shardings = batch_shardings(example_batch, self.mesh, self.rules)
     step = functools.partial(train_step, loss_fn=self.loss_fn, optimizer=self.optimizer,
                              schedule=self.schedule, accum_steps=self.accum_steps,

@@ -1,15 +1,22 @@
 """BERT-large (Devlin et al. 2019).
 
-Paper: L=24, H=1024, A=16, "340M" parameters (the exact count of the released checkpoint's
-pre-training model is 336.2M; the paper rounds to two significant figures); MLP 4096.
+Paper: L=24, H=1024, A=16, MLP 4096, "340M" parameters (the released checkpoint's pre-training
+model has 336.2M; the paper rounds to two significant figures). Training as BERT-base: batch 256,
+1M steps, Adam lr 1e-4 (0.9, 0.999), weight decay 0.01, warmup 10k, linear decay, dropout 0.1,
+90% of the steps at 128 tokens and the last 10% at 512 (phase 2 from step 900,000, switched by
+the run itself). Paper hardware: 16 Cloud TPUs (64 TPU chips), 4 days.
 
-  bertjax info --config configs/bert_large.py
+  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000  # phase 2
+  python launch/tpu_vm.py up --name bert-large --zone us-central2-b --tpu-type v4-64 \
+      --bucket BUCKET -- bertjax train --config configs/bert_large.py \
+      --workdir /gcs/BUCKET/bert_large --config.data.dataset=/gcs/BUCKET/wiki_books
 """
 
-from bertjax.config import base_config, bert_model
+from bertjax.config import base_config, bert_model, bert_paper_training
 
 
 def get_config():
   config = base_config(bert_model(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096))
+  bert_paper_training(config)
   config.reference_params = 340_000_000
   return config

@@ -1,16 +1,30 @@
 """GPT-2 medium (Radford et al. 2019, "Language Models are Unsupervised Multitask Learners").
 
-Paper, Table 2 (sizes as corrected in the released checkpoints): 24 layers, d_model 1024,
-16 heads, 355M parameters; byte-level BPE vocabulary 50257, context 1024, pre-LN with a final
-LayerNorm, residual projections initialised with std 0.02/sqrt(2·layers).
+Paper, Table 2: 24 layers, d_model 1024, 355M parameters (the paper's "345M"); 16 heads; byte-level BPE vocabulary 50,257, context 1024, batch 512 sequences
+(524,288 tokens), pre-LN with a final LayerNorm, residual projections initialised with std
+0.02/sqrt(2 x layers). The paper gives no learning rate ("manually tuned") nor step count: this
+config takes GPT-3's recipe for the nearest size (Brown et al. 2020, Table 2.1: lr 0.0003; Adam
+β2 0.95, clip 1.0, weight decay 0.1, warmup 375M tokens, cosine to 10%) and nanoGPT's reproduction
+length, 600K steps (~300B tokens).
 
-  bertjax info --config configs/gpt2_medium.py
+  bertjax compile --config configs/gpt2_medium.py --topology v4-64
+  python launch/tpu_vm.py up --name gpt2-medium --zone ZONE --tpu-type v4-64 --bucket BUCKET \
+      -- bertjax train --config configs/gpt2_medium.py --workdir /gcs/BUCKET/gpt2_medium \
+      --config.data.dataset=/gcs/BUCKET/web_text
 """
 
 from bertjax.config import base_config, gpt_model
 
 
 def get_config():
-  config = base_config(gpt_model(num_layers=24, hidden_size=1024, num_heads=16, mlp_dim=4 * 1024))
+  config = base_config(gpt_model(num_layers=24, hidden_size=1024, num_heads=16,
+                                 mlp_dim=4 * 1024))
+  config.batch_size = 512
+  config.seq_length = 1024
+  config.num_train_steps = 600_000
+  config.optimizer.update(dict(name="adamw", learning_rate=0.0003, warmup_steps=715,
+                               schedule="cosine", end_lr_fraction=0.1, b1=0.9, b2=0.95,
+                               eps=1e-8, weight_decay=0.1, clip_norm=1.0))
+  config.checkpoint.every = 2_000
   config.reference_params = 355_000_000
   return config

@@ -10,19 +10,42 @@ import hf_models
 from bertjax import checkpoint, cli, config as config_lib
 from bertjax.models import matches_reference, param_breakdown
 
-# Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models).
-PAPER_COUNTS = {"bert_base": 110e6, "bert_large": 340e6, "gpt1": 117e6, "gpt2_small": 124e6,
-                "gpt2_medium": 355e6, "gpt2_large": 774e6, "gpt2_xl": 1558e6}
+# Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models;
+# Liu et al. 2019; Brown et al. 2020, Table 2.1) and the tolerance each is checked to (issue 6:
+# within 2% for the GPT-3 table, whose figures are rounded labels; BERT-large's "340M" is
+# 336.2M, 1.1%, in every implementation).
+PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
+                "bert_large_lamb": (340e6, 0.012), "roberta_base": (125e6, 0.01),
+                "gpt1": (117e6, 0.01), "gpt2_small": (124e6, 0.01),
+                "gpt2_medium": (355e6, 0.01), "gpt2_large": (774e6, 0.01),
+                "gpt2_xl": (1558e6, 0.01), "gpt3_125m": (125e6, 0.02),
+                "gpt3_350m": (350e6, 0.02), "gpt3_760m": (760e6, 0.02),
+                "gpt3_1p3b": (1.3e9, 0.02), "gpt3_2p7b": (2.7e9, 0.02),
+                "gpt3_6p7b": (6.7e9, 0.02), "gpt3_13b": (13e9, 0.02)}
 
 
 @pytest.mark.parametrize("name", PAPER_COUNTS)
 def test_parameter_counts_match_papers(name):
+  reference, tolerance = PAPER_COUNTS[name]
   config = config_lib.load_config(name)
-  total = param_breakdown(config_lib.model_config(config))["total"]
-  assert config.reference_params == PAPER_COUNTS[name]
-  assert matches_reference(total, int(PAPER_COUNTS[name])), total
-  # Within 1% except BERT-large, whose "340M" is 336.2M (1.1%) in every implementation.
-  assert abs(total / PAPER_COUNTS[name] - 1) < (0.012 if name == "bert_large" else 0.01)
+  total = param_breakdown(config_lib.model_config(config))["total"]  # eval_shape: abstract
+  assert config.reference_params == reference
+  assert abs(total / reference - 1) < tolerance, total
+  if not name.startswith("gpt3"):
+    assert matches_reference(total, int(reference)), total
+
+
+def test_every_config_loads_and_builds_abstractly():
+  """Every file under configs/ loads, validates and builds its model without allocating."""
+  names = sorted(p.stem for p in config_lib.CONFIGS_DIR.glob("*.py"))
+  assert len(names) >= 20, names
+  for name in names:
+    config = config_lib.load_config(name)
+    counts = param_breakdown(config_lib.model_config(config))
+    assert counts["total"] > 0 and config.batch_size % max(config.grad_accum_steps, 1) == 0
+    assert config.seq_length <= config.model.max_positions, name
+    if name not in ("bert_tiny", "gpt_tiny", "bert_tiny_two_phase", "cramming"):
+      assert name in PAPER_COUNTS, f"{name}: a paper config without a checked parameter count"
 
 
 def test_matches_reference_uses_paper_precision():

@@ -1,0 +1,467 @@
+#!/usr/bin/env python3
+"""Train on a Cloud TPU VM pod slice: create it (a queued resource, optionally Spot), mount a
+GCS bucket and install bertjax on every worker, run the same `bertjax train` on all workers
+(`--worker=all`) with the output streamed and appended to a log file, and re-create the slice
+and re-run after a preemption, so the run resumes from its latest checkpoint.
+
+actions (default: up):
+  up       create + wait + mount + install + run, then supervise: when the run fails or the
+           slice is preempted/suspended, delete and re-create the slice and run again (same
+           workdir: resumes), at most --max-restarts times; exit 0 when the run exits 0
+  create   create the queued resource and wait until it is ACTIVE
+  install  mount the bucket and install bertjax (+ configs/) on every worker
+  run      run the training command on every worker once (output to the console and the log)
+  status   print the queued resource's state
+  delete   delete the queued resource and its slice
+
+The training command follows `--`; its --workdir must be under the bucket's mount point
+(/gcs/BUCKET) so every worker and every re-created slice sees the same checkpoints.
+Stdlib only: runs on a laptop with gcloud installed, no bertjax or jax needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = """example (BERT-base on a v4-16: 8 chips on 2 hosts, Spot):
+  python launch/tpu_vm.py up --name bert-base --zone us-central2-b --project my-project \\
+      --tpu-type v4-16 --spot --bucket my-bucket --dry-run -- \\
+      bertjax train --config configs/bert_base.py --workdir /gcs/my-bucket/bert-base \\
+      --config.data.dataset=/gcs/my-bucket/data/wiki
+
+  --dry-run prints the exact commands of one cycle (create, wait, mount, install, run) instead
+  of running them; drop it to launch. Exit codes: 0 the run finished, 2 a bad request (unknown
+  TPU type, hosts not matching it, workdir outside the bucket), else the run's last failure.
+"""
+
+# Runtime versions for JAX (Cloud TPU docs, "TPU software versions").
+RUNTIMES = {"v4": "tpu-ubuntu2204-base", "v5p": "v2-alpha-tpuv5",
+            "v5litepod": "v2-alpha-tpuv5-lite", "v6e": "v2-alpha-tpuv6e"}
+# GKE node labels (cloud.google.com/gke-tpu-accelerator) and machine types per generation.
+GKE_ACCELERATORS = {"v4": "tpu-v4-podslice", "v5p": "tpu-v5p-slice",
+                    "v5litepod": "tpu-v5-lite-podslice", "v6e": "tpu-v6e-slice"}
+GKE_MACHINES = {"v4": "ct4p-hightpu-4t", "v5p": "ct5p-hightpu-4t",
+                "v5litepod": "ct5lp-hightpu-4t", "v6e": "ct6e-standard-4t"}
+# Slice shapes (chips -> topology): v4/v5p are 3D tori, v5e/v6e 2D.
+TOPOLOGY_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+               256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+TOPOLOGY_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16",
+               256: "16x16"}
+# States of a queued resource that mean its slice is gone (re-create it).
+DEAD_STATES = {"FAILED", "SUSPENDING", "SUSPENDED", "PREEMPTED", "DELETING"}
+COORDINATOR_PORT = 8482  # the port JAX uses for its TPU coordinator
+VENV = "bertjax-venv"    # on each worker, in the home directory
+
+
+class UsageError(Exception):
+  """A request that cannot be right (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+  """An accelerator type and what it means: chips, hosts, chips per host."""
+  accelerator_type: str  # as gcloud spells it, e.g. v4-16, v5litepod-16, v6e-16
+  generation: str        # v4 | v5p | v5litepod | v6e
+  chips: int
+  hosts: int
+  chips_per_host: int
+
+  @property
+  def runtime_version(self) -> str:
+    return RUNTIMES[self.generation]
+
+  @property
+  def gke_accelerator(self) -> str:
+    return GKE_ACCELERATORS[self.generation]
+
+  @property
+  def gke_machine_type(self) -> str:
+    if self.generation in ("v5litepod", "v6e") and self.hosts == 1 and self.chips == 8:
+      return GKE_MACHINES[self.generation].replace("-4t", "-8t")
+    return GKE_MACHINES[self.generation]
+
+  @property
+  def topology(self) -> str:
+    table = TOPOLOGY_3D if self.generation in ("v4", "v5p") else TOPOLOGY_2D
+    return table[self.chips]
+
+  def describe(self) -> str:
+    return (f"{self.accelerator_type} = {self.chips} chips on {self.hosts} host"
+            f"{'s' if self.hosts > 1 else ''} ({self.chips_per_host} chips each), "
+            f"topology {self.topology}")
+
+
+def parse_tpu_type(name: str, hosts: int | None = None) -> TpuSlice:
+  """v4-N / v5p-N (N TensorCores, 2 per chip, 4 chips per host), v5litepod-N (alias v5e-N) and
+  v6e-N (N chips, 4 per host in multi-host slices; up to 8 on one host). Raises UsageError for
+  an unknown type or a `hosts` that does not match it."""
+  m = re.fullmatch(r"(v4|v5p|v5litepod|v5e|v6e)-(\d+)", name.strip().lower())
+  known = ("v4-8/16/32/.../4096, v5p-8/16/.../8192, v5litepod-1/4/8/16/.../256 (or v5e-N), "
+           "v6e-1/4/8/16/.../256")
+  if not m:
+    raise UsageError(f"unknown TPU type {name!r}; known: {known}")
+  gen, n = m.group(1), int(m.group(2))
+  gen = "v5litepod" if gen == "v5e" else gen
+  if gen in ("v4", "v5p"):
+    chips = n // 2
+    if n % 2 or chips not in TOPOLOGY_3D or chips < 4:
+      raise UsageError(f"unknown TPU type {name!r}: {gen}-N counts TensorCores (2 per chip); "
+                       f"N must be 8, 16, 32, ... (known: {known})")
+    per_host = 4
+    n_hosts = chips // per_host
+  else:
+    chips = n
+    if chips not in TOPOLOGY_2D:
+      raise UsageError(f"unknown TPU type {name!r}: {gen}-N counts chips; N must be one of "
+                       f"{', '.join(map(str, TOPOLOGY_2D))}")
+    per_host = chips if chips <= 8 else 4
+    n_hosts = 1 if chips <= 8 else chips // 4
+  tpu = TpuSlice(f"{gen}-{n}", gen, chips, n_hosts, per_host)
+  if hosts is not None and hosts != tpu.hosts:
+    raise UsageError(f"--hosts {hosts} does not match --tpu-type {tpu.accelerator_type}: "
+                     f"{tpu.describe()}")
+  return tpu
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+  """The value of `flag` in an argv list, as `--flag value` or `--flag=value` (last wins)."""
+  value = None
+  for i, arg in enumerate(argv):
+    if arg == flag and i + 1 < len(argv):
+      value = argv[i + 1]
+    elif arg.startswith(flag + "="):
+      value = arg[len(flag) + 1:]
+  return value
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+  """(launcher args, command after the first --)."""
+  if "--" in argv:
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+  return argv, []
+
+
+def show(argv: list[str]) -> str:
+  return shlex.join(argv)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+class Commands:
+  """Every external command of a launch, as argv lists."""
+
+  def __init__(self, args: argparse.Namespace, tpu: TpuSlice, train: list[str]):
+    self.a, self.tpu, self.train = args, tpu, train
+    self.loc = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
+    self.mount = f"/gcs/{args.bucket}" if args.bucket else None
+
+  def create(self) -> list[str]:
+    a = self.a
+    cmd = ["gcloud", "compute", "tpus", "queued-resources", "create", a.name,
+           f"--node-id={a.name}", *self.loc, f"--accelerator-type={self.tpu.accelerator_type}",
+           f"--runtime-version={a.runtime_version or self.tpu.runtime_version}"]
+    if a.spot:
+      cmd.append("--spot")
+    if a.reserved:
+      cmd.append("--reserved")
+    if a.service_account:
+      cmd.append(f"--service-account={a.service_account}")
+    if a.scopes:
+      cmd.append(f"--scopes={a.scopes}")
+    return cmd
+
+  def describe(self) -> list[str]:
+    return ["gcloud", "compute", "tpus", "queued-resources", "describe", self.a.name,
+            *self.loc, "--format=value(state.state)"]
+
+  def delete(self) -> list[str]:
+    return ["gcloud", "compute", "tpus", "queued-resources", "delete", self.a.name,
+            *self.loc, "--force", "--quiet"]
+
+  def ssh(self, remote: str) -> list[str]:
+    return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", self.a.name, *self.loc,
+            "--worker=all", f"--command={remote}"]
+
+  def scp(self, local: str, recurse: bool = False) -> list[str]:
+    return (["gcloud", "compute", "tpus", "tpu-vm", "scp"] + (["--recurse"] if recurse else [])
+            + [local, f"{self.a.name}:~/", *self.loc, "--worker=all"])
+
+  def mount_remote(self) -> str:
+    """Install gcsfuse if missing, mount the bucket at /gcs/BUCKET (idempotent)."""
+    b, m = self.a.bucket, self.mount
+    return ("set -e; if ! command -v gcsfuse >/dev/null; then "
+            "echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] "
+            "https://packages.cloud.google.com/apt gcsfuse-$(lsb_release -c -s) main\" "
+            "| sudo tee /etc/apt/sources.list.d/gcsfuse.list >/dev/null; "
+            "curl -fsSL https://packages.cloud.google.com/apt/doc/apt-key.gpg "
+            "| sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null; "
+            "sudo apt-get update -qq; sudo apt-get install -y -qq gcsfuse; fi; "
+            f"sudo mkdir -p {m}; sudo chown \"$USER\" {m}; "
+            f"mountpoint -q {m} || gcsfuse --implicit-dirs {b} {m}")
+
+  def wheel_name(self) -> str:
+    import tomllib
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    return f"bertjax-{version}-py3-none-any.whl"
+
+  def build(self) -> list[str]:
+    """Build a wheel of the local checkout into dist/ (skipped with --package)."""
+    return ["python3", "-m", "pip", "wheel", "--no-deps", "-w", rel(REPO / "dist"), rel(REPO)]
+
+  def requirement(self) -> str:
+    if self.a.package:
+      return self.a.package
+    return f"./{self.wheel_name()}[tpu]"
+
+  def install_remote(self) -> str:
+    py = self.a.python
+    return ("set -e; if ! command -v {py} >/dev/null; then sudo apt-get update -qq; "
+            "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {py} {py}-venv; fi; "
+            "[ -x {venv}/bin/pip ] || {py} -m venv {venv}; "
+            "{venv}/bin/pip install -q --upgrade pip; "
+            "{venv}/bin/pip install -q \"{req}\"; "
+            "{venv}/bin/pip install -q --force-reinstall --no-deps \"{req}\""
+            ).format(py=py, venv=VENV, req=self.requirement())
+
+  def run_remote(self) -> str:
+    """The training command on each worker, with the multi-host variables bertjax reads: on a
+    TPU VM JAX finds its peers through the metadata server, which bertjax.distributed does not
+    look at, so the worker number and worker 0's address come from there explicitly."""
+    if self.tpu.hosts == 1:
+      return f"cd ~ && . {VENV}/bin/activate && exec {show(self.train)}"
+    meta = ("curl -sf -H Metadata-Flavor:Google "
+            "http://metadata.google.internal/computeMetadata/v1/instance/attributes/")
+    return (f"cd ~ && . {VENV}/bin/activate && "
+            f"export BERTJAX_PROCESS_ID=$({meta}agent-worker-number) "
+            f"BERTJAX_NUM_PROCESSES={self.tpu.hosts} "
+            f"BERTJAX_COORDINATOR_ADDRESS=$({meta}worker-network-endpoints "
+            f"| cut -d, -f1 | rev | cut -d: -f1 | rev):{COORDINATOR_PORT} && "
+            f"exec {show(self.train)}")
+
+
+def rel(path: Path) -> str:
+  try:
+    return os.path.relpath(path) if path.resolve() != Path.cwd().resolve() else "."
+  except ValueError:
+    return str(path)
+
+
+# ---------------------------------------------------------------------------- execution
+
+
+class Runner:
+  def __init__(self, dry_run: bool, log_file: str | None):
+    self.dry_run, self.log_file = dry_run, log_file
+
+  def note(self, text: str) -> None:
+    line = f"# {text}" if self.dry_run else f"[launch] {text}"
+    print(line, flush=True)
+    if not self.dry_run and self.log_file:
+      with open(self.log_file, "a") as f:
+        f.write(line + "\n")
+
+  def __call__(self, argv: list[str], *, stream_to_log: bool = False,
+               capture: bool = False, check: bool = True) -> subprocess.CompletedProcess:
+    if self.dry_run:
+      print(show(argv), flush=True)
+      return subprocess.CompletedProcess(argv, 0, "ACTIVE" if capture else "")
+    if capture:
+      return subprocess.run(argv, capture_output=True, text=True, check=False)
+    if not stream_to_log:
+      proc = subprocess.run(argv, check=False)
+    else:
+      with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1) as p, open(self.log_file, "a") as log:
+        for line in p.stdout:
+          sys.stdout.write(line)
+          sys.stdout.flush()
+          log.write(line)
+          log.flush()
+        p.wait()
+        proc = subprocess.CompletedProcess(argv, p.returncode)
+    if check and proc.returncode != 0:
+      raise subprocess.CalledProcessError(proc.returncode, argv)
+    return proc
+
+
+def state(c: Commands, run: Runner) -> str:
+  out = run(c.describe(), capture=True)
+  return out.stdout.strip() if out.returncode == 0 else "NOT_FOUND"
+
+
+def create_and_wait(c: Commands, run: Runner, poll: float) -> None:
+  run.note("create the slice (queued resource; the request waits in the queue for capacity)")
+  run(c.create())
+  run.note(f"wait until the queued resource is ACTIVE (polled every {poll:.0f} s)")
+  if run.dry_run:
+    run(c.describe(), capture=True)
+    return
+  while True:
+    s = state(c, run)
+    run.note(f"queued resource {c.a.name}: {s}")
+    if s == "ACTIVE":
+      return
+    if s in DEAD_STATES or s == "NOT_FOUND":
+      raise RuntimeError(f"queued resource {c.a.name} is {s}")
+    time.sleep(poll)
+
+
+def install(c: Commands, run: Runner) -> None:
+  run.note(f"mount gs://{c.a.bucket} at {c.mount} on every worker (gcsfuse)")
+  run(c.ssh(c.mount_remote()))
+  run.note("install bertjax on every worker" + ("" if c.a.package else
+           " from a wheel of this checkout"))
+  if not c.a.package:
+    run(c.build())
+    run(c.scp(rel(REPO / "dist" / c.wheel_name())))
+  run(c.scp(rel(Path(c.a.configs)), recurse=True))
+  run(c.ssh(c.install_remote()))
+
+
+def train(c: Commands, run: Runner) -> int:
+  run.note(f"run the training on all {c.tpu.hosts} worker{'s' if c.tpu.hosts > 1 else ''} "
+           f"(output streamed here and appended to {run.log_file})")
+  return run(c.ssh(c.run_remote()), stream_to_log=True, check=False).returncode
+
+
+def up(c: Commands, run: Runner) -> int:
+  a = c.a
+  if run.dry_run:
+    create_and_wait(c, run, a.poll)
+    install(c, run)
+    train(c, run)
+    run.note("supervision: when the run fails or the queued resource is PREEMPTED/SUSPENDED/"
+             "FAILED, the loop deletes the slice,")
+    run(c.delete())
+    run.note(f"and repeats create, wait, mount, install and run (same --workdir: the run resumes "
+             f"from its latest checkpoint), at most --max-restarts={a.max_restarts} times")
+    return 0
+  restarts, rc = 0, 1
+  while True:
+    try:
+      s = state(c, run)
+      if s != "ACTIVE":
+        if s != "NOT_FOUND":
+          run.note(f"queued resource {a.name} is {s}; deleting it")
+          run(c.delete(), check=False)
+        create_and_wait(c, run, a.poll)
+      install(c, run)
+      rc = train(c, run)
+      if rc == 0:
+        run.note("training finished on all workers")
+        if a.delete_when_done:
+          run(c.delete(), check=False)
+        else:
+          run.note(f"the slice is left up; delete it: {show(c.delete())}")
+        return 0
+      run.note(f"the run exited with {rc}; queued resource state: {state(c, run)}")
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+      run.note(f"failed: {e}")
+    if restarts >= a.max_restarts:
+      run.note(f"giving up after {restarts} restarts; the slice is left as it is "
+               f"(delete it: {show(c.delete())})")
+      return rc or 1
+    restarts += 1
+    run.note(f"restart {restarts}/{a.max_restarts}: deleting and re-creating the slice")
+    run(c.delete(), check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  own, command = split_command(argv)
+  p = argparse.ArgumentParser(description=__doc__, epilog=EXAMPLE,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("action", nargs="?", default="up",
+                 choices=["up", "create", "install", "run", "status", "delete"])
+  p.add_argument("--name", required=True, help="queued resource and TPU node name")
+  p.add_argument("--zone", required=True, help="e.g. us-central2-b (v4), us-east5-a (v5p)")
+  p.add_argument("--project", help="GCP project (default: gcloud's configured project)")
+  p.add_argument("--tpu-type", required=True,
+                 help="accelerator type: v4-16, v4-32, v5p-32, v5litepod-16, v6e-16, ...")
+  p.add_argument("--hosts", type=int, help="expected number of hosts (checked against the type)")
+  p.add_argument("--runtime-version", help="TPU software version (default per generation: "
+                 + ", ".join(f"{k} {v}" for k, v in RUNTIMES.items()) + ")")
+  tier = p.add_mutually_exclusive_group()
+  tier.add_argument("--spot", action="store_true", help="Spot capacity (preemptible, cheaper)")
+  tier.add_argument("--reserved", action="store_true", help="use the project's reservation")
+  p.add_argument("--service-account", help="service account of the TPU VMs")
+  p.add_argument("--scopes", default="https://www.googleapis.com/auth/cloud-platform",
+                 help="access scopes of the TPU VMs (default: cloud-platform, IAM decides)")
+  p.add_argument("--bucket", help="GCS bucket mounted at /gcs/BUCKET on every worker")
+  p.add_argument("--package", help="pip requirement to install instead of a wheel of this "
+                 "checkout, e.g. 'bertjax[tpu] @ git+https://github.com/OWNER/bertjax'")
+  p.add_argument("--configs", default=rel(REPO / "configs"),
+                 help="config directory copied to each worker's home (default: configs/)")
+  p.add_argument("--python", default="python3.11", help="Python on the workers (>= 3.11)")
+  p.add_argument("--max-restarts", type=int, default=10,
+                 help="re-creations after preemption or failure (default 10)")
+  p.add_argument("--delete-when-done", action="store_true",
+                 help="up: delete the slice once the run has finished (default: leave it up)")
+  p.add_argument("--poll", type=float, default=60.0, help="seconds between state polls")
+  p.add_argument("--log-file", help="local log file the run's output is appended to "
+                 "(default: NAME.log)")
+  p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+  a = p.parse_args(own)
+  try:
+    tpu = parse_tpu_type(a.tpu_type, a.hosts)
+    if a.action in ("up", "run"):
+      if not command:
+        raise UsageError("no training command: put it after --, e.g. -- bertjax train "
+                         "--config configs/bert_base.py --workdir /gcs/BUCKET/RUN")
+      if not a.bucket:
+        raise UsageError("--bucket is required: the workdir must be on the bucket, mounted on "
+                         "every worker, so all hosts and every restart see the checkpoints")
+      workdir = flag_value(command, "--workdir")
+      mount = f"/gcs/{a.bucket}"
+      if workdir is None or not (workdir + "/").startswith(mount + "/") or workdir == mount:
+        raise UsageError(f"the training --workdir must be a directory under {mount} (the "
+                         f"bucket's gcsfuse mount on every worker), got {workdir!r}")
+    if a.action == "install" and not a.bucket:
+      raise UsageError("--bucket is required (install also mounts it)")
+  except UsageError as e:
+    p.print_usage(sys.stderr)
+    print(f"{p.prog}: error: {e}", file=sys.stderr)
+    return 2
+  log_file = (a.log_file or f"{a.name}.log") if a.action in ("up", "run") else None
+  run = Runner(a.dry_run, log_file)
+  c = Commands(a, tpu, command)
+  run.note(f"{a.name}: {tpu.describe()}, zone {a.zone}, runtime "
+           f"{a.runtime_version or tpu.runtime_version}" + (", Spot" if a.spot else ""))
+  try:
+    if a.action == "up":
+      return up(c, run)
+    if a.action == "create":
+      create_and_wait(c, run, a.poll)
+    elif a.action == "install":
+      install(c, run)
+    elif a.action == "run":
+      return train(c, run)
+    elif a.action == "status":
+      out = run(c.describe(), capture=True)
+      if not a.dry_run:
+        print(out.stdout.strip() or out.stderr.strip())
+    elif a.action == "delete":
+      run(c.delete())
+  except (RuntimeError, subprocess.CalledProcessError) as e:
+    print(f"[launch] failed: {e}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f"\n[launch] interrupted; the slice is left running (delete it: {show(c.delete())})",
+          file=sys.stderr)
+    return 130
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,356 @@
+"""The cloud launchers (launch/tpu_vm.py, gke.py, slurm.py), through their --dry-run output for a
+pod of 4 hosts, their refusals of mismatched requests, and the TPU VM supervision loop against a
+fake `gcloud` on PATH. No network, no cloud: the scripts are run as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BUCKET = "my-bucket"
+TRAIN = ["bertjax", "train", "--config", "configs/bert_base.py",
+         "--workdir", f"/gcs/{BUCKET}/bert-base", "--config.batch_size=512"]
+
+
+def launch(script: str, *args: str, env: dict | None = None, cwd: Path = REPO):
+  return subprocess.run([sys.executable, str(REPO / "launch" / script), *args],
+                        capture_output=True, text=True, cwd=cwd, env=env, timeout=60)
+
+
+def commands(stdout: str) -> list[list[str]]:
+  """The command lines of a dry run (not comments, not the heredoc), as argv lists."""
+  out, in_heredoc = [], False
+  for line in stdout.splitlines():
+    if line.startswith("cat > ") and line.endswith("<<'EOF'"):
+      in_heredoc = True
+      continue
+    if in_heredoc:
+      in_heredoc = line != "EOF"
+      continue
+    if line and not line.startswith("#"):
+      out.append(shlex.split(line))
+  return out
+
+
+def heredoc(stdout: str) -> str:
+  lines = stdout.splitlines()
+  start = next(i for i, l in enumerate(lines) if l.endswith("<<'EOF'"))
+  end = lines.index("EOF", start)
+  return "\n".join(lines[start + 1:end]) + "\n"
+
+
+# ---------------------------------------------------------------------------- TPU VM
+
+
+TPU_ARGS = ["up", "--name", "bert-pod", "--zone", "us-central2-b", "--project", "my-project",
+            "--tpu-type", "v4-32", "--hosts", "4", "--spot", "--bucket", BUCKET,
+            "--package", "bertjax[tpu] @ git+https://example.com/bertjax", "--dry-run", "--"]
+
+
+def test_tpu_vm_dry_run_of_a_4_host_pod():
+  r = launch("tpu_vm.py", *TPU_ARGS, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  cmds = commands(r.stdout)
+  create = [c for c in cmds if c[:5] == ["gcloud", "compute", "tpus", "queued-resources",
+                                          "create"]]
+  assert len(create) == 1
+  c = create[0]
+  assert c[5] == "bert-pod"
+  for flag in ("--node-id=bert-pod", "--zone=us-central2-b", "--project=my-project",
+               "--accelerator-type=v4-32", "--runtime-version=tpu-ubuntu2204-base", "--spot"):
+    assert flag in c, (flag, c)
+  ssh = [c for c in cmds if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]]
+  assert len(ssh) == 3  # mount, install, run
+  for c in ssh:
+    assert "--worker=all" in c and c[5] == "bert-pod"
+  mount, install, run = (next(a for a in c if a.startswith("--command="))[10:] for c in ssh)
+  assert f"gcsfuse --implicit-dirs {BUCKET} /gcs/{BUCKET}" in mount
+  assert 'pip install -q "bertjax[tpu] @ git+https://example.com/bertjax"' in install
+  # The train command verbatim, after the multi-host variables (4 processes, port 8482).
+  assert run.endswith("exec " + shlex.join(TRAIN))
+  assert "BERTJAX_NUM_PROCESSES=4 " in run
+  assert "agent-worker-number" in run and ":8482" in run
+  # configs/ is copied to every worker, where the relative --config path resolves.
+  scp = [c for c in cmds if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]]
+  assert any("configs" in c and "--worker=all" in c and "--recurse" in c for c in scp)
+  # The order of one cycle, then the delete the supervision loop would run on preemption.
+  kinds = [c[4] if c[3] == "queued-resources" else c[3] + " " + c[4] for c in cmds
+           if c[0] == "gcloud"]
+  assert kinds[:2] == ["create", "describe"]
+  assert kinds[-2:] == ["tpu-vm ssh", "delete"]
+  assert "--force" in cmds[-1]
+  assert "--max-restarts=10" in r.stdout and "resumes" in r.stdout
+
+
+def test_tpu_vm_builds_and_copies_a_wheel_without_package():
+  args = [a for a in TPU_ARGS if a not in ("--package", "bertjax[tpu] @ git+https://example.com/"
+                                           "bertjax")]
+  r = launch("tpu_vm.py", *args, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  cmds = commands(r.stdout)
+  assert ["python3", "-m", "pip", "wheel", "--no-deps", "-w", "dist", "."] in cmds
+  wheel = next(c for c in cmds if c[4] == "scp" and c[5].endswith(".whl"))
+  assert wheel[5].startswith("dist/bertjax-") and "--worker=all" in wheel
+  install = next(a for c in cmds for a in c if a.startswith("--command=") and "pip" in a)
+  assert f'./{Path(wheel[5]).name}[tpu]' in install
+
+
+@pytest.mark.parametrize("tpu_type, hosts, runtime", [
+    ("v4-16", 2, "tpu-ubuntu2204-base"), ("v5p-32", 4, "v2-alpha-tpuv5"),
+    ("v5litepod-16", 4, "v2-alpha-tpuv5-lite"), ("v6e-16", 4, "v2-alpha-tpuv6e")])
+def test_tpu_vm_types_hosts_and_runtimes(tpu_type, hosts, runtime):
+  args = ["up", "--name", "n", "--zone", "z", "--tpu-type", tpu_type, "--hosts", str(hosts),
+          "--bucket", BUCKET, "--package", "bertjax[tpu]", "--dry-run", "--", *TRAIN]
+  r = launch("tpu_vm.py", *args)
+  assert r.returncode == 0, r.stderr
+  assert f"--runtime-version={runtime}" in r.stdout
+  assert f"BERTJAX_NUM_PROCESSES={hosts} " in r.stdout
+  assert "--spot" not in r.stdout
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--tpu-type": "v4-33"}, "unknown TPU type 'v4-33'"),
+    ({"--tpu-type": "v7-16"}, "unknown TPU type 'v7-16'"),
+    ({"--hosts": "2"}, "--hosts 2 does not match --tpu-type v4-32"),
+])
+def test_tpu_vm_refuses_mismatched_requests(change, message):
+  args = list(TPU_ARGS)
+  for flag, value in change.items():
+    args[args.index(flag) + 1] = value
+  r = launch("tpu_vm.py", *args, *TRAIN)
+  assert r.returncode == 2
+  assert message in r.stderr
+  assert "gcloud" not in r.stdout
+
+
+def test_tpu_vm_refuses_a_workdir_outside_the_bucket():
+  train = [a if not a.startswith("/gcs/") else "runs/bert-base" for a in TRAIN]
+  r = launch("tpu_vm.py", *TPU_ARGS, *train)
+  assert r.returncode == 2
+  assert f"--workdir must be a directory under /gcs/{BUCKET}" in r.stderr
+  r = launch("tpu_vm.py", *TPU_ARGS)  # no training command at all
+  assert r.returncode == 2 and "no training command" in r.stderr
+
+
+FAKE_GCLOUD = r"""#!{python}
+import os, sys
+d = os.environ["FAKE_DIR"]
+argv = sys.argv[1:]
+open(os.path.join(d, "calls"), "a").write(" ".join(argv) + "\n")
+state_file = os.path.join(d, "state")
+state = open(state_file).read() if os.path.exists(state_file) else "NOT_FOUND"
+def set_state(s):
+  open(state_file, "w").write(s)
+if argv[2:4] == ["queued-resources", "describe"]:
+  if state == "NOT_FOUND":
+    sys.exit(1)
+  print(state)
+elif argv[2:4] == ["queued-resources", "create"]:
+  set_state("ACTIVE")
+elif argv[2:4] == ["queued-resources", "delete"]:
+  os.remove(state_file)
+elif argv[2:4] == ["tpu-vm", "ssh"] and "exec bertjax train" in argv[-1]:
+  runs = len([l for l in open(os.path.join(d, "calls")) if "exec bertjax train" in l])
+  if runs <= int(os.environ.get("FAKE_PREEMPTIONS", "1")):
+    print(f"run {{runs}}: step 40, then the slice was preempted")
+    set_state("SUSPENDED")
+    sys.exit(255)
+  print(f"run {{runs}}: resumed, training finished")
+"""
+
+
+def fake_cloud(tmp_path: Path, preemptions: int) -> dict:
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  gcloud = bin_dir / "gcloud"
+  gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
+  gcloud.chmod(0o755)
+  return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+              FAKE_DIR=str(tmp_path), FAKE_PREEMPTIONS=str(preemptions))
+
+
+def test_tpu_vm_supervision_recreates_the_slice_after_preemption(tmp_path):
+  env = fake_cloud(tmp_path, preemptions=1)
+  args = [a for a in TPU_ARGS if a != "--dry-run"]
+  log = tmp_path / "run.log"
+  r = launch("tpu_vm.py", *args[:-1], "--poll", "0", "--log-file", str(log),
+             "--configs", str(REPO / "configs"), "--", *TRAIN, env=env, cwd=tmp_path)
+  assert r.returncode == 0, r.stdout + r.stderr
+  calls = (tmp_path / "calls").read_text().splitlines()
+  kinds = [c.split()[3] for c in calls if c.split()[2] == "queued-resources"]
+  assert kinds.count("create") == 2 and kinds.count("delete") == 1
+  assert kinds.index("delete") < len(kinds) - 1 - kinds[::-1].index("create")
+  runs = [c for c in calls if "exec bertjax train" in c]
+  assert len(runs) == 2 and all(shlex.join(TRAIN) in c for c in runs)
+  text = log.read_text()
+  assert "run 1: step 40, then the slice was preempted" in text
+  assert "run 2: resumed, training finished" in text
+  assert "restart 1/10" in text
+
+
+def test_tpu_vm_supervision_gives_up_after_max_restarts(tmp_path):
+  env = fake_cloud(tmp_path, preemptions=5)
+  args = [a for a in TPU_ARGS if a != "--dry-run"]
+  r = launch("tpu_vm.py", *args[:-1], "--poll", "0", "--max-restarts", "1",
+             "--log-file", str(tmp_path / "run.log"), "--configs", str(REPO / "configs"),
+             "--", *TRAIN, env=env, cwd=tmp_path)
+  assert r.returncode == 255
+  calls = (tmp_path / "calls").read_text()
+  assert calls.count("exec bertjax train") == 2
+  assert "giving up after 1 restarts" in r.stdout
+
+
+# ---------------------------------------------------------------------------- GKE
+
+
+GKE_ARGS = ["--name", "bert-pod", "--tpu-type", "v5litepod-16", "--hosts", "4", "--spot",
+            "--bucket", BUCKET, "--package", "bertjax[tpu] @ git+https://example.com/bertjax",
+            "--dry-run", "--"]
+
+
+def test_gke_jobset_manifest_for_4_hosts():
+  r = launch("gke.py", *GKE_ARGS, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  text = heredoc(r.stdout)
+  lines = [l.split("#")[0].strip() for l in text.splitlines()]
+  for line in ("kind: JobSet", "completionMode: Indexed", "parallelism: 4", "completions: 4",
+               "maxRestarts: 10", "backoffLimit: 0",
+               "cloud.google.com/gke-tpu-accelerator: tpu-v5-lite-podslice",
+               "cloud.google.com/gke-tpu-topology: 4x4", 'cloud.google.com/gke-spot: "true"',
+               "google.com/tpu: 4", 'gke-gcsfuse/volumes: "true"',
+               "driver: gcsfuse.csi.storage.gke.io", f"bucketName: {BUCKET}",
+               f"mountPath: /gcs/{BUCKET}", "exec " + shlex.join(TRAIN)):
+    assert line in lines, line
+  # Two-space indentation throughout, no tabs: YAML-shaped text.
+  assert "\t" not in text
+  assert all((len(l) - len(l.lstrip())) % 2 == 0 for l in text.splitlines())
+  try:
+    import yaml
+  except ImportError:
+    yaml = None
+  if yaml is not None:
+    doc = yaml.safe_load(text)
+    job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert (job["parallelism"], job["completions"]) == (4, 4)
+    pod = job["template"]["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["google.com/tpu"] == 4
+    assert container["command"][-1].splitlines()[-1] == "exec " + shlex.join(TRAIN)
+  cmds = commands(r.stdout)
+  assert ["kubectl", "apply", "-f", "bert-pod.yaml"] in cmds
+  logs = next(c for c in cmds if c[:3] == ["kubectl", "logs", "-f"])
+  assert "jobset.sigs.k8s.io/jobset-name=bert-pod" in logs
+  assert "configmap" in r.stdout and "--from-file=configs" in r.stdout
+
+
+def test_gke_indexed_job_for_a_v4_32():
+  args = [a if a != "v5litepod-16" else "v4-32" for a in GKE_ARGS]
+  r = launch("gke.py", "--kind", "job", *args, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  lines = [l.split("#")[0].strip() for l in heredoc(r.stdout).splitlines()]
+  for line in ("kind: Job", "kind: Service", "clusterIP: None", "subdomain: bert-pod",
+               "parallelism: 4", "completions: 4", "backoffLimit: 40",
+               "cloud.google.com/gke-tpu-accelerator: tpu-v4-podslice",
+               "cloud.google.com/gke-tpu-topology: 2x2x4"):
+    assert line in lines, line
+
+
+def test_gke_xpk_command():
+  r = launch("gke.py", "--xpk", "--cluster", "my-cluster", "--zone", "us-central2-b",
+             "--name", "bert-pod", "--tpu-type", "v4-32", "--bucket", BUCKET, "--dry-run", "--",
+             *TRAIN)
+  assert r.returncode == 0, r.stderr
+  (cmd,) = commands(r.stdout)
+  assert cmd[:3] == ["xpk", "workload", "create"]
+  for flag in ("--cluster=my-cluster", "--workload=bert-pod", "--tpu-type=v4-32",
+               "--max-restarts=10", f"--storage={BUCKET}"):
+    assert flag in cmd
+  command = next(a for a in cmd if a.startswith("--command="))
+  assert command.endswith("exec " + shlex.join(TRAIN))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--hosts", "2"], "--hosts 2 does not match --tpu-type v5litepod-16"),
+    (["--topology", "2x4"], "--topology 2x4 does not match"),
+    (["--tpu-type", "v5litepod-12"], "unknown TPU type 'v5litepod-12'"),
+])
+def test_gke_refuses_mismatched_requests(extra, message):
+  args = list(GKE_ARGS)
+  args.remove("--hosts")
+  args.remove("4")
+  if extra[0] == "--tpu-type":
+    args[args.index("--tpu-type") + 1] = extra[1]
+    extra = []
+  r = launch("gke.py", *extra, *args, *TRAIN)
+  assert r.returncode == 2
+  assert message in r.stderr
+  assert "kubectl" not in r.stdout
+
+
+def test_gke_needs_a_way_to_get_bertjax_into_the_pod():
+  args = [a for a in GKE_ARGS if a not in ("--package", "bertjax[tpu] @ git+https://example.com/"
+                                           "bertjax")]
+  r = launch("gke.py", *args, *TRAIN)
+  assert r.returncode == 2 and "--package" in r.stderr
+  r = launch("gke.py", "--image", "us-docker.pkg.dev/p/r/bertjax:1", *args, *TRAIN)
+  assert r.returncode == 0 and "pip install" not in heredoc(r.stdout)
+
+
+# ---------------------------------------------------------------------------- SLURM
+
+
+def test_slurm_script_for_4_nodes():
+  r = launch("slurm.py", "--nodes", "4", "--gpus-per-node", "8", "--time", "24:00:00",
+             "--setup", "source /shared/venv/bin/activate", "--dry-run", "--", *TRAIN)
+  assert r.returncode == 0, r.stderr
+  text = heredoc(r.stdout)
+  lines = text.splitlines()
+  assert lines[0] == "#!/bin/bash"
+  for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+               "#SBATCH --requeue", "#SBATCH --signal=B:TERM@120", "#SBATCH --time=24:00:00",
+               'COORDINATOR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+               'export BERTJAX_NUM_PROCESSES="$SLURM_NNODES"',
+               "source /shared/venv/bin/activate"):
+    assert line in lines, line
+  # #SBATCH lines come before the first command.
+  first_command = next(i for i, l in enumerate(lines) if l and not l.startswith("#"))
+  assert all(i < first_command for i, l in enumerate(lines) if l.startswith("#SBATCH"))
+  assert any(l.startswith('export BERTJAX_COORDINATOR_ADDRESS="$COORDINATOR:') for l in lines)
+  srun = next(l for l in lines if l.startswith("srun "))
+  inner = shlex.split(srun)[-2]  # bash -c '<inner>' &
+  assert shlex.split(srun)[-4:-2] == ["bash", "-c"]
+  assert inner == "export BERTJAX_PROCESS_ID=$SLURM_PROCID; exec " + shlex.join(TRAIN)
+  assert "trap on_term TERM" in lines and 'scontrol requeue "$SLURM_JOB_ID"' in text
+  assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+  assert commands(r.stdout)[0] == ["sbatch", "bertjax.sbatch"]
+
+
+def test_slurm_writes_nothing_in_dry_run_and_refuses_bad_requests(tmp_path):
+  r = launch("slurm.py", "--nodes", "4", "--dry-run", "--", *TRAIN, cwd=tmp_path)
+  assert r.returncode == 0 and not list(tmp_path.iterdir())
+  r = launch("slurm.py", "--nodes", "0", "--dry-run", "--", *TRAIN)
+  assert r.returncode == 2 and "--nodes" in r.stderr
+  r = launch("slurm.py", "--nodes", "4", "--dry-run", "--", "bertjax", "train")
+  assert r.returncode == 2 and "no --workdir" in r.stderr
+
+
+# ---------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize("script, example", [
+    ("tpu_vm.py", "python launch/tpu_vm.py up --name bert-base"),
+    ("gke.py", "python launch/gke.py --name bert-base --tpu-type v4-32"),
+    ("slurm.py", "python launch/slurm.py --nodes 4 --gpus-per-node 8"),
+])
+def test_help_prints_an_example(script, example):
+  r = launch(script, "--help")
+  assert r.returncode == 0
+  assert "example" in r.stdout and example in r.stdout and "--dry-run" in r.stdout
