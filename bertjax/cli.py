@@ -52,6 +52,43 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   return 0
 
 
+def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import aot, phases
+  config = config_lib.load_config(args.config, overrides)
+  if args.step is not None:
+    config = phases.config_at(config, args.step)
+  # The TPU compiler runs in a child process: some libtpu releases crash (SIGSEGV) on some
+  # programs (0.0.42: bf16 with remat full), and a crash must be a message, not a core dump.
+  import concurrent.futures
+  import multiprocessing
+  with concurrent.futures.ProcessPoolExecutor(
+      max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    try:
+      report = pool.submit(aot.compile_for_topology, config, args.topology, args.mfu).result()
+    except RuntimeError as e:  # libtpu missing: say what to install
+      print(f"bertjax compile: error: {e}", file=sys.stderr)
+      return 2
+    except concurrent.futures.process.BrokenProcessPool:
+      print(f"bertjax compile: error: the TPU compiler (libtpu) crashed compiling "
+            f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
+            "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
+            "float32)", file=sys.stderr)
+      return 3
+  print(f"config         {args.config}"
+        + (f" (phase {phases.phase_of(config, args.step) + 1} at step {args.step})"
+           if args.step is not None else ""))
+  print(aot.format_report(report))
+  if not report.fits:
+    print(f"bertjax compile: error: does not fit: {args.config} needs "
+          f"{report.total_bytes / 2**30:.2f} GiB per device on {args.topology}, "
+          f"{report.shortfall_bytes / 2**30:.2f} GiB more than the device's "
+          f"{report.hbm_bytes / 2**30:.1f} GiB (try config.mesh.fsdp / config.mesh.tensor, "
+          "config.model.remat_policy, config.grad_accum_steps, config.model.dtype=bfloat16)",
+          file=sys.stderr)
+    return 1
+  return 0
+
+
 def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import loop
   from bertjax.metrics import TrainingDiverged
@@ -228,6 +265,27 @@ def _parser() -> argparse.ArgumentParser:
           cmd_info)
   p.add_argument("--config", required=True,
                  help="config file (configs/<name>.py) or the name of one under configs/")
+
+  p = add("compile", "compile the train step for a TPU topology, on this machine",
+          "Compiles the config's real train step (its mesh, shardings, batch, remat and "
+          "accumulation) for a named Cloud TPU slice with libtpu's compile-only client, on a "
+          "CPU machine, and prints per-device memory (arguments, temporaries, generated code, "
+          "total against the chip's HBM, fits or not), the compiled FLOPs per step against the "
+          "analytic model FLOPs, the collectives and their bytes, the compile time and a step "
+          "time projected at --mfu. Exit status 1 when it does not fit (the shortfall named), "
+          "2 when the mesh does not divide the slice. Needs libtpu (bertjax[tpu]), not a TPU.",
+          "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
+          "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
+          "  bertjax compile --config configs/gpt3_6p7b.py --topology v5p-256\n\n"
+          + _EPILOG_OVERRIDES, cmd_compile)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--topology", required=True,
+                 help="Cloud TPU accelerator type: v2-8, v3-32, v4-16, v5p-256, v5e-16 "
+                 "(v5litepod-16), v6e-64, ...")
+  p.add_argument("--step", type=int, default=None,
+                 help="compile the phase this step trains in (e.g. BERT's phase 2 at 900000)")
+  p.add_argument("--mfu", type=float, default=0.5,
+                 help="model FLOPs utilisation the step time is projected at (0.5)")
 
   p = add("train", "pre-train a model",
           "Runs the config's pre-training on every device of the config's mesh: one jitted, "

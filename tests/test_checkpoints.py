@@ -17,7 +17,7 @@ import pytest
 
 from bertjax import checkpoint, cli
 from bertjax.data import make_batches
-from bertjax.train_checkpoint import CheckpointMismatch, TrainCheckpoints
+from bertjax.train_checkpoint import TrainCheckpoints
 import train_helpers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -162,7 +162,7 @@ def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
   cfg = dict(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
              max_predictions=5, shuffle_window=16, num_workers=2, prefetch=2)
   script = tmp_path / "loader.py"
-  script.write_text(f"""
+  script.write_text("""
 import json, sys
 import numpy as np
 from bertjax.data.pipeline import CorpusBatches, LoaderConfig
@@ -174,7 +174,7 @@ if __name__ == "__main__":
   out = [next(batches) for _ in range(int(sys.argv[4]))]
   if sys.argv[2] == "save":
     open(sys.argv[3], "w").write(json.dumps(batches.get_state()))
-  np.savez(sys.argv[5], **{{f"{{i}}/{{k}}": v for i, b in enumerate(out) for k, v in b.items()}})
+  np.savez(sys.argv[5], **{f"{i}/{k}": v for i, b in enumerate(out) for k, v in b.items()})
   batches.close()
 """)
 
