@@ -420,8 +420,12 @@ def format_report(report: CompileReport) -> str:
       (f"  total         {_gib(r.total_bytes)}  of {r.hbm_bytes / GiB:.2f} GiB "
       f"{'the compiler may use' if r.compiler_error else 'HBM'} "
       f"({100 * r.total_bytes / r.hbm_bytes:.0f}%)"),
-      (f"  fits          yes ({(r.hbm_bytes - r.total_bytes) / GiB:.2f} GiB free)" if r.fits
-       else f"  fits          NO: short by {r.shortfall_bytes / GiB:.2f} GiB per device"),
+      (f"  fits          NO: short by {r.shortfall_bytes / GiB:.2f} GiB per device"
+       if not r.fits else
+       f"  fits          yes ({(r.hbm_bytes - r.total_bytes) / GiB:.2f} GiB free)"
+       if r.total_bytes <= r.hbm_bytes else
+       f"  fits          only just: the compiler accepted it, {(r.total_bytes - r.hbm_bytes) / GiB:.2f}"
+       " GiB over the table's HBM (no headroom; prefer a setting with room)"),
   ]
   if r.compiler_error:
     lines.append(f"  compiler      {r.compiler_error}")

@@ -89,6 +89,66 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
   return 0
 
 
+def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import dataclasses
+  import json
+  from bertjax import finetune
+  logging.getLogger("bertjax").setLevel(logging.INFO)
+  if overrides:
+    raise ValueError("finetune takes no --config.* overrides; its settings are flags (--help)")
+  values = {f.name: getattr(args, f.name) for f in dataclasses.fields(finetune.FinetuneSpec)
+            if f.name in _FINETUNE_FLAGS and getattr(args, f.name) is not None}
+  if args.mesh:
+    values["mesh_axes"] = {k: int(v) for k, v in (part.split("=") for part in
+                                                  args.mesh.split(","))}
+  spec = finetune.FinetuneSpec(**values)
+  result = finetune.finetune(spec, args.init_from, args.train, args.dev, args.out)
+  print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
+  return 0
+
+
+# FinetuneSpec fields offered as flags (the model/mesh objects are not).
+_FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "header", "num_labels",
+                   "metric", "learning_rate", "head_learning_rate", "batch_size",
+                   "eval_batch_size", "epochs", "warmup_fraction", "weight_decay", "clip_norm",
+                   "freeze", "patience", "eval_every", "seq_length", "seed", "dropout",
+                   "tokenizer", "lowercase", "step", "rules", "export_hf", "log_every")
+
+
+def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
+  import dataclasses
+  from bertjax.finetune import FinetuneSpec
+  comments = _field_comments(FinetuneSpec)
+  for f in dataclasses.fields(FinetuneSpec):
+    if f.name not in _FINETUNE_FLAGS:
+      continue
+    flag = "--" + f.name.replace("_", "-")
+    kind = str(f.type)
+    help_text = comments.get(f.name, "") + f" (default: {f.default})"
+    if "bool" in kind:
+      p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                     help=help_text)
+    else:
+      caster = int if kind.startswith("int") else float if kind.startswith("float") else str
+      p.add_argument(flag, dest=f.name, type=caster, default=None, help=help_text)
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+  """The comment lines above each dataclass field: the flags' help texts."""
+  import inspect
+  comments, pending = {}, []
+  for line in inspect.getsource(cls).splitlines():
+    stripped = line.strip()
+    if stripped.startswith("#"):
+      pending.append(stripped.lstrip("# "))
+    elif ":" in stripped and not stripped.startswith(("def ", "class ", "@", '"""')):
+      comments[stripped.split(":")[0]] = " ".join(pending)
+      pending = []
+    else:
+      pending = []
+  return comments
+
+
 def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import loop
   from bertjax.metrics import TrainingDiverged
@@ -286,6 +346,30 @@ def _parser() -> argparse.ArgumentParser:
                  help="compile the phase this step trains in (e.g. BERT's phase 2 at 900000)")
   p.add_argument("--mfu", type=float, default=0.5,
                  help="model FLOPs utilisation the step time is projected at (0.5)")
+
+  p = add("finetune", "fine-tune BERT on a labelled task",
+          "Fine-tunes a pre-trained BERT (a params checkpoint, a training run's directory or a "
+          "Hugging Face directory) on sentence or sentence-pair classification (GLUE), "
+          "regression (STS-B) or token classification (NER), read from GLUE TSV, CSV or JSONL "
+          "with named columns. Devlin et al.'s recipe by default (AdamW lr 2e-5, batch 32, 3 "
+          "epochs, 10% warmup then linear decay, weight decay 0.01); freezing, a separate head "
+          "learning rate and early stopping on the dev metric. Writes OUT/metrics.jsonl, the "
+          "best parameters in OUT/best and, with --export-hf, a Hugging Face "
+          "BertForSequenceClassification / BertForTokenClassification in OUT/hf.",
+          "examples:\n  bertjax finetune --init-from runs/bert_tiny/params --train sst2/train.tsv "
+          "--dev sst2/dev.tsv --out runs/sst2\n  bertjax finetune --init-from runs/bert_hf "
+          "--train mrpc/train.tsv --dev mrpc/dev.tsv --text-a '#1 String' --text-b "
+          "'#2 String' --label Quality --metric f1 --out runs/mrpc --export-hf\n"
+          "  bertjax finetune --init-from runs/bert_tiny --task token_classification "
+          "--train ner/train.jsonl --dev ner/dev.jsonl --freeze bottom:1 --out runs/ner",
+          cmd_finetune)
+  p.add_argument("--init-from", dest="init_from", required=True,
+                 help="params checkpoint, training workdir or Hugging Face directory")
+  p.add_argument("--train", required=True, help="training examples (.tsv, .csv, .jsonl)")
+  p.add_argument("--dev", required=True, help="validation examples (same format)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")
+  _add_finetune_flags(p)
 
   p = add("train", "pre-train a model",
           "Runs the config's pre-training on every device of the config's mesh: one jitted, "

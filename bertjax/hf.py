@@ -2,6 +2,8 @@
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
 initialised and reported), GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
+Fine-tuned BERT (bertjax.finetune) exports as BertForSequenceClassification or
+BertForTokenClassification (`head=`).
 Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
 wrong shape, missing tensor) is an error naming the tensor.
 
@@ -36,6 +38,13 @@ TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
 
 _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
            "gelu_fast": "gelu_tanh", "relu": "relu"}
+
+
+# What an exported BERT carries on top of the encoder: the pre-training heads, or a fine-tuning
+# classifier on the pooled [CLS] output / on every token (bertjax.models.bert).
+EXPORT_HEADS = {"pretraining": "BertForPreTraining",
+                "sequence_classification": "BertForSequenceClassification",
+                "token_classification": "BertForTokenClassification"}
 
 
 class HFConversionError(ValueError):
@@ -263,10 +272,26 @@ def _hf_model_type(cfg: ModelConfig) -> str:
       f" activation={cfg.activation!r} matches neither GPT2LMHeadModel nor OpenAIGPTLMHeadModel")
 
 
-def hf_config_dict(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
-  """The config.json `transformers` needs to load the exported weights."""
+def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretraining",
+                   labels: list[str] | None = None) -> dict[str, Any]:
+  """The config.json `transformers` needs to load the exported weights (`head`, `labels`: see
+  export_hf)."""
+  _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+  if model_type == "bert" and head != "pretraining":
+    labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in
+                                                      range(cfg.num_labels)]
+    if len(labels) != cfg.num_labels:
+      raise ValueError(f"{len(labels)} label names for num_labels={cfg.num_labels}")
+    config = hf_config_dict(cfg, dtype)
+    problem = ("regression" if cfg.num_labels == 1 and head == "sequence_classification"
+               else "single_label_classification")
+    config.update({"architectures": [EXPORT_HEADS[head]], "num_labels": cfg.num_labels,
+                   "id2label": {str(i): name for i, name in enumerate(labels)},
+                   "label2id": {name: i for i, name in enumerate(labels)},
+                   "problem_type": problem, "classifier_dropout": None})
+    return config
   if model_type == "bert":
     return {
         "architectures": ["BertForPreTraining"], "model_type": "bert",
@@ -298,13 +323,40 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
 
 # --- export ------------------------------------------------------------------------------
 
-def to_hf_state_dict(params: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
-  """bertjax parameters -> `transformers` tensor names (tied copies omitted)."""
+def _classifier_entries(cfg: ModelConfig, head: str) -> list[Entry]:
+  """The encoder (no pre-training heads; no pooler under a token classifier, as Hugging Face's
+  BertForTokenClassification has none) plus `classifier.weight` / `classifier.bias`."""
+  entries = [e for e in _bert_entries(cfg, "bert.") if e.ours[0] == "bert"]
+  if head == "token_classification":
+    entries = [e for e in entries if e.ours[:2] != ("bert", "pooler")]
+  return entries + [_transposed(("classifier", "kernel"), "classifier.weight"),
+                    _same(("classifier", "bias"), "classifier.bias")]
+
+
+def _check_head(cfg: ModelConfig, head: str) -> None:
+  if head not in EXPORT_HEADS:
+    raise ValueError(f"head must be one of {', '.join(EXPORT_HEADS)}, got {head!r}")
+  if head != "pretraining" and cfg.family != "bert":
+    raise HFConversionError(f"head={head!r} is for BERT; this is a {cfg.family} model")
+
+
+def to_hf_state_dict(params: Any, cfg: ModelConfig,
+                     head: str = "pretraining") -> dict[str, np.ndarray]:
+  """bertjax parameters -> `transformers` tensor names (tied copies omitted). `head`: the
+  parameters' heads, one of EXPORT_HEADS (fine-tuned models: a classification head)."""
+  _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
   prefix = {"bert": "bert.", "gpt2": "transformer.", "openai-gpt": "transformer."}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
   tensors: dict[str, np.ndarray] = {}
-  for entry in _entries(cfg, model_type, prefix):
+  entries = _entries(cfg, model_type, prefix)
+  if head != "pretraining":
+    entries = _classifier_entries(cfg, head)
+    if head == "token_classification":
+      # The pooler is trained by nothing under a token classifier; HF's model has none.
+      for key in [k for k in flat if k[:2] == ("bert", "pooler")]:
+        flat.pop(key)
+  for entry in entries:
     if entry.ours not in flat:
       raise HFConversionError(f"bertjax parameter {'/'.join(entry.ours)} is missing")
     for name, value in zip(entry.theirs, entry.to_theirs(flat.pop(entry.ours))):
@@ -316,18 +368,24 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def export_hf(params: Any, cfg: ModelConfig, out_dir: str | Path, dtype: str = "float32",
-              tokenizer_dir: str | Path | None = None) -> Path:
-  """Writes config.json + model.safetensors (+ tokenizer files) loadable by `transformers`."""
+              tokenizer_dir: str | Path | None = None, head: str = "pretraining",
+              labels: list[str] | None = None) -> Path:
+  """Writes config.json + model.safetensors (+ tokenizer files) loadable by `transformers`.
+
+  `head`: "pretraining" (BertForPreTraining / the GPT LM head models), or for fine-tuned BERT
+  "sequence_classification" / "token_classification" (BertForSequenceClassification /
+  BertForTokenClassification), with `labels` (names in id order) written as id2label."""
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  tensors = to_hf_state_dict(params, cfg)
+  tensors = to_hf_state_dict(params, cfg, head)
   if dtype == "bfloat16":
     import ml_dtypes  # jax dependency; numpy has no bfloat16 of its own
     tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
   elif dtype != "float32":
     raise ValueError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
   save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-  (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
+  (out / "config.json").write_text(
+      json.dumps(hf_config_dict(cfg, dtype, head, labels), indent=2) + "\n")
   if tokenizer_dir is not None:
     copy_tokenizer_files(tokenizer_dir, out)
   return out

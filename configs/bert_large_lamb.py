@@ -9,8 +9,8 @@ steps, warmup 28.43% (2,000 steps); phase 2 batch 32,768 x 512, lr 4e-3, 1,563 s
 decay 0.01 (not on LayerNorm and biases), global clip 1.0, polynomial decay with power 0.5.
 Batches this large are reached by gradient accumulation inside the step.
 
-  bertjax compile --config configs/bert_large_lamb.py --topology v3-1024
-  python launch/tpu_vm.py up --name bert-lamb --zone europe-west4-a --tpu-type v3-1024 \
+  bertjax compile --config configs/bert_large_lamb.py --topology v3-2048
+  python launch/tpu_vm.py up --name bert-lamb --zone europe-west4-a --tpu-type v3-2048 \
       --bucket BUCKET -- bertjax train --config configs/bert_large_lamb.py \
       --workdir /gcs/BUCKET/bert_lamb --config.data.dataset=/gcs/BUCKET/wiki_books
 """

@@ -131,3 +131,25 @@ class BertForSequenceClassification(nn.Module):
                              ("embed", None), (cfg.num_labels,), (None,),
                              name="classifier")(pooled_BD)
     return logits_BC.astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+  """BERT with dropout and a linear classifier on every token's output (NER-style tagging).
+
+  Parameters: `bert` (the encoder, pooler included though unused, so that a pre-trained
+  checkpoint's tree fits unchanged) and `classifier`; logits [B, L, num_labels] in fp32.
+  """
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+               attention_mask_BL: Array | None = None, deterministic: bool = True) -> Array:
+    cfg = self.config
+    sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
+                                                  attention_mask_BL, deterministic)
+    sequence_BLD = nn.Dropout(cfg.hidden_dropout)(sequence_BLD, deterministic=deterministic)
+    logits_BLC = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, cfg.num_labels),
+                              ("embed", None), (cfg.num_labels,), (None,),
+                              name="classifier")(sequence_BLD)
+    return logits_BLC.astype(jnp.float32)

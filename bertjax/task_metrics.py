@@ -1,0 +1,122 @@
+"""Task metrics of fine-tuning: accuracy, binary F1, Matthews correlation (CoLA), Pearson and
+Spearman (STS-B), and entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from bertjax.data.labeled import IGNORE
+
+
+def accuracy(labels: np.ndarray, preds: np.ndarray) -> float:
+  labels, preds = np.asarray(labels), np.asarray(preds)
+  return float(np.mean(labels == preds)) if labels.size else 0.0
+
+
+def f1_binary(labels: np.ndarray, preds: np.ndarray, positive: int = 1) -> float:
+  """F1 of the positive class (GLUE's MRPC/QQP F1); 0 when it is never predicted nor true."""
+  labels, preds = np.asarray(labels), np.asarray(preds)
+  tp = np.sum((preds == positive) & (labels == positive))
+  fp = np.sum((preds == positive) & (labels != positive))
+  fn = np.sum((preds != positive) & (labels == positive))
+  return float(2 * tp / (2 * tp + fp + fn)) if tp else 0.0
+
+
+def matthews(labels: np.ndarray, preds: np.ndarray) -> float:
+  """Matthews correlation (CoLA), the multi-class R_K form (= sklearn's matthews_corrcoef);
+  0 when undefined (a constant prediction or label)."""
+  labels, preds = np.asarray(labels), np.asarray(preds)
+  classes = np.union1d(labels, preds)
+  idx = {c: i for i, c in enumerate(classes)}
+  conf = np.zeros((len(classes), len(classes)), np.float64)
+  for t, p in zip(labels, preds):
+    conf[idx[t], idx[p]] += 1
+  t_sum, p_sum = conf.sum(1), conf.sum(0)
+  n, correct = conf.sum(), np.trace(conf)
+  cov_ytyp = correct * n - np.dot(t_sum, p_sum)
+  cov_ypyp = n * n - np.dot(p_sum, p_sum)
+  cov_ytyt = n * n - np.dot(t_sum, t_sum)
+  denom = math.sqrt(cov_ytyt * cov_ypyp)
+  return float(cov_ytyp / denom) if denom else 0.0
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  x, y = x - x.mean(), y - y.mean()
+  denom = math.sqrt(float(np.dot(x, x) * np.dot(y, y)))
+  return float(np.dot(x, y) / denom) if denom else 0.0
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+  """Ranks 1..n with ties given their average rank (scipy.stats.rankdata's default)."""
+  x = np.asarray(x, np.float64)
+  order = np.argsort(x, kind="mergesort")
+  sorted_x = x[order]
+  ranks = np.empty(len(x), np.float64)
+  i = 0
+  while i < len(x):
+    j = i
+    while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+      j += 1
+    ranks[order[i:j + 1]] = (i + j) / 2 + 1
+    i = j + 1
+  return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+  """Spearman's rho: Pearson correlation of the (tie-averaged) ranks."""
+  return pearson(_ranks(x), _ranks(y))
+
+
+def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+  """(type, start, end) chunks of a BIO/IOB2 tag sequence, conlleval's rules: a chunk starts at
+  B-X, or at I-X after anything but a chunk of type X; plain tags (no "-") are one-word
+  chunks of their own type, "O" is outside."""
+  spans = set()
+  kind, start = None, 0
+  for i, tag in enumerate(list(tags) + ["O"]):
+    prefix, _, typ = tag.partition("-") if "-" in tag else ("B" if tag != "O" else "O", "", tag)
+    begins = prefix == "B" or prefix == "S" or (prefix in ("I", "E") and kind != typ)
+    if kind is not None and (tag == "O" or begins):
+      spans.add((kind, start, i))
+      kind = None
+    if tag != "O" and begins:
+      kind, start = typ, i
+  return spans
+
+
+def entity_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]]
+              ) -> dict[str, float]:
+  """Micro entity precision/recall/F1 over all sentences (seqeval/conlleval style)."""
+  tp = n_pred = n_true = 0
+  for t, p in zip(true_tags, pred_tags):
+    ts, ps = bio_spans(t), bio_spans(p)
+    tp += len(ts & ps)
+    n_pred += len(ps)
+    n_true += len(ts)
+  precision = tp / n_pred if n_pred else 0.0
+  recall = tp / n_true if n_true else 0.0
+  f1 = 2 * precision * recall / (precision + recall) if tp else 0.0
+  return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def task_metrics(task: str, labels: np.ndarray, preds: np.ndarray,
+                 label_names: Sequence[str] = ()) -> dict[str, float]:
+  """The metrics a task reports, from gold labels and predictions (host numpy arrays).
+  Token classification: [N, L] arrays with labeled.IGNORE where no word starts."""
+  if task == "classification":
+    out = {"accuracy": accuracy(labels, preds), "matthews": matthews(labels, preds)}
+    if len(label_names) == 2:
+      out["f1"] = f1_binary(labels, preds)
+    return out
+  if task == "regression":
+    preds, labels = np.asarray(preds, np.float64), np.asarray(labels, np.float64)
+    return {"pearson": pearson(preds, labels), "spearman": spearman(preds, labels),
+            "mse": float(np.mean((preds - labels) ** 2))}
+  keep = labels != IGNORE
+  true_tags = [[label_names[t] for t in row[k]] for row, k in zip(labels, keep)]
+  pred_tags = [[label_names[p] for p in row[k]] for row, k in zip(preds, keep)]
+  return {**entity_f1(true_tags, pred_tags), "accuracy": accuracy(labels[keep], preds[keep])}
