@@ -149,6 +149,47 @@ def _field_comments(cls: type) -> dict[str, str]:
   return comments
 
 
+def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import checkpoint, generate
+  from bertjax.data.tokenizers import load_tokenizer
+  params, model = checkpoint.load_params(args.params)
+  tokenizer_path = args.tokenizer or checkpoint.tokenizer_dir(args.params)
+  if tokenizer_path is None:
+    raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
+  tokenizer = load_tokenizer(tokenizer_path)
+  if model.family == "bert":
+    for text in args.prompt:
+      found = generate.fill_mask(params, model, tokenizer, text, top_k=args.top_k or 5)
+      print(text)
+      for slot in (found if isinstance(found[0], list) else [found]):
+        for token, prob in slot:
+          print(f"  {prob:.4f}  {token}")
+    return 0
+  stops = [tokenizer.token_id(t) for t in args.stop]
+  if not args.stop and getattr(tokenizer, "style", None) == "gpt":
+    stops = [tokenizer.token_id("<|endoftext|>")]
+  outputs = generate.generate(
+      params, model, [tokenizer.encode(p) for p in args.prompt],
+      max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+      num_beams=args.num_beams, length_penalty=args.length_penalty,
+      repetition_penalty=args.repetition_penalty,
+      no_repeat_ngram_size=args.no_repeat_ngram_size, stop_tokens=stops, seed=args.seed)
+  for prompt, new in zip(args.prompt, outputs):
+    print(f"{prompt}{tokenizer.decode(new)}")
+  return 0
+
+
+def cmd_data_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import json
+  from bertjax.data.article_task import make_article_task
+  summary = make_article_task(args.source, args.out, num_articles=args.articles,
+                              train_sizes=args.train_sizes, dev_per_article=args.dev_per_article,
+                              seed=args.seed)
+  print(json.dumps(summary, indent=2))
+  return 0
+
+
 def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import loop
   from bertjax.metrics import TrainingDiverged
@@ -371,6 +412,39 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")
   _add_finetune_flags(p)
 
+  p = add("generate", "sample text from a GPT, or fill masks with a BERT",
+          "GPT parameters: continues each --prompt with a KV cache in one jitted decode loop: "
+          "greedy (default), sampling (--sample with --temperature/--top-k/--top-p, "
+          "deterministic for --seed) or beam search (--num-beams, --length-penalty); "
+          "--repetition-penalty and --no-repeat-ngram-size as in transformers; stops at "
+          "--stop tokens (default: <|endoftext|> for GPT tokenizers). BERT parameters: fill-"
+          "mask, the top-k tokens and probabilities at each [MASK] of each --prompt.",
+          "examples:\n  bertjax generate --params runs/gpt_tiny/params --prompt 'The history of' "
+          "--max-new-tokens 40 --sample --top-p 0.9 --seed 1\n  bertjax generate --params "
+          "runs/gpt_tiny/params --prompt 'In 1850' --num-beams 4\n  bertjax generate --params "
+          "runs/bert_tiny/params --prompt 'The [MASK] sat on the mat.' --top-k 5",
+          cmd_generate)
+  p.add_argument("--params", required=True, help="params checkpoint (bertjax export/import)")
+  p.add_argument("--prompt", action="append", required=True, help="prompt text (repeatable)")
+  p.add_argument("--tokenizer", default="", help="tokenizer (default: the params' tokenizer/)")
+  p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=32,
+                 help="new tokens per prompt (32)")
+  p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding")
+  p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (1.0)")
+  p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                 help="sampling: keep the k most likely tokens; fill-mask: tokens shown (5)")
+  p.add_argument("--top-p", dest="top_p", type=float, default=1.0,
+                 help="nucleus sampling probability mass (1.0: off)")
+  p.add_argument("--num-beams", dest="num_beams", type=int, default=1, help="beam search width")
+  p.add_argument("--length-penalty", dest="length_penalty", type=float, default=1.0,
+                 help="beam search length penalty exponent (1.0)")
+  p.add_argument("--repetition-penalty", dest="repetition_penalty", type=float, default=1.0,
+                 help="divide logits of tokens already present (1.0: off)")
+  p.add_argument("--no-repeat-ngram-size", dest="no_repeat_ngram_size", type=int, default=0,
+                 help="forbid repeating n-grams of this size (0: off)")
+  p.add_argument("--stop", action="append", default=[], help="stop token (repeatable)")
+  p.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+
   p = add("train", "pre-train a model",
           "Runs the config's pre-training on every device of the config's mesh: one jitted, "
           "sharded train step, metrics to WORKDIR/metrics.jsonl, TensorBoard events to "
@@ -457,6 +531,23 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--language", default="en", help="sentence segmentation language (en)")
   p.add_argument("--cased", action="store_true",
                  help="a vocab.txt of a cased model (no lower-casing)")
+
+  p = data_sub.add_parser(
+      "task", help="a labelled article-classification task from a corpus",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Which of K articles does a sentence come from? The K documents with the "
+      "most sentences become the classes; balanced, seeded GLUE-style TSVs: dev.tsv and nested "
+      "train_<n>.tsv (the fine-tuning transfer experiment of docs/finetuning.md).",
+      epilog="example:\n  bertjax data task --source embedded --out runs/article_task")
+  p.set_defaults(fn=cmd_data_task)
+  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--articles", type=int, default=4, help="number of classes (4)")
+  p.add_argument("--train-sizes", dest="train_sizes", type=int, nargs="+",
+                 default=[100, 1000], help="training set sizes (100 1000)")
+  p.add_argument("--dev-per-article", dest="dev_per_article", type=int, default=100,
+                 help="dev sentences per article (100)")
+  p.add_argument("--seed", type=int, default=0, help="shuffle seed (0)")
 
   p = data_sub.add_parser(
       "bench", help="measure tokens/s per core of the data pipeline",

@@ -438,3 +438,22 @@ def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
   assert cli.main(["finetune", "--init-from", str(tmp_path / "pre"), "--train", "x", "--dev",
                    "y", "--out", str(tmp_path / "o2"), "--freeze", "top:3"]) == 2
   assert "freeze" in capsys.readouterr().err
+
+
+def test_article_task_from_the_embedded_corpus(tmp_path, capsys):
+  from bertjax import cli
+  assert cli.main(["data", "task", "--out", str(tmp_path), "--train-sizes", "40", "200",
+                   "--dev-per-article", "20"]) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert len(summary["articles"]) == 4
+  dev = labeled.read_examples(tmp_path / "dev.tsv", "classification")
+  small = labeled.read_examples(tmp_path / "train_40.tsv", "classification")
+  large = labeled.read_examples(tmp_path / "train_200.tsv", "classification")
+  assert len(dev) == 80 and len(small) == 40 and len(large) == 200
+  for examples, per in ((dev, 20), (small, 10), (large, 50)):
+    counts = {}
+    for e in examples:
+      counts[e.label] = counts.get(e.label, 0) + 1
+    assert sorted(counts) == ["0", "1", "2", "3"] and set(counts.values()) == {per}
+  texts = lambda xs: {e.text_a for e in xs}  # noqa: E731
+  assert texts(small) <= texts(large) and not texts(large) & texts(dev)

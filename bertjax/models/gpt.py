@@ -50,19 +50,34 @@ class GPT(nn.Module):
 
   def __call__(self, input_ids_BL: Array, positions_BL: Array | None = None,
                segment_ids_BL: Array | None = None, attention_mask_BL: Array | None = None,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True, decode: bool = False) -> Array:
     """Returns next-token logits [B, L, V] in fp32.
 
     `positions` restart at 0 in each packed document (default 0..L-1).
+
+    `decode=True` (generation, bertjax/generate.py): the input is the next L tokens of each
+    row, written to the KV cache (collection "cache", apply with `mutable=["cache"]`) at its
+    current index; `positions_BL` is required (each row's own positions) and
+    `attention_mask_BL` is over the cache's S slots (1 = a real token, 0 = padding); attention
+    is causal by cache slot.
     """
     cfg = self.config
     _, length = input_ids_BL.shape
+    if decode:
+      if positions_BL is None:
+        raise ValueError("decode=True needs positions_BL (each row's token positions)")
+      if segment_ids_BL is not None:
+        raise ValueError("decode=True does not take segment_ids_BL")
     if positions_BL is None:
       positions_BL = jnp.arange(length)[None, :]
     x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
     x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
-    mask = decoder_mask(length, segment_ids_BL, attention_mask_BL)
-    x_BLD = self.decoder(x_BLD, mask, deterministic)
+    if decode:
+      mask = (jnp.ones((1, 1, 1, 1), bool) if attention_mask_BL is None
+              else attention_mask_BL.astype(bool)[:, None, None, :])
+    else:
+      mask = decoder_mask(length, segment_ids_BL, attention_mask_BL)
+    x_BLD = self.decoder(x_BLD, mask, deterministic, decode)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
     logits_BLV = layers.tied_logits(cfg, self.wte, x_BLD)

@@ -122,10 +122,19 @@ def tied_logits(config: ModelConfig, embedding: nn.Embed, x_BLD: Array) -> Array
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a fused QKV projection and a boolean mask."""
+  """Multi-head self-attention with a fused QKV projection and a boolean mask.
+
+  `decode=True` (generation) keeps a key/value cache in the "cache" collection (apply with
+  `mutable=["cache"]`): `cached_key`/`cached_value` [B, S, N, H] and `cache_index`, the slot
+  the next token is written to. The first (init) call creates the cache with S = the input's
+  length; later calls write their L keys at `cache_index`, attend causally by slot over the
+  whole cache, and advance the index by L. `mask_B1LS` then masks cache slots (key padding),
+  [B, 1, 1, S] or [B, 1, L, S].
+  """
 
   config: ModelConfig
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask_B1LS: Array) -> Array:
@@ -135,6 +144,25 @@ class SelfAttention(nn.Module):
                       (3, n, h), ("qkv", "heads", "kv"), name="qkv")(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     q_BLNH = constrain(q_BLNH, ACT_BLNH)
+    if self.decode:
+      initialized = self.has_variable("cache", "cached_key")
+      cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BSNH.shape, k_BSNH.dtype)
+      cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BSNH.shape,
+                                   v_BSNH.dtype)
+      cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+      index = cache_index.value
+      if initialized:
+        length = x_BLD.shape[1]
+        k_BSNH = jax.lax.dynamic_update_slice(cached_key.value, k_BSNH.astype(
+            cached_key.value.dtype), (0, index, 0, 0))
+        v_BSNH = jax.lax.dynamic_update_slice(cached_value.value, v_BSNH.astype(
+            cached_value.value.dtype), (0, index, 0, 0))
+        cached_key.value, cached_value.value = k_BSNH, v_BSNH
+        cache_index.value = index + length
+      # Causal by cache slot: the query in slot index + l sees slots <= index + l.
+      query_slots_L = index + jnp.arange(x_BLD.shape[1])
+      causal_LS = jnp.arange(k_BSNH.shape[1])[None, :] <= query_slots_L[:, None]
+      mask_B1LS = mask_B1LS & causal_LS[None, None]
     # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
     # small probabilities that carry most of the gradient signal.
     scores_BNLS = jnp.einsum("blnh,bsnh->bnls", q_BLNH, k_BSNH,
@@ -169,12 +197,13 @@ class Block(nn.Module):
 
   config: ModelConfig
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask_B1LS: Array) -> tuple[Array, None]:
     cfg = self.config
     dropout = functools.partial(nn.Dropout(cfg.hidden_dropout), deterministic=self.deterministic)
-    attention = SelfAttention(cfg, self.deterministic, name="attention")
+    attention = SelfAttention(cfg, self.deterministic, self.decode, name="attention")
     mlp = Mlp(cfg, name="mlp")
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
@@ -200,19 +229,22 @@ class LayerStack(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array, deterministic: bool = True) -> Array:
+  def __call__(self, x_BLD: Array, mask_B1LS: Array, deterministic: bool = True,
+               decode: bool = False) -> Array:
+    """`decode=True`: attention reads and writes the "cache" collection (generation)."""
     cfg = self.config
     block = Block
     if cfg.remat_policy != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      stack = nn.scan(block, variable_axes={"params": 0},
+      # The KV cache scans like the parameters: one slice per layer on a leading axis.
+      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, deterministic, name="layers")(x_BLD, mask_B1LS)
+      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(x_BLD, mask_B1LS)
     else:
       for i in range(cfg.num_layers):
-        x_BLD, _ = block(cfg, deterministic, name=f"layers_{i}")(x_BLD, mask_B1LS)
+        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask_B1LS)
     return x_BLD

@@ -1,0 +1,464 @@
+"""Generation: GPT decoding with a KV cache, and BERT fill-mask.
+
+`generate` decodes a batch of prompts of different lengths in one jitted `lax.while_loop`:
+greedy, sampling (temperature, top-k, top-p; deterministic for a seed) or beam search (length
+penalty, early stopping), with a repetition penalty, n-gram blocking and stop tokens. The
+logits processors, the sampling filters and beam search follow Hugging Face `transformers`'
+`generate` semantics (tests/test_generate.py compares token for token).
+
+Prompts are left-padded to a common length P and written to the KV cache in one prefill call;
+each new token then costs one position (`GPT(..., decode=True)`, the cache in the "cache"
+collection of bertjax/models/layers.py). Padded cache slots are masked out and every row gets
+its own positions (0 at its first real token), so each row's logits equal a full recomputation
+of that row alone. Cache slot P + t holds the t-th generated token.
+
+`fill_mask` runs BERT's MLM head at the [MASK] position(s) and returns the top-k tokens with
+their probabilities (as `transformers`' fill-mask pipeline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.models import GPT, BertForPreTraining, ModelConfig
+
+Array = jax.Array
+
+# Scores of candidates that must never win (Hugging Face's -1e9 in beam search).
+_NEG = -1.0e9
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+  """Decoding settings (names and semantics as `transformers.GenerationConfig`)."""
+
+  max_new_tokens: int
+  do_sample: bool = False
+  temperature: float = 1.0
+  top_k: int = 0  # 0: off
+  top_p: float = 1.0  # 1.0: off
+  num_beams: int = 1
+  length_penalty: float = 1.0
+  early_stopping: bool | str = False  # True, False or "never"
+  repetition_penalty: float = 1.0  # 1.0: off (CTRL, Keskar et al. 2019)
+  no_repeat_ngram_size: int = 0  # 0: off
+  stop_tokens: tuple[int, ...] = ()
+  # Filler of the cache slots of left padding and of rows that have stopped (never returned).
+  pad_token: int = 0
+
+  def __post_init__(self) -> None:
+    if self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+    if self.num_beams < 1:
+      raise ValueError(f"num_beams must be >= 1, got {self.num_beams}")
+    if self.num_beams > 1 and self.do_sample:
+      raise ValueError("beam search with sampling is not supported (num_beams > 1 and "
+                       "do_sample=True)")
+    if self.do_sample and self.temperature <= 0:
+      raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0 or self.no_repeat_ngram_size < 0:
+      raise ValueError("top_k and no_repeat_ngram_size must be >= 0")
+    if self.repetition_penalty <= 0:
+      raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+    if self.early_stopping not in (True, False, "never"):
+      raise ValueError(f"early_stopping must be True, False or 'never', got "
+                       f"{self.early_stopping!r}")
+
+
+# --------------------------------------------------------------------------- logits filters
+
+
+def filter_top_k(scores_RV: Array, top_k: int) -> Array:
+  """Keeps the `top_k` highest scores (and ties with the k-th), others -inf (HF TopK)."""
+  top_k = min(top_k, scores_RV.shape[-1])
+  kth_R1 = jax.lax.top_k(scores_RV, top_k)[0][..., -1:]
+  return jnp.where(scores_RV < kth_R1, -jnp.inf, scores_RV)
+
+
+def filter_top_p(scores_RV: Array, top_p: float) -> Array:
+  """Nucleus filter (HF TopP): drops the least likely tokens whose cumulative probability is
+  <= 1 - top_p, always keeping the most likely one."""
+  order_RV = jnp.argsort(scores_RV, axis=-1, stable=True)  # ascending
+  sorted_RV = jnp.take_along_axis(scores_RV, order_RV, axis=-1)
+  cumulative_RV = jnp.cumsum(jax.nn.softmax(sorted_RV, axis=-1), axis=-1)
+  remove_sorted_RV = (cumulative_RV <= 1 - top_p).at[..., -1].set(False)
+  rows_R1 = jnp.arange(scores_RV.shape[0])[:, None]
+  remove_RV = jnp.zeros_like(remove_sorted_RV).at[rows_R1, order_RV].set(remove_sorted_RV)
+  return jnp.where(remove_RV, -jnp.inf, scores_RV)
+
+
+def _seen_tokens(seq_RS: Array, valid_RS: Array, vocab: int) -> Array:
+  rows_R1 = jnp.arange(seq_RS.shape[0])[:, None]
+  return jnp.zeros((seq_RS.shape[0], vocab), jnp.int32).at[rows_R1, seq_RS].max(
+      valid_RS.astype(jnp.int32)).astype(bool)
+
+
+def _process(scores_RV: Array, seq_RS: Array, valid_RS: Array, end: Array,
+             gen: GenerationConfig) -> Array:
+  """HF's repetition penalty and n-gram blocking over each row's sequence so far: the valid
+  slots before `end` (prompt and generated tokens)."""
+  vocab = scores_RV.shape[-1]
+  slots_S = jnp.arange(seq_RS.shape[1])
+  valid_RS = valid_RS & (slots_S[None, :] < end)
+  if gen.repetition_penalty != 1.0:
+    seen_RV = _seen_tokens(seq_RS, valid_RS, vocab)
+    penalised = jnp.where(scores_RV < 0, scores_RV * gen.repetition_penalty,
+                          scores_RV / gen.repetition_penalty)
+    scores_RV = jnp.where(seen_RV, penalised, scores_RV)
+  n = gen.no_repeat_ngram_size
+  if n:
+    windows = seq_RS.shape[1] - n + 1
+    # An n-gram starting at slot j lies wholly in the sequence so far.
+    ok_RW = valid_RS[:, :windows] & (slots_S[None, :windows] + n <= end)
+    for m in range(n - 1):
+      prefix_R = jax.lax.dynamic_slice_in_dim(seq_RS, end - (n - 1) + m, 1, axis=1)
+      ok_RW &= seq_RS[:, m:m + windows] == prefix_R
+    rows_R1 = jnp.arange(seq_RS.shape[0])[:, None]
+    banned_RV = jnp.zeros((seq_RS.shape[0], vocab), jnp.int32).at[
+        rows_R1, seq_RS[:, n - 1:n - 1 + windows]].max(ok_RW.astype(jnp.int32)).astype(bool)
+    scores_RV = jnp.where(banned_RV, -jnp.inf, scores_RV)
+  return scores_RV
+
+
+def _warp(scores_RV: Array, gen: GenerationConfig) -> Array:
+  """Sampling warpers in HF's order: temperature, top-k, top-p."""
+  if gen.temperature != 1.0:
+    scores_RV = scores_RV / gen.temperature
+  if gen.top_k:
+    scores_RV = filter_top_k(scores_RV, gen.top_k)
+  if gen.top_p < 1.0:
+    scores_RV = filter_top_p(scores_RV, gen.top_p)
+  return scores_RV
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def _decode_config(config: ModelConfig) -> ModelConfig:
+  if config.family != "gpt":
+    raise ValueError(f"generate needs a GPT model, got family={config.family!r}")
+  return config.replace(remat_policy="none", hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def init_cache(config: ModelConfig, batch: int, length: int) -> Any:
+  """An empty KV cache ("cache" collection) for `batch` rows of `length` slots."""
+  model = GPT(_decode_config(config))
+  ids = jnp.zeros((batch, length), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, decode=True))
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes["cache"])
+
+
+def decode_step(params: Any, config: ModelConfig, cache: Any, ids_RL: Array,
+                positions_RL: Array, key_mask_RS: Array) -> tuple[Array, Any]:
+  """Writes L tokens per row to the cache at its index; logits [R, L, V] and the new cache."""
+  model = GPT(_decode_config(config))
+  positions_RL = jnp.minimum(positions_RL, config.max_positions - 1)
+  logits, variables = model.apply({"params": params, "cache": cache}, ids_RL, positions_RL,
+                                  attention_mask_BL=key_mask_RS, decode=True,
+                                  mutable=["cache"])
+  return logits, variables["cache"]
+
+
+def _reorder_cache(cache: Any, rows_R: Array) -> Any:
+  """Gathers the cache rows of the surviving beams (batch axis after the scanned layer axis)."""
+  def gather(path, leaf):
+    if "cache_index" in jax.tree_util.keystr(path):
+      return leaf
+    return jnp.take(leaf, rows_R, axis=leaf.ndim - 4)
+  return jax.tree_util.tree_map_with_path(gather, cache)
+
+
+def _prefill(params, config, ids_RP, pad_R, total):
+  """The prompts into a fresh cache of `total` slots: logits at the last prompt slot."""
+  rows, length = ids_RP.shape
+  cache = init_cache(config, rows, total)
+  slots_S = jnp.arange(total)
+  key_mask_RS = slots_S[None, :] >= pad_R[:, None]
+  positions_RP = jnp.maximum(jnp.arange(length)[None, :] - pad_R[:, None], 0)
+  logits, cache = decode_step(params, config, cache, ids_RP, positions_RP, key_mask_RS)
+  seq_RS = jnp.full((rows, total), 0, jnp.int32).at[:, :length].set(ids_RP)
+  return logits[:, -1], cache, seq_RS, key_mask_RS
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gen"))
+def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: GenerationConfig):
+  """Greedy or sampling; returns generated tokens [B, T] (pad after a stop) and steps run."""
+  batch, prompt = ids_BP.shape
+  total = prompt + gen.max_new_tokens
+  logits_BV, cache, seq_BS, key_mask_BS = _prefill(params, config, ids_BP, pad_B, total)
+  lengths_B = prompt - pad_B
+  key = jax.random.key(seed)
+  stop = jnp.asarray(gen.stop_tokens or (-1,), jnp.int32)
+
+  def body(state):
+    t, cache, logits_BV, seq_BS, done_B = state
+    scores_BV = _process(logits_BV, seq_BS, key_mask_BS, prompt + t, gen)
+    if gen.do_sample:
+      token_B = jax.random.categorical(jax.random.fold_in(key, t), _warp(scores_BV, gen))
+    else:
+      token_B = jnp.argmax(scores_BV, axis=-1)
+    token_B = jnp.where(done_B, gen.pad_token, token_B).astype(jnp.int32)
+    seq_BS = jax.lax.dynamic_update_slice_in_dim(seq_BS, token_B[:, None], prompt + t, axis=1)
+    done_B = done_B | jnp.isin(token_B, stop)
+    logits_B1V, cache = decode_step(params, config, cache, token_B[:, None],
+                                    (lengths_B + t)[:, None], key_mask_BS)
+    return t + 1, cache, logits_B1V[:, 0], seq_BS, done_B
+
+  def cond(state):
+    t, _, _, _, done_B = state
+    return (t < gen.max_new_tokens) & ~jnp.all(done_B)
+
+  state = (jnp.int32(0), cache, logits_BV, seq_BS, jnp.zeros((batch,), bool))
+  t, _, _, seq_BS, _ = jax.lax.while_loop(cond, body, state)
+  return seq_BS[:, prompt:], t
+
+
+def _gather(x_BK, index_BJ):
+  """x[b, index[b, j]] along the beam axis (extra trailing axes follow)."""
+  index = index_BJ.reshape(index_BJ.shape + (1,) * (x_BK.ndim - 2))
+  return jnp.take_along_axis(x_BK, index, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gen"))
+def _beam_loop(params, ids_BP, pad_B, *, config: ModelConfig, gen: GenerationConfig):
+  """Hugging Face's vectorised beam search (transformers 5 `_beam_search`) with a KV cache.
+
+  Returns the best finished sequence's new tokens [B, T] and its length [B].
+  """
+  batch, prompt = ids_BP.shape
+  beams, steps = gen.num_beams, gen.max_new_tokens
+  total = prompt + steps
+  keep = max(2, 1 + len(gen.stop_tokens)) * beams
+  rows = batch * beams
+  ids_RP, pad_R = jnp.repeat(ids_BP, beams, axis=0), jnp.repeat(pad_B, beams, axis=0)
+  logits_RV, cache, seq_RS, key_mask_RS = _prefill(params, config, ids_RP, pad_R, total)
+  lengths_R = prompt - pad_R
+  vocab = logits_RV.shape[-1]
+  stop = jnp.asarray(gen.stop_tokens or (-1,), jnp.int32)
+  # len ** length_penalty as HF computes it (Python double, then fp32), indexed by length.
+  penalty_T = jnp.asarray(np.arange(steps + 1, dtype=np.float64) ** gen.length_penalty,
+                          jnp.float32)
+  top_mask_J = jnp.arange(keep) < beams
+  early = gen.early_stopping
+
+  def body(state):
+    (t, cache, logits_RV, running_BKS, running_scores_BK, seqs_BKS, scores_BK, lengths_BK,
+     finished_BK, unsatisfied_B1, _) = state
+    log_probs_RV = jax.nn.log_softmax(logits_RV.astype(jnp.float32), axis=-1)
+    log_probs_RV = _process(log_probs_RV, running_BKS.reshape(rows, total), key_mask_RS,
+                            prompt + t, gen)
+    log_probs_BKV = log_probs_RV.reshape(batch, beams, vocab) + running_scores_BK[:, :, None]
+    topk_lp_BJ, topk_index_BJ = jax.lax.top_k(log_probs_BKV.reshape(batch, -1), keep)
+    parent_BJ, token_BJ = topk_index_BJ // vocab, topk_index_BJ % vocab
+    topk_seq_BJS = jax.lax.dynamic_update_slice_in_dim(
+        _gather(running_BKS, parent_BJ), token_BJ[:, :, None].astype(jnp.int32), prompt + t,
+        axis=2)
+    hits_BJ = jnp.isin(token_BJ, stop) | (t + 1 >= steps)
+    # Running beams for the next step: the best `beams` candidates that did not stop.
+    running_lp_BJ = topk_lp_BJ + hits_BJ.astype(jnp.float32) * _NEG
+    next_BK = jax.lax.top_k(running_lp_BJ, beams)[1]
+    running_BKS = _gather(topk_seq_BJS, next_BK)
+    running_scores_BK = _gather(running_lp_BJ, next_BK)
+    parent_BK = _gather(parent_BJ, next_BK)
+    # Finished hypotheses: merge the stopped top-`beams` candidates into the kept ones.
+    just_finished_BJ = hits_BJ & top_mask_J[None, :]
+    cand_BJ = topk_lp_BJ / penalty_T[t + 1]
+    full_B1 = jnp.all(finished_BK, axis=-1, keepdims=True) & (early is True)
+    cand_BJ = cand_BJ + full_B1.astype(jnp.float32) * _NEG
+    cand_BJ = cand_BJ + (~unsatisfied_B1).astype(jnp.float32) * _NEG
+    cand_BJ = cand_BJ + (~just_finished_BJ).astype(jnp.float32) * _NEG
+    merged_scores = jnp.concatenate([scores_BK, cand_BJ], axis=1)
+    best_BK = jax.lax.top_k(merged_scores, beams)[1]
+    seqs_BKS = _gather(jnp.concatenate([seqs_BKS, topk_seq_BJS], axis=1), best_BK)
+    scores_BK = _gather(merged_scores, best_BK)
+    lengths_BK = _gather(jnp.concatenate(
+        [lengths_BK, jnp.full((batch, keep), t + 1, jnp.int32)], axis=1), best_BK)
+    finished_BK = _gather(jnp.concatenate([finished_BK, just_finished_BJ], axis=1), best_BK)
+    # HF's early-stop heuristic: can the best running beam still beat the worst finished?
+    t = t + 1
+    best_length = steps if (early == "never" and gen.length_penalty > 0.0) else t
+    best_running_B1 = running_scores_BK[:, :1] / penalty_T[best_length]
+    worst_B1 = jnp.where(finished_BK, jnp.min(scores_BK, axis=1, keepdims=True), _NEG)
+    unsatisfied_B1 = unsatisfied_B1 & jnp.any(best_running_B1 > worst_B1, axis=-1,
+                                              keepdims=True)
+    go = (jnp.any(unsatisfied_B1) & ~(jnp.all(finished_BK) & (early is True))
+          & ~jnp.all(hits_BJ))
+    # Next logits of the surviving beams: their caches, then their newest token.
+    cache = _reorder_cache(cache, (jnp.arange(batch)[:, None] * beams + parent_BK).reshape(-1))
+    token_R1 = running_BKS[:, :, prompt + t - 1].reshape(rows, 1)
+    logits_R1V, cache = decode_step(params, config, cache, token_R1,
+                                    (lengths_R + t - 1)[:, None], key_mask_RS)
+    return (t, cache, logits_R1V[:, 0], running_BKS, running_scores_BK, seqs_BKS, scores_BK,
+            lengths_BK, finished_BK, unsatisfied_B1, go)
+
+  def cond(state):
+    return state[-1] & (state[0] < steps)
+
+  running_BKS = seq_RS.reshape(batch, beams, total)
+  running_scores_BK = jnp.zeros((batch, beams), jnp.float32).at[:, 1:].set(_NEG)
+  state = (jnp.int32(0), cache, logits_RV, running_BKS, running_scores_BK, running_BKS,
+           jnp.full((batch, beams), _NEG, jnp.float32), jnp.zeros((batch, beams), jnp.int32),
+           jnp.zeros((batch, beams), bool), jnp.ones((batch, 1), bool), jnp.bool_(True))
+  state = jax.lax.while_loop(cond, body, state)
+  seqs_BKS, lengths_BK = state[5], state[7]
+  return seqs_BKS[:, 0, prompt:], lengths_BK[:, 0]
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token: int = 0) -> tuple[np.ndarray,
+                                                                             np.ndarray]:
+  """Prompts right-aligned in a [B, P] array, and each row's number of padding slots."""
+  if not prompts or any(len(p) == 0 for p in prompts):
+    raise ValueError("every prompt needs at least one token")
+  length = max(len(p) for p in prompts)
+  ids = np.full((len(prompts), length), pad_token, np.int32)
+  for b, p in enumerate(prompts):
+    ids[b, length - len(p):] = p
+  return ids, np.array([length - len(p) for p in prompts], np.int32)
+
+
+def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[int]], *,
+             max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, num_beams: int = 1,
+             length_penalty: float = 1.0, early_stopping: bool | str = False,
+             repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+             stop_tokens: Sequence[int] = (), seed: int = 0) -> list[list[int]]:
+  """New tokens of each prompt (a stop token, when one is generated, ends its row and is
+  included). Greedy by default; `do_sample` samples (deterministic for a `seed`);
+  `num_beams > 1` is beam search. Semantics as `transformers`' `generate` with the same names,
+  each row as if generated alone.
+  """
+  gen = GenerationConfig(
+      max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=float(temperature),
+      top_k=int(top_k), top_p=float(top_p), num_beams=num_beams,
+      length_penalty=float(length_penalty), early_stopping=early_stopping,
+      repetition_penalty=float(repetition_penalty),
+      no_repeat_ngram_size=int(no_repeat_ngram_size),
+      stop_tokens=tuple(int(s) for s in stop_tokens))
+  ids, pad = left_pad(prompts, gen.pad_token)
+  longest = ids.shape[1]
+  if longest + max_new_tokens > model_config.max_positions:
+    raise ValueError(f"the longest prompt ({longest} tokens) plus max_new_tokens="
+                     f"{max_new_tokens} exceeds the model's {model_config.max_positions} "
+                     "positions")
+  if num_beams > 1:
+    tokens, lengths = _beam_loop(params, jnp.asarray(ids), jnp.asarray(pad),
+                                 config=model_config, gen=gen)
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    return [tokens[b, :lengths[b]].tolist() for b in range(len(prompts))]
+  tokens, steps = _sample_loop(params, jnp.asarray(ids), jnp.asarray(pad), seed,
+                               config=model_config, gen=gen)
+  tokens, steps = np.asarray(tokens), int(steps)
+  out = []
+  for row in tokens[:, :steps].tolist():
+    for i, token in enumerate(row):
+      if token in gen.stop_tokens:
+        row = row[:i + 1]
+        break
+    out.append(row)
+  return out
+
+
+def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
+              top_k: int = 5) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
+  """Top-k (token, probability) at the [MASK] in `text` (one list per [MASK] when there are
+  several), from BERT's MLM head; as `transformers`' fill-mask pipeline.
+
+  `tokenizer` is a bertjax WordPiece or SentencePiece tokenizer (bertjax.data.tokenizers
+  .load_tokenizer): `encode` without special tokens; [CLS] and [SEP] are added around it.
+  """
+  if model_config.family != "bert":
+    raise ValueError(f"fill_mask needs a BERT model, got family={model_config.family!r}")
+  mask_id = tokenizer.token_id("[MASK]")
+  # The text around each [MASK] is encoded on its own: SentencePiece would spell the literal
+  # "[MASK]" in pieces (WordPiece keeps it whole; splitting gives it the same ids).
+  ids = [tokenizer.token_id("[CLS]")]
+  for i, part in enumerate(text.split("[MASK]")):
+    if i:
+      ids.append(mask_id)
+    if part.strip():
+      ids += list(tokenizer.encode(part.strip()))
+  ids.append(tokenizer.token_id("[SEP]"))
+  positions = [i for i, token in enumerate(ids) if token == mask_id]
+  if not positions:
+    raise ValueError(f"no [MASK] token in {text!r}")
+  if len(ids) > model_config.max_positions:
+    raise ValueError(f"{len(ids)} tokens exceed the model's {model_config.max_positions} "
+                     "positions")
+  model = BertForPreTraining(model_config.replace(remat_policy="none"))
+  out = model.apply({"params": params}, jnp.asarray([ids], jnp.int32),
+                    masked_positions_BP=jnp.asarray([positions], jnp.int32))
+  probs_PV = jax.nn.softmax(out.mlm_logits[0].astype(jnp.float32), axis=-1)
+  values, indices = jax.lax.top_k(probs_PV, min(top_k, probs_PV.shape[-1]))
+  vocab = getattr(tokenizer, "vocab", None)  # WordPiece: the piece itself, "##" included
+  id_to_token = ({i: t for t, i in vocab.items()} if vocab is not None else
+                 _SentencePieceNames(tokenizer))
+  results = [[(id_to_token[int(i)], float(v)) for v, i in zip(vs, idx)]
+             for vs, idx in zip(np.asarray(values), np.asarray(indices))]
+  return results[0] if len(results) == 1 else results
+
+
+class _SentencePieceNames:
+  """id -> text of one SentencePiece token (what fill-mask shows for it)."""
+
+  def __init__(self, tokenizer: Any):
+    self._tokenizer = tokenizer
+
+  def __getitem__(self, token_id: int) -> str:
+    return self._tokenizer.decode([token_id])
+
+
+def benchmark_decode(params: Any, config: ModelConfig, cached_lengths: Sequence[int] = (64, 256,
+                     512), new_tokens: int = 32, batch: int = 1,
+                     repeats: int = 3) -> list[dict[str, float]]:
+  """Milliseconds per new token of cached greedy decoding after prompts of each length (the
+  cache then holds `length` + `new_tokens` slots), next to an uncached full recomputation of
+  one token at that length. Not a test: the numbers go in reports."""
+  model = GPT(_decode_config(config))
+  full = jax.jit(lambda p, ids: model.apply({"params": p}, ids)[:, -1].argmax(-1))
+  results = []
+  for length in cached_lengths:
+    ids = np.random.RandomState(0).randint(0, config.vocab_size, (batch, length)).tolist()
+
+    def run(ids=ids):
+      tokens, _ = _sample_loop(params, jnp.asarray(ids, jnp.int32),
+                               jnp.zeros((batch,), jnp.int32), 0, config=config,
+                               gen=GenerationConfig(max_new_tokens=new_tokens))
+      return jax.block_until_ready(tokens)
+
+    def prefill_only(ids=ids):
+      tokens, _ = _sample_loop(params, jnp.asarray(ids, jnp.int32),
+                               jnp.zeros((batch,), jnp.int32), 0, config=config,
+                               gen=GenerationConfig(max_new_tokens=1))
+      return jax.block_until_ready(tokens)
+
+    run(), prefill_only()
+    timings = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      run()
+      middle = time.perf_counter()
+      prefill_only()
+      timings.append((middle - start) - (time.perf_counter() - middle))
+    per_token = max(min(timings), 0.0) / (new_tokens - 1) * 1e3
+    full_ids = jnp.asarray(ids, jnp.int32)
+    jax.block_until_ready(full(params, full_ids))
+    start = time.perf_counter()
+    for _ in range(repeats):
+      jax.block_until_ready(full(params, full_ids))
+    uncached = (time.perf_counter() - start) / repeats * 1e3
+    results.append({"cached_positions": length, "ms_per_token_cached": per_token,
+                    "ms_per_token_uncached": uncached})
+  return results
