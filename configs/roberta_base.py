@@ -30,7 +30,7 @@ def get_config():
   # What makes it fit a v4-128 (32.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 91 GiB per device; with
   # these settings 21.0 GiB, compiled FLOPs 0.995x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every chip
+  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
   config.model.dtype = "bfloat16"  # compute; parameters stay float32
   config.model.remat_policy = "dots"  # keep only matmul outputs
   config.grad_accum_steps = 2
