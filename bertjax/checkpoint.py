@@ -46,11 +46,14 @@ def abstract_params_of(config: ModelConfig) -> Any:
   return nn.meta.unbox(abstract_params(build_model(config)))
 
 
-def load_params(directory: str | Path, shardings: Any = None) -> tuple[Any, ModelConfig]:
-  """Restores params directly into `shardings` (default: the first local device)."""
+def load_params(directory: str | Path, shardings: Any = None,
+                abstract: Any = None) -> tuple[Any, ModelConfig]:
+  """Restores params directly into `shardings` (default: the first local device). `abstract`:
+  the parameter tree's shapes when it is not the pre-training model's (a fine-tuned head)."""
   directory = Path(directory).absolute()
   config = load_model_config(directory)
-  abstract = nn.meta.unbox(abstract_params(build_model(config)))
+  if abstract is None:
+    abstract = nn.meta.unbox(abstract_params(build_model(config)))
   if shardings is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree.map(lambda _: device, abstract)

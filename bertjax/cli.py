@@ -239,7 +239,8 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
   if bool(args.params) == bool(args.workdir):
     raise SystemExit("bertjax export: give exactly one of --params DIR or --workdir DIR")
   if args.workdir:
-    params, model_cfg, tokenizer, step = _workdir_params(args.workdir, args.step)
+    from bertjax.train_checkpoint import run_params
+    params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
     print(f"exporting step {step} of {args.workdir}")
   else:
     params, model_cfg = checkpoint.load_params(args.params)
@@ -308,36 +309,6 @@ def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str
   print(f"wrote a {args.style}-style {args.model_type} SentencePiece tokenizer "
         f"({args.vocab_size} pieces) to {out}")
   return 0
-
-
-def _workdir_params(workdir: str, step: int | None):
-  """(params, model config, tokenizer dir, step) of a training checkpoint: the parameters
-  only, restored onto this process's first device; the optimizer state is never read."""
-  from bertjax import checkpoint
-  from bertjax.train_checkpoint import TrainCheckpoints
-  import jax
-  import ml_collections
-  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
-                                                     "async_save": False}})
-  checkpoints = TrainCheckpoints(workdir, probe)
-  step = checkpoints.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"{Path(workdir) / 'checkpoints'} holds no checkpoint")
-  saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
-  model_cfg = config_lib.model_config(saved)
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                          checkpoint.abstract_params_of(model_cfg))
-  params, step = checkpoints.restore_params(abstract, step)
-  checkpoints.close()
-  tokenizer = None
-  for candidate in (Path(workdir) / "params" / "tokenizer",
-                    Path(workdir) / "data" / "dataset" / "tokenizer",
-                    Path(saved.data.dataset) / "tokenizer" if saved.data.dataset else None):
-    if candidate is not None and candidate.is_dir():
-      tokenizer = candidate
-      break
-  return params, model_cfg, tokenizer, step
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -208,6 +208,36 @@ def bert_paper_training(config: ConfigDict) -> ConfigDict:
   return config
 
 
+def gpt2_training(config: ConfigDict, learning_rate: float) -> ConfigDict:
+  """GPT-2's published shape of training (Radford et al. 2019: batch 512 x 1024 tokens) with
+  what the paper leaves out taken from GPT-3's recipe (Brown et al. 2020, App. B): Adam β
+  (0.9, 0.95) ε 1e-8, clip 1.0, weight decay 0.1, warmup 375M tokens (715 steps), cosine to
+  10%; 600K steps (~300B tokens, nanoGPT's reproduction length)."""
+  config.batch_size = 512
+  config.seq_length = 1024
+  config.num_train_steps = 600_000
+  config.optimizer.update(dict(name="adamw", learning_rate=learning_rate, warmup_steps=715,
+                               schedule="cosine", end_lr_fraction=0.1, b1=0.9, b2=0.95,
+                               eps=1e-8, weight_decay=0.1, clip_norm=1.0))
+  config.checkpoint.every = 2_000
+  return config
+
+
+def memory_saving(config: ConfigDict, grad_accum_steps: int | None = None,
+                  zero3: bool = True) -> ConfigDict:
+  """The settings with which `bertjax compile` fits a paper config into its slice, in the
+  order they were tried: ZeRO-3 over every device (`zero3`), bf16 compute with float32
+  master weights, activation checkpointing that keeps only matmul outputs ("dots": the
+  recomputed work is elementwise), then `grad_accum_steps` micro-batches (None: as set)."""
+  if zero3:
+    config.mesh.update(dict(data=1, fsdp=-1, tensor=1))
+  config.model.dtype = "bfloat16"
+  config.model.remat_policy = "dots"
+  if grad_accum_steps is not None:
+    config.grad_accum_steps = grad_accum_steps
+  return config
+
+
 def gpt3_training(config: ConfigDict, batch_tokens: int, learning_rate: float) -> ConfigDict:
   """Brown et al. (2020, Table 2.1 and App. B): context 2048, `batch_tokens` per step, 300B
   tokens in all, Adam β (0.9, 0.95) ε 1e-8, clip 1.0, weight decay 0.1, linear warmup over the

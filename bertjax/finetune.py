@@ -284,31 +284,8 @@ def load_encoder(init_from: str | Path, step: int | None = None) -> Encoder:
 
 
 def _workdir_encoder(workdir: Path, step: int | None) -> Encoder:
-  import ml_collections
-  from bertjax import config as config_lib
-  from bertjax.train_checkpoint import TrainCheckpoints
-  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
-                                                     "async_save": False}})
-  checkpoints = TrainCheckpoints(workdir, probe)
-  try:
-    step = checkpoints.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
-    saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
-    config = config_lib.model_config(saved)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                            checkpoint.abstract_params_of(config))
-    params, step = checkpoints.restore_params(abstract, step)
-  finally:
-    checkpoints.close()
-  tokenizer = None
-  dataset = saved.data.get("dataset", "") if "data" in saved else ""
-  for candidate in (workdir / "params" / "tokenizer", workdir / "data" / "dataset" / "tokenizer",
-                    Path(dataset) / "tokenizer" if dataset else None):
-    if candidate is not None and candidate.is_dir():
-      tokenizer = candidate
-      break
+  from bertjax.train_checkpoint import run_params
+  params, config, tokenizer, step = run_params(workdir, step)
   return Encoder(_bert_subtree(params, str(workdir)), config, tokenizer,
                  f"workdir {workdir} step {step}")
 
@@ -316,18 +293,11 @@ def _workdir_encoder(workdir: Path, step: int | None) -> Encoder:
 def load_finetuned(directory: str | Path, shardings: Any = None
                    ) -> tuple[Any, ModelConfig, dict[str, Any]]:
   """(params, model config, finetune.json) of a fine-tuned OUT/best directory."""
-  import orbax.checkpoint as ocp
   directory = Path(directory).absolute()
   info = json.loads((directory / FINETUNE_FILE).read_text())
-  config = checkpoint.load_model_config(directory)
-  model = task_model(config, info["task"])
+  model = task_model(checkpoint.load_model_config(directory), info["task"])
   abstract = nn.meta.unbox(jax.eval_shape(lambda r: init_params(model, r), jax.random.key(0)))
-  if shardings is None:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, abstract)
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
-  params = ocp.StandardCheckpointer().restore(directory / "params", target)
+  params, config = checkpoint.load_params(directory, shardings, abstract=abstract)
   return params, config, info
 
 

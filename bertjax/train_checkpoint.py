@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bertjax.models import ModelConfig
 from bertjax.train import TrainState
 
 log = logging.getLogger(__name__)
@@ -188,3 +189,34 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs carrying the target shardings (what Orbax restores into)."""
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=s),
                       tree, shardings)
+
+
+def run_params(workdir: str | Path, step: int | None = None
+               ) -> tuple[Any, ModelConfig, Path | None, int]:
+  """(params, model config, tokenizer directory or None, step) of a training run's checkpoint
+  (default: the latest): the parameters only, on this process's first device — the optimizer
+  state is never read. What export and fine-tuning start from."""
+  from bertjax import checkpoint
+  from bertjax.config import model_config
+  workdir = Path(workdir)
+  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
+                                                     "async_save": False}})
+  checkpoints = TrainCheckpoints(workdir, probe)
+  try:
+    step = checkpoints.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
+    saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
+    config = model_config(saved)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                            checkpoint.abstract_params_of(config))
+    params, step = checkpoints.restore_params(abstract, step)
+  finally:
+    checkpoints.close()
+  dataset = saved.data.get("dataset", "") if "data" in saved else ""
+  tokenizer = next((c for c in (workdir / "params" / "tokenizer",
+                                workdir / "data" / "dataset" / "tokenizer",
+                                Path(dataset) / "tokenizer" if dataset else None)
+                    if c is not None and c.is_dir()), None)
+  return params, config, tokenizer, step

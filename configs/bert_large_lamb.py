@@ -15,7 +15,7 @@ Batches this large are reached by gradient accumulation inside the step.
       --workdir /gcs/BUCKET/bert_lamb --config.data.dataset=/gcs/BUCKET/wiki_books
 """
 
-from bertjax.config import base_config, bert_model
+from bertjax.config import base_config, bert_model, memory_saving
 
 
 def get_config():
@@ -34,9 +34,6 @@ def get_config():
   # What makes it fit a v3-2048 (16.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 34 GiB per device; with
   # these settings 14.9 GiB, compiled FLOPs 0.997x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 340_000_000
   return config

@@ -18,7 +18,7 @@ shows your device doing in 24 hours.
       --config.data.dataset=runs/pile_subset --config.num_train_steps=STEPS_IN_24H
 """
 
-from bertjax.config import base_config, bert_model
+from bertjax.config import base_config, bert_model, memory_saving
 
 
 def get_config():
@@ -40,6 +40,5 @@ def get_config():
   # What makes it fit a v5e-1 (16.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 23 GiB per device; with
   # these settings 10.3 GiB (bf16 compute, remat), compiled FLOPs 0.996x the model FLOPs.
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
+  memory_saving(config, zero3=False)
   return config

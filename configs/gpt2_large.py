@@ -13,24 +13,16 @@ length, 600K steps (~300B tokens).
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt_model
+from bertjax.config import base_config, gpt2_training, gpt_model, memory_saving
 
 
 def get_config():
   config = base_config(gpt_model(num_layers=36, hidden_size=1280, num_heads=20,
                                  mlp_dim=4 * 1280))
-  config.batch_size = 512
-  config.seq_length = 1024
-  config.num_train_steps = 600_000
-  config.optimizer.update(dict(name="adamw", learning_rate=0.00025, warmup_steps=715,
-                               schedule="cosine", end_lr_fraction=0.1, b1=0.9, b2=0.95,
-                               eps=1e-8, weight_decay=0.1, clip_norm=1.0))
-  config.checkpoint.every = 2_000
+  gpt2_training(config, learning_rate=0.00025)
   # What makes it fit a v5p-64 (96.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 182 GiB per device; with
   # these settings 69.1 GiB, compiled FLOPs 1.000x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
+  memory_saving(config)
   config.reference_params = 774_000_000
   return config

@@ -13,25 +13,16 @@ length, 600K steps (~300B tokens).
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt_model
+from bertjax.config import base_config, gpt2_training, gpt_model, memory_saving
 
 
 def get_config():
   config = base_config(gpt_model(num_layers=12, hidden_size=768, num_heads=12,
                                  mlp_dim=4 * 768))
-  config.batch_size = 512
-  config.seq_length = 1024
-  config.num_train_steps = 600_000
-  config.optimizer.update(dict(name="adamw", learning_rate=0.0006, warmup_steps=715,
-                               schedule="cosine", end_lr_fraction=0.1, b1=0.9, b2=0.95,
-                               eps=1e-8, weight_decay=0.1, clip_norm=1.0))
-  config.checkpoint.every = 2_000
+  gpt2_training(config, learning_rate=0.0006)
   # What makes it fit a v4-32 (32.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 75 GiB per device; with
   # these settings 21.5 GiB, compiled FLOPs 1.000x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 124_000_000
   return config

@@ -13,26 +13,17 @@ length, 600K steps (~300B tokens).
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt_model
+from bertjax.config import base_config, gpt2_training, gpt_model, memory_saving
 
 
 def get_config():
   config = base_config(gpt_model(num_layers=48, hidden_size=1600, num_heads=25,
                                  mlp_dim=4 * 1600))
-  config.batch_size = 512
-  config.seq_length = 1024
-  config.num_train_steps = 600_000
-  config.optimizer.update(dict(name="adamw", learning_rate=0.0002, warmup_steps=715,
-                               schedule="cosine", end_lr_fraction=0.1, b1=0.9, b2=0.95,
-                               eps=1e-8, weight_decay=0.1, clip_norm=1.0))
-  config.checkpoint.every = 2_000
+  gpt2_training(config, learning_rate=0.0002)
   # What makes it fit a v5p-64 (32 chips, 95.7 GiB usable each; `bertjax compile`): as-is,
   # data parallel in fp32 needs 308 GiB per chip. ZeRO-3 over all chips, bf16 compute (fp32
   # master weights), remat of everything but matmul outputs, 2 micro-batches: 56 GiB, with
   # compiled FLOPs equal to the model FLOPs (docs/reproducing.md).
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))
-  config.model.dtype = "bfloat16"
-  config.model.remat_policy = "dots"
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 1_558_000_000
   return config

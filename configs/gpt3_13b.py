@@ -15,7 +15,7 @@ reproduction uses).
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt3_training, gpt_model
+from bertjax.config import base_config, gpt3_training, gpt_model, memory_saving
 
 
 def get_config():
@@ -25,9 +25,6 @@ def get_config():
   # What makes it fit a v5p-512 (96.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 591 GiB per device; with
   # these settings 73.7 GiB, compiled FLOPs 1.000x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 13_000_000_000
   return config

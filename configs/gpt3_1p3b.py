@@ -15,7 +15,7 @@ The table's row is inconsistent: 24 heads of 128 is 3072, not d_model 2048. This
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt3_training, gpt_model
+from bertjax.config import base_config, gpt3_training, gpt_model, memory_saving
 
 
 def get_config():
@@ -25,9 +25,6 @@ def get_config():
   # What makes it fit a v5p-64 (96.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 385 GiB per device; with
   # these settings 73.8 GiB, compiled FLOPs 1.000x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 1_300_000_000
   return config

@@ -12,7 +12,7 @@ not reproduced) and no batch-size ramp.
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt3_training, gpt_model
+from bertjax.config import base_config, gpt3_training, gpt_model, memory_saving
 
 
 def get_config():
@@ -22,9 +22,6 @@ def get_config():
   # What makes it fit a v4-64 (32.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 17 GiB per device; with
   # these settings 16.8 GiB, compiled FLOPs 1.000x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 4
+  memory_saving(config, grad_accum_steps=4)
   config.reference_params = 350_000_000
   return config

@@ -12,7 +12,7 @@ not reproduced) and no batch-size ramp.
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, gpt3_training, gpt_model
+from bertjax.config import base_config, gpt3_training, gpt_model, memory_saving
 
 
 def get_config():
@@ -23,9 +23,6 @@ def get_config():
   # data parallel in fp32 needs 594 GiB per chip. ZeRO-3 over all chips, bf16 compute (fp32
   # master weights), remat of everything but matmul outputs, 4 micro-batches: 49 GiB, with
   # compiled FLOPs equal to the model FLOPs (docs/reproducing.md).
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))
-  config.model.dtype = "bfloat16"
-  config.model.remat_policy = "dots"
-  config.grad_accum_steps = 4
+  memory_saving(config, grad_accum_steps=4)
   config.reference_params = 6_700_000_000
   return config

@@ -11,7 +11,7 @@ document boundaries up to 512 tokens); batch 8K sequences, 500K steps; Adam lr 6
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, bert_model
+from bertjax.config import base_config, bert_model, memory_saving
 
 
 def get_config():
@@ -30,9 +30,6 @@ def get_config():
   # What makes it fit a v4-128 (32.0 GiB usable per device; `bertjax compile`,
   # docs/reproducing.md): as written it needs 91 GiB per device; with
   # these settings 21.0 GiB, compiled FLOPs 0.995x the model FLOPs.
-  config.mesh.update(dict(data=1, fsdp=-1, tensor=1))  # ZeRO-3 over every device
-  config.model.dtype = "bfloat16"  # compute; parameters stay float32
-  config.model.remat_policy = "dots"  # keep only matmul outputs
-  config.grad_accum_steps = 2
+  memory_saving(config, grad_accum_steps=2)
   config.reference_params = 125_000_000
   return config
