@@ -328,6 +328,10 @@ class _Preemption:
     return bool(self.reason)
 
   def uninstall(self) -> None:
+    if self.reason:
+      # Preempted: the process is on its way out with its checkpoint committed; a further
+      # notice (TPU VMs and schedulers repeat SIGTERM) must not kill it before it exits 0.
+      return
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
 
