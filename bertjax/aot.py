@@ -378,9 +378,6 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
     notes.append(f"the optimized program could not be read back ({str(e).splitlines()[0][:120]}"
                  "; a libtpu other than jax's pinned one?): FLOPs are the unpartitioned "
                  "program's and no collectives are listed")
-  if total > spec.hbm_per_device:
-    notes.append(f"the TPU compiler accepted the program although its total exceeds the "
-                 f"{spec.hbm_per_device / GiB:.2f} GiB of the HBM table")
   if stats.unknown_trip_counts:
     notes.append(f"{stats.unknown_trip_counts} loop(s) of unknown trip count counted once")
   return CompileReport(

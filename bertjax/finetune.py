@@ -188,12 +188,6 @@ def _keep_updates(frozen: Any) -> optax.GradientTransformation:
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def linear_warmup_decay(peak: float, total_steps: int, warmup_steps: int) -> optax.Schedule:
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warmup_steps),
-       optax.linear_schedule(peak, 0.0, max(total_steps - warmup_steps, 1))], [warmup_steps])
-
-
 def build_optimizer(spec: FinetuneSpec, params: Any, num_layers: int, total_steps: int
                     ) -> tuple[optax.GradientTransformation, dict[str, optax.Schedule]]:
   """Frozen parameters -> zero updates (no state when frozen whole); the encoder and the head
@@ -203,10 +197,15 @@ def build_optimizer(spec: FinetuneSpec, params: Any, num_layers: int, total_step
       lambda path, f: ("frozen" if f is True else
                        "pretrained" if _names(path)[0] == "bert" else "head"), frozen)
   warmup = round(spec.warmup_fraction * total_steps)
-  schedules = {
-      "pretrained": linear_warmup_decay(spec.learning_rate, total_steps, warmup),
-      "head": linear_warmup_decay(spec.head_learning_rate or spec.learning_rate, total_steps,
-                                  warmup)}
+
+  def warmup_then_linear_decay(peak: float) -> optax.Schedule:  # pre-training's "linear"
+    opt = optim.default_optimizer_config()
+    opt.update(dict(learning_rate=peak, warmup_steps=warmup, schedule="linear",
+                    end_lr_fraction=0.0, decay_steps=0, power=1.0))
+    return optim.learning_rate_schedule(opt, total_steps)
+
+  schedules = {"pretrained": warmup_then_linear_decay(spec.learning_rate),
+               "head": warmup_then_linear_decay(spec.head_learning_rate or spec.learning_rate)}
   adamw = lambda s: optax.adamw(s, b1=0.9, b2=0.999, eps=1e-6,
                                 weight_decay=spec.weight_decay, mask=optim.decay_mask)
   chain = [_keep_updates(frozen)]

@@ -134,13 +134,15 @@ def test_missing_libtpu_is_a_clear_error(monkeypatch):
     aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
 
 
+LIBTPU_SKIP_REASON = ("libtpu is not installed (pip install 'bertjax[tpu]'): the TPU compile "
+                      "tests of tests/test_aot.py did not run")
+
+
 @pytest.fixture(scope="module")
 def libtpu():
   if not aot.libtpu_available():
-    reason = ("libtpu is not installed (pip install 'bertjax[tpu]'): the TPU compile tests of "
-              "tests/test_aot.py did not run")
-    warnings.warn(reason)
-    pytest.skip(reason)
+    warnings.warn(LIBTPU_SKIP_REASON)
+    pytest.skip(reason=LIBTPU_SKIP_REASON)
 
 
 def test_bert_compiles_for_v4_16_fits_and_flops_match(libtpu):
