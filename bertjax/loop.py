@@ -318,6 +318,11 @@ class _Preemption:
       self.reason = signal.Signals(signum).name
       log.warning("%s received: saving a checkpoint after this step, then exiting",
                   self.reason)
+      # Further notices (TPU VMs and schedulers repeat SIGTERM) are ignored by the OS from
+      # now on: a Python handler would be reset to the default by the interpreter's own
+      # shutdown, and a repeat landing then would kill the run before it exits 0.
+      for sig in self._previous:
+        signal.signal(sig, signal.SIG_IGN)
 
   def requested(self, step: int) -> bool:
     if self._multi:
@@ -329,9 +334,7 @@ class _Preemption:
 
   def uninstall(self) -> None:
     if self.reason:
-      # Preempted: the process is on its way out with its checkpoint committed; a further
-      # notice (TPU VMs and schedulers repeat SIGTERM) must not kill it before it exits 0.
-      return
+      return  # preempted: the process is on its way out, still ignoring further notices
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
 
