@@ -298,6 +298,25 @@ def cmd_checkpoint_bench(args: argparse.Namespace, overrides: list[tuple[str, st
   return 0
 
 
+def cmd_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import bench
+  config = config_lib.load_config(args.config, overrides)
+  if args.decode:
+    from bertjax import generate
+    rows = bench.decode_benchmark(config, [int(x) for x in args.decode.split(",")],
+                                  new_tokens=args.new_tokens)
+    print(generate.format_decode_benchmark(rows))
+    return 0
+  log = (lambda line: print(line, file=sys.stderr, flush=True))
+  record = bench.run_benchmark(config, steps=args.steps, pairs=args.pairs,
+                               compare=args.compare or None, log=log)
+  print(bench.format_record(record))
+  if args.json:
+    bench.write_record(record, args.json)
+    print(f"record written to {args.json}")
+  return 0
+
+
 def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax.data.prepare import corpus_sentences, parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
@@ -547,6 +566,32 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--blocks", type=int, default=4, help="blocks, half with a save (4)")
   p.add_argument("--workdir", default="", help="keep data and checkpoints here (temp)")
+
+  p = add("bench", "measure the train step: throughput, MFU, and against transformers",
+          "Measures, in one process: the device's matmul peak, our jitted train step's compile "
+          "time and median step time on a synthetic batch of the config's shape, tokens/s, "
+          "model FLOPs per step (6·N·tokens + attention + the vocabulary projection actually "
+          "computed) next to the FLOPs XLA compiled, MFU and memory. --compare hf runs the "
+          "same model, batch, AdamW and dropout in Hugging Face transformers (PyTorch) "
+          "alternately with ours and prints the throughput ratio of each pair and their median. "
+          "--decode measures generation instead: milliseconds per new token with the KV cache "
+          "at each cache size, against recomputing the whole sequence.",
+          "examples:\n  bertjax bench --config configs/bert_base.py --config.batch_size=8 "
+          "--compare hf --json bert_base.json\n  bertjax bench --config configs/gpt2_small.py "
+          "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
+          "  bertjax bench --config configs/gpt2_small.py --decode 128,512,1024\n\n"
+          + _EPILOG_OVERRIDES, cmd_bench)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--compare", choices=["hf"], default="",
+                 help="also run the Hugging Face transformers (PyTorch) reference")
+  p.add_argument("--steps", type=int, default=5, help="timed steps per block (5)")
+  p.add_argument("--pairs", type=int, default=3,
+                 help="blocks of ours (each followed by one of the reference's) (3)")
+  p.add_argument("--json", default="", help="also write the record here")
+  p.add_argument("--decode", default="",
+                 help="GPT generation instead: comma-separated cache sizes, e.g. 128,512,1024")
+  p.add_argument("--new-tokens", dest="new_tokens", type=int, default=32,
+                 help="--decode: new tokens per timed generation (32)")
 
   tok = add("tokenizer", "train tokenizers",
             "Tokenizer commands: `train` fits a SentencePiece model on corpora.",

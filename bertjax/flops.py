@@ -1,10 +1,11 @@
 """Model FLOPs per training step and device peaks, for MFU.
 
 Model FLOPs count the work the model needs, not what the program happens to do
-(PaLM, App. B): per training token 6·N for the non-embedding matmul parameters, plus
-attention's 12·layers·seq·width (QKᵀ and AV, forward and backward), plus 6·vocab·width for
-each position whose vocabulary projection is computed (MLM: the gathered positions only; GPT:
-every position). Rematerialisation adds hardware FLOPs, never model FLOPs.
+(PaLM, App. B): per training token 6·N for the layer stack's matmul parameters, plus
+attention's 12·layers·seq·width (QKᵀ and AV, forward and backward, no causal halving), plus
+6·vocab·width for each position whose vocabulary projection is computed (MLM: the gathered
+positions only; GPT: every position), plus BERT's small heads. Rematerialisation adds hardware
+FLOPs, never model FLOPs. tests/test_bench.py holds the formula to the dots XLA compiles.
 """
 
 from __future__ import annotations
@@ -25,29 +26,31 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 
 
 def matmul_params(cfg: ModelConfig) -> int:
-  """Parameters that take part in a matmul per token, excluding embedding tables."""
+  """Parameters of the layer stack that take part in a matmul per token (QKV and output
+  projections, MLP in and out), excluding embedding tables and heads."""
   d, f = cfg.hidden_size, cfg.mlp_dim
-  per_layer = 4 * d * d + 2 * d * f  # QKV + output projection, MLP in + out
-  heads = 0
-  if cfg.family == "bert":
-    heads = d * d  # MLM transform (on predicted positions; counted per token for simplicity)
-  return cfg.num_layers * per_layer + heads
+  return cfg.num_layers * (4 * d * d + 2 * d * f)
 
 
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
                          predictions_per_seq: int | None = None) -> float:
   """Model FLOPs of one training step (forward + backward) of `batch_size` sequences.
 
-  predictions_per_seq: positions per sequence that reach the vocabulary projection (BERT's
+  predictions_per_seq: positions per sequence that reach the MLM / LM head (BERT's
   max_predictions with gathered positions); None means every position (GPT, or MLM logits
-  everywhere).
+  everywhere). BERT's heads: the MLM transform (width² per predicted position), the pooler
+  (width² per sequence) and the 2-way NSP classifier.
   """
+  d = cfg.hidden_size
   tokens = batch_size * seq_length
   predicted = batch_size * (seq_length if predictions_per_seq is None else predictions_per_seq)
   dense = 6 * matmul_params(cfg) * tokens
-  attention = 12 * cfg.num_layers * seq_length * cfg.hidden_size * tokens
-  vocab = 6 * cfg.vocab_size * cfg.hidden_size * predicted
-  return float(dense + attention + vocab)
+  attention = 12 * cfg.num_layers * seq_length * d * tokens
+  vocab = 6 * cfg.vocab_size * d * predicted
+  heads = 0
+  if cfg.family == "bert":
+    heads = 6 * d * d * predicted + 6 * (d * d + 2 * d) * batch_size
+  return float(dense + attention + vocab + heads)
 
 
 def device_peak_flops(device: jax.Device) -> float | None:

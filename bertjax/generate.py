@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import GPT, BertForPreTraining, ModelConfig
+from bertjax.models import GPT, BertForPreTraining, ModelConfig, unscanned
 
 Array = jax.Array
 
@@ -191,8 +191,12 @@ def _prefill(params, config, ids_RP, pad_R, total):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gen"))
-def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: GenerationConfig):
-  """Greedy or sampling; returns generated tokens [B, T] (pad after a stop) and steps run."""
+def _sample_loop(params, ids_BP, pad_B, seed, steps, *, config: ModelConfig,
+                 gen: GenerationConfig):
+  """Greedy or sampling; returns generated tokens [B, T] (pad after a stop) and steps run.
+
+  The cache holds P + max_new_tokens slots; `steps` (traced, <= max_new_tokens) may stop the
+  loop earlier (the decode benchmark times 1 and N steps of one program)."""
   batch, prompt = ids_BP.shape
   total = prompt + gen.max_new_tokens
   logits_BV, cache, seq_BS, key_mask_BS = _prefill(params, config, ids_BP, pad_B, total)
@@ -216,7 +220,7 @@ def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: Gener
 
   def cond(state):
     t, _, _, _, done_B = state
-    return (t < gen.max_new_tokens) & ~jnp.all(done_B)
+    return (t < jnp.minimum(steps, gen.max_new_tokens)) & ~jnp.all(done_B)
 
   state = (jnp.int32(0), cache, logits_BV, seq_BS, jnp.zeros((batch,), bool))
   t, _, _, seq_BS, _ = jax.lax.while_loop(cond, body, state)
@@ -348,6 +352,7 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
       no_repeat_ngram_size=int(no_repeat_ngram_size),
       stop_tokens=tuple(int(s) for s in stop_tokens))
   ids, pad = left_pad(prompts, gen.pad_token)
+  params, model_config = unscanned(params, model_config)
   longest = ids.shape[1]
   if longest + max_new_tokens > model_config.max_positions:
     raise ValueError(f"the longest prompt ({longest} tokens) plus max_new_tokens="
@@ -359,7 +364,7 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     return [tokens[b, :lengths[b]].tolist() for b in range(len(prompts))]
   tokens, steps = _sample_loop(params, jnp.asarray(ids), jnp.asarray(pad), seed,
-                               config=model_config, gen=gen)
+                               max_new_tokens, config=model_config, gen=gen)
   tokens, steps = np.asarray(tokens), int(steps)
   out = []
   for row in tokens[:, :steps].tolist():
@@ -420,45 +425,60 @@ class _SentencePieceNames:
     return self._tokenizer.decode([token_id])
 
 
-def benchmark_decode(params: Any, config: ModelConfig, cached_lengths: Sequence[int] = (64, 256,
-                     512), new_tokens: int = 32, batch: int = 1,
-                     repeats: int = 3) -> list[dict[str, float]]:
-  """Milliseconds per new token of cached greedy decoding after prompts of each length (the
-  cache then holds `length` + `new_tokens` slots), next to an uncached full recomputation of
-  one token at that length. Not a test: the numbers go in reports."""
+def benchmark_decode(params: Any, config: ModelConfig, cache_sizes: Sequence[int] = (128, 512,
+                     1024), new_tokens: int = 32, batch: int = 1, repeats: int = 3,
+                     unroll: bool = True) -> list[dict[str, float]]:
+  """Milliseconds per new token of cached greedy decoding with caches of each size (a prompt
+  of `size - new_tokens` tokens, then `new_tokens` generated), next to recomputing the whole
+  sequence for one token at that size. `unroll=False` decodes with the layers as the config
+  has them (scanned: the cache is a scan carry). Not a test: the numbers go in reports."""
+  if unroll:
+    params, config = unscanned(params, config)
   model = GPT(_decode_config(config))
   full = jax.jit(lambda p, ids: model.apply({"params": p}, ids)[:, -1].argmax(-1))
   results = []
-  for length in cached_lengths:
-    ids = np.random.RandomState(0).randint(0, config.vocab_size, (batch, length)).tolist()
+  for size in cache_sizes:
+    if size <= new_tokens or size > config.max_positions:
+      raise ValueError(f"cache size {size} must exceed new_tokens={new_tokens} and fit the "
+                       f"model's {config.max_positions} positions")
+    prompt = size - new_tokens
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (batch, prompt)),
+                      jnp.int32)
+    pad = jnp.zeros((batch,), jnp.int32)
 
-    def run(ids=ids):
-      tokens, _ = _sample_loop(params, jnp.asarray(ids, jnp.int32),
-                               jnp.zeros((batch,), jnp.int32), 0, config=config,
+    def decode(n: int, ids=ids, pad=pad) -> float:
+      # Cache of prompt + new_tokens slots either way: n = 1 times the prefill alone.
+      start = time.perf_counter()
+      tokens, _ = _sample_loop(params, ids, pad, 0, n, config=config,
                                gen=GenerationConfig(max_new_tokens=new_tokens))
-      return jax.block_until_ready(tokens)
+      jax.block_until_ready(tokens)
+      return time.perf_counter() - start
 
-    def prefill_only(ids=ids):
-      tokens, _ = _sample_loop(params, jnp.asarray(ids, jnp.int32),
-                               jnp.zeros((batch,), jnp.int32), 0, config=config,
-                               gen=GenerationConfig(max_new_tokens=1))
-      return jax.block_until_ready(tokens)
-
-    run(), prefill_only()
+    decode(new_tokens), decode(1)
     timings = []
     for _ in range(repeats):
-      start = time.perf_counter()
-      run()
-      middle = time.perf_counter()
-      prefill_only()
-      timings.append((middle - start) - (time.perf_counter() - middle))
+      timings.append(decode(new_tokens) - decode(1))
     per_token = max(min(timings), 0.0) / (new_tokens - 1) * 1e3
-    full_ids = jnp.asarray(ids, jnp.int32)
+    full_ids = jnp.concatenate([ids, ids[:, :new_tokens]], axis=1)
     jax.block_until_ready(full(params, full_ids))
-    start = time.perf_counter()
+    best = float("inf")
     for _ in range(repeats):
+      start = time.perf_counter()
       jax.block_until_ready(full(params, full_ids))
-    uncached = (time.perf_counter() - start) / repeats * 1e3
-    results.append({"cached_positions": length, "ms_per_token_cached": per_token,
-                    "ms_per_token_uncached": uncached})
+      best = min(best, time.perf_counter() - start)
+    results.append({"cache_size": size, "ms_per_token_cached": per_token,
+                    "ms_per_token_recomputed": best * 1e3})
   return results
+
+
+def format_decode_benchmark(rows: list[dict[str, float]]) -> str:
+  lines = [f"{'cache slots':>12s}{'ms/token, KV cache':>20s}{'ms/token, recompute':>21s}"]
+  for r in rows:
+    lines.append(f"{r['cache_size']:12d}{r['ms_per_token_cached']:20.2f}"
+                 f"{r['ms_per_token_recomputed']:21.2f}")
+  first, last = rows[0], rows[-1]
+  if len(rows) > 1 and first["ms_per_token_cached"] > 0:
+    lines.append(f"from {first['cache_size']} to {last['cache_size']} slots: cached x"
+                 f"{last['ms_per_token_cached'] / first['ms_per_token_cached']:.2f}, recompute x"
+                 f"{last['ms_per_token_recomputed'] / first['ms_per_token_recomputed']:.2f}")
+  return "\n".join(lines)

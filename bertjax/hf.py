@@ -27,7 +27,7 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from bertjax.models import ModelConfig, build_model, jit_init
+from bertjax.models import ModelConfig, build_model, jit_init, stack_layers, unstack_layers
 
 Flat = dict[tuple[str, ...], np.ndarray]
 
@@ -168,45 +168,6 @@ def _entries(cfg: ModelConfig, model_type: str, prefix: str) -> list[Entry]:
   if model_type == "bert":
     return _bert_entries(cfg, prefix)
   return _gpt_entries(cfg, prefix, gpt1=model_type == "openai-gpt")
-
-
-# --- scanned <-> per-layer parameter layouts ----------------------------------------------
-
-def _stack_prefix(cfg: ModelConfig) -> tuple[str, ...]:
-  return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
-
-
-def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
-  """Scanned layout (`layers` with a leading layer axis) -> `layers_{i}` entries."""
-  if not cfg.scan_layers:
-    return dict(flat)
-  prefix = _stack_prefix(cfg)
-  out: Flat = {}
-  for key, value in flat.items():
-    if key[:len(prefix) + 1] == prefix + ("layers",):
-      for i in range(cfg.num_layers):
-        out[prefix + (f"layers_{i}",) + key[len(prefix) + 1:]] = value[i]
-    else:
-      out[key] = value
-  return out
-
-
-def stack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
-  """`layers_{i}` entries -> the scanned layout, when the config scans layers."""
-  if not cfg.scan_layers:
-    return dict(flat)
-  prefix = _stack_prefix(cfg)
-  out: Flat = {}
-  grouped: dict[tuple[str, ...], list[np.ndarray | None]] = {}
-  for key, value in flat.items():
-    if key[:len(prefix)] == prefix and key[len(prefix)].startswith("layers_"):
-      i = int(key[len(prefix)].split("_")[1])
-      grouped.setdefault(key[len(prefix) + 1:], [None] * cfg.num_layers)[i] = value
-    else:
-      out[key] = value
-  for rest, values in grouped.items():
-    out[prefix + ("layers",) + rest] = np.stack(values)
-  return out
 
 
 def _flat_numpy(params: Any) -> Flat:

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import hf
-from bertjax.models import ModelConfig, build_model, jit_init
+from bertjax.models import ModelConfig, build_model, jit_init, unstack_layers
 
 SHAPE = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
              max_positions=24)
@@ -106,7 +105,7 @@ def test_scan_and_unrolled_layers_agree(cfg):
   scanned = build_model(cfg)
   params = jit_init(scanned)(jax.random.key(4))
   unrolled_cfg = cfg.replace(scan_layers=False)
-  flat = hf.unstack_layers(traverse_util.flatten_dict(jax.device_get(params)), cfg)
+  flat = unstack_layers(traverse_util.flatten_dict(jax.device_get(params)), cfg)
   unrolled_params = traverse_util.unflatten_dict(flat)
   ids = jnp.asarray(np.random.RandomState(4).randint(0, 50, (2, 8)))
   a = scanned.apply({"params": params}, ids)

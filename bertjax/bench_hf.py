@@ -1,0 +1,144 @@
+"""The reference `bertjax bench --compare hf` measures against: Hugging Face `transformers` in
+PyTorch, as a user would otherwise train the same model.
+
+Same shape (from `hf.hf_config_dict`, the config our exports load with), same batch (the
+synthetic batch ours gets, as token labels), the same AdamW hyperparameters and dropout, in
+training mode, on the same number of threads XLA uses. BERT: `BertForPreTraining` with MLM
+labels (-100 off the masked positions) and the NSP label; GPT: `GPT2LMHeadModel` (or
+`OpenAIGPTLMHeadModel`) with labels = inputs. Their MLM and LM heads project every position
+onto the vocabulary, which is how the library computes them; `model_flops` counts that.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from bertjax import flops as flops_lib
+from bertjax import hf
+from bertjax.models import ModelConfig
+
+
+def _torch():
+  try:
+    import torch
+    import transformers
+  except ImportError as e:
+    raise RuntimeError("--compare hf needs PyTorch and transformers: pip install "
+                       "'bertjax[hf]' (CPU torch: pip install torch --index-url "
+                       "https://download.pytorch.org/whl/cpu)") from e
+  transformers.logging.set_verbosity_error()
+  return torch, transformers
+
+
+def measure_matmul_peak(size: int = 2048, dtype: Any = np.float32, repeats: int = 5) -> float:
+  """FLOP/s of a square matmul in PyTorch on the reference's device: the best of `repeats`."""
+  torch, _ = _torch()
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  torch_dtype = getattr(torch, np.dtype(dtype).name, torch.float32)
+  a = torch.ones((size, size), dtype=torch_dtype, device=device)
+  b = torch.ones((size, size), dtype=torch_dtype, device=device)
+  (a @ b).sum().item()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    c = a @ b
+    if device == "cuda":
+      torch.cuda.synchronize()
+    best = min(best, time.perf_counter() - start)
+    del c
+  return 2 * size ** 3 / best
+
+
+class ReferenceStep:
+  """One `transformers` training step (forward, loss, backward, AdamW) on a fixed batch."""
+
+  def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
+    torch, transformers = _torch()
+    from bertjax.config import model_config
+    self._torch = torch
+    self.torch_version = torch.__version__
+    # As many threads as XLA's CPU client uses (one per core it may run on).
+    self.threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(self.threads)
+    self.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg: ModelConfig = model_config(config)
+    hf_dict = hf.hf_config_dict(cfg)
+    model_type = hf_dict["model_type"]
+    kwargs = {k: v for k, v in hf_dict.items()
+              if k not in ("model_type", "architectures", "torch_dtype")}
+    hf_config = transformers.CONFIG_MAPPING[model_type](**kwargs)
+    cls = getattr(transformers, hf_dict["architectures"][0])
+    torch.manual_seed(int(config.seed))
+    self.model = cls(hf_config).to(self.device)
+    if cfg.dtype == "bfloat16" and self.device == "cuda":
+      self.autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    else:
+      self.autocast = None
+    self.model.train()
+    self.params = sum(p.numel() for p in self.model.parameters())
+    opt = config.optimizer
+    self.optimizer = torch.optim.AdamW(
+        self.model.parameters(), lr=float(opt.learning_rate), betas=(float(opt.b1),
+                                                                     float(opt.b2)),
+        eps=float(opt.eps), weight_decay=float(opt.weight_decay))
+    self.clip_norm = float(opt.get("clip_norm", 0.0) or 0.0)
+    self.inputs = self._inputs(config, batch)
+    self.family = cfg.family
+    self.name = cls.__name__
+
+  def _inputs(self, config: ml_collections.ConfigDict,
+              batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    torch = self._torch
+
+    def t(x):
+      return torch.as_tensor(np.asarray(x), dtype=torch.long, device=self.device)
+    if config.objective == "causal_lm":
+      return {"input_ids": t(batch["input_ids"]), "labels": t(batch["input_ids"])}
+    labels = np.full(batch["input_ids"].shape, -100, np.int64)
+    for row in range(labels.shape[0]):
+      real = batch["masked_lm_weights"][row] > 0
+      labels[row, batch["masked_lm_positions"][row][real]] = batch["masked_lm_ids"][row][real]
+    inputs = {"input_ids": t(batch["input_ids"]), "token_type_ids": t(batch["segment_ids"]),
+              "attention_mask": t(batch["input_mask"]), "labels": t(labels)}
+    if config.objective in ("mlm_nsp", "mlm_sop"):
+      inputs["next_sentence_label"] = t(batch["next_sentence_labels"])
+    return inputs
+
+  def describe(self) -> str:
+    return f"transformers {self.name} ({self.device}, {self.model.config._attn_implementation})"
+
+  def model_flops(self, cfg: ModelConfig, batch_size: int, seq_length: int) -> float:
+    """The library's own computed FLOPs: the vocabulary projection at every position."""
+    return flops_lib.train_flops_per_step(cfg, batch_size, seq_length, None)
+
+  def _step(self) -> None:
+    torch = self._torch
+    self.optimizer.zero_grad(set_to_none=True)
+    if self.autocast is not None:
+      with self.autocast:
+        loss = self.model(**self.inputs).loss
+    else:
+      loss = self.model(**self.inputs).loss
+    loss.backward()
+    if self.clip_norm:
+      torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+    self.optimizer.step()
+    loss.item()  # wait for the step, as ours blocks on its loss
+
+  def run(self, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+      start = time.perf_counter()
+      self._step()
+      times.append(time.perf_counter() - start)
+    return times
+
+  def peak_memory(self) -> float | None:
+    if self.device == "cuda":
+      return float(self._torch.cuda.max_memory_allocated())
+    return None

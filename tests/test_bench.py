@@ -1,0 +1,90 @@
+"""`bertjax bench` (issue 8): the model FLOPs formula against what XLA compiles, and the
+harness's plumbing at toy size. No timing is asserted: speed is a benchmark's business."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bertjax import bench, flops
+from bertjax import config as config_lib
+from bertjax.config import model_config
+
+SMALL = [("model.hidden_size", "256"), ("model.mlp_dim", "1024"), ("model.num_heads", "4"),
+         ("model.vocab_size", "2048"), ("batch_size", "16")]
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "gpt_tiny"])
+def test_model_flops_formula_matches_xla(name, devices):
+  """Unrolled layers, so XLA's cost_analysis sees every layer: it counts elementwise work too
+  (softmax, LayerNorm, AdamW), so it sits a few percent above; the dots alone match exactly."""
+  config = config_lib.load_config(name, SMALL + [("model.scan_layers", "False")])
+  step = bench.OurStep(config, bench.synthetic_batch(config))
+  dots, xla_cost = step.compiled_flops()
+  model = flops.train_flops_per_step(model_config(config), 16, int(config.seq_length),
+                                     bench.predictions_per_seq(config))
+  assert dots == pytest.approx(model, rel=0.01)
+  assert xla_cost == pytest.approx(model, rel=0.10)
+  assert xla_cost >= dots
+
+
+def test_scanned_layers_compile_the_same_dots(devices):
+  """With scan-over-layers, cost_analysis counts the loop body once; the trip-counted dots
+  the report uses still equal the formula."""
+  config = config_lib.load_config("bert_tiny", SMALL + [("model.num_layers", "3")])
+  step = bench.OurStep(config, bench.synthetic_batch(config))
+  dots, xla_cost = step.compiled_flops()
+  model = flops.train_flops_per_step(model_config(config), 16, int(config.seq_length), 20)
+  assert dots == pytest.approx(model, rel=0.01)
+  assert xla_cost < 0.8 * model
+
+
+def test_synthetic_bert_batch_is_like_real_data():
+  config = config_lib.load_config("bert_tiny", [("batch_size", "6")])
+  batch = bench.synthetic_batch(config)
+  length, masked = int(config.seq_length), round(0.15 * int(config.seq_length))
+  assert batch["masked_lm_weights"].sum(axis=1).tolist() == [min(masked, 20)] * 6
+  for row in range(6):
+    real = batch["masked_lm_positions"][row][batch["masked_lm_weights"][row] > 0]
+    assert len(set(real.tolist())) == len(real) and 0 < real.min() and real.max() < length - 1
+    np.testing.assert_array_equal(batch["masked_lm_ids"][row][:len(real)],
+                                  batch["input_ids"][row][real])
+  assert set(np.unique(batch["segment_ids"])) == {0, 1}
+
+
+def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices, capsys):
+  pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
+  from bertjax import cli
+  out = tmp_path / "bench.json"
+  overrides = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
+               "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+               "--config.model.vocab_size=512", "--config.batch_size=8",
+               "--config.seq_length=32", "--config.max_predictions=5"]
+  for name in ("bert_tiny", "gpt_tiny"):
+    assert cli.main(["bench", "--config", name, "--compare", "hf", "--steps", "2", "--pairs",
+                     "2", "--json", str(out)] + overrides) == 0
+    text = capsys.readouterr().out
+    assert "bertjax" in text and "hf torch" in text and "median" in text
+    record = json.loads(out.read_text())
+    assert len(record["pairs_ratio"]) == 2 and record["median_ratio"] > 0
+    assert record["hf"]["params"] == record["ours"]["params"]
+    assert record["ours"]["compiled_dot_flops"] == pytest.approx(
+        record["ours"]["model_flops"], rel=0.01)
+    assert 0 < record["ours"]["mfu_vs_xla_matmul_peak"]
+    # Hugging Face projects every position onto the vocabulary; ours only the masked ones.
+    if name == "bert_tiny":
+      assert record["hf"]["model_flops"] > record["ours"]["model_flops"]
+    else:
+      assert record["hf"]["model_flops"] == record["ours"]["model_flops"]
+
+
+def test_decode_bench_reports_each_cache_size(capsys):
+  from bertjax import cli
+  assert cli.main(["bench", "--config", "gpt_tiny", "--decode", "24,40", "--new-tokens", "8",
+                   "--config.model.num_layers=1", "--config.model.hidden_size=32",
+                   "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+                   "--config.model.vocab_size=97"]) == 0
+  text = capsys.readouterr().out
+  assert "KV cache" in text and text.count("\n") >= 3
+  assert cli.main(["bench", "--config", "bert_tiny", "--decode", "24"]) == 2
+  assert "--decode needs a GPT config" in capsys.readouterr().err
