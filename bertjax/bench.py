@@ -136,6 +136,45 @@ class Pair:
     return self.hf_seconds / self.ours_seconds
 
 
+def profile_step(step: OurStep, directory: str, steps: int = 2) -> dict[str, Any]:
+  """Runs `steps` steps under the JAX profiler (trace written to `directory`, viewable in
+  Perfetto/TensorBoard) and splits the time of the program's ops by what they do
+  (`hlo.instruction_purposes`): ms per step and share for matmuls, dropout, layer norm,
+  attention softmax, scan slicing, the optimizer update... The matmul rate (compiled dot
+  FLOPs over matmul time) says whether the GEMMs or everything around them is in the way."""
+  import glob
+  import gzip
+  purposes = hlo.instruction_purposes(step.compiled.as_text())
+  step.run(1)
+  with jax.profiler.trace(directory, create_perfetto_trace=True):
+    step.run(steps)
+  traces = sorted(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True),
+                  key=os.path.getmtime)
+  if not traces:
+    raise RuntimeError(f"the profiler wrote no *.trace.json.gz under {directory}")
+  with gzip.open(traces[-1]) as f:
+    events = json.load(f)["traceEvents"]
+  micros: dict[str, float] = {}
+  for event in events:
+    if event.get("ph") != "X" or "dur" not in event:
+      continue
+    name = event.get("args", {}).get("hlo_op", event["name"])
+    if name in purposes:
+      micros[purposes[name]] = micros.get(purposes[name], 0.0) + float(event["dur"])
+  if not micros:
+    raise RuntimeError(f"no event in {traces[-1]} names an op of the compiled program")
+  # Every local device runs the program and is traced: times are per device, on average.
+  per_step = 1e6 * steps * jax.local_device_count()
+  total = sum(micros.values())
+  compiled_flops, _ = step.compiled_flops()  # all devices'
+  matmul_seconds = micros.get("matmul", 0.0) / per_step
+  return {"trace": traces[-1], "steps": steps, "op_seconds_per_step": total / per_step,
+          "by_purpose": {k: {"seconds_per_step": v / per_step, "share": v / total}
+                         for k, v in sorted(micros.items(), key=lambda kv: -kv[1])},
+          "matmul_flops_per_second": (compiled_flops / step.mesh.size / matmul_seconds
+                                      if matmul_seconds else None)}
+
+
 def machine() -> dict[str, Any]:
   cpu = platform.processor() or platform.machine()
   try:
@@ -153,8 +192,10 @@ def machine() -> dict[str, Any]:
 
 def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: int = 3,
                   compare: str | None = None, peak_size: int = 2048,
+                  profile_dir: str | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
-  """Benchmarks `config`'s train step (and the reference, alternately); returns the record."""
+  """Benchmarks `config`'s train step (and the reference, alternately); returns the record.
+  `profile_dir`: also profile our step there after the timed steps (`profile_step`)."""
   from bertjax.config import model_config
   model = model_config(config)
   b, l = int(config.batch_size), int(config.seq_length)
@@ -215,6 +256,21 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
                f"ratio {results[-1].ratio:.3f}")
     log(line)
 
+  # The machine drifts (a shared CPU's peak moved 1.5x within an hour): read the peak again
+  # after the timed steps and take the higher reading, so that MFU is never flattered by a
+  # slow phase at the start.
+  xla_peak = max(xla_peak, flops_lib.measure_matmul_peak(peak_size, dtype)
+                 * jax.local_device_count())
+  record["peak"]["xla_matmul_flops_readings"] = [record["peak"]["xla_matmul_flops"], xla_peak]
+  record["peak"]["xla_matmul_flops"] = xla_peak
+  if reference is not None:
+    torch_peak = bench_hf.measure_matmul_peak(peak_size, dtype)
+    record["peak"]["torch_matmul_flops_readings"] = [record["peak"]["torch_matmul_flops"],
+                                                     torch_peak]
+    record["peak"]["torch_matmul_flops"] = max(torch_peak, record["peak"]["torch_matmul_flops"])
+  if profile_dir:
+    log(f"profiling 2 steps into {profile_dir}")
+    record["profile"] = profile_step(ours, profile_dir)
   step_seconds = statistics.median(ours_times)
   achieved = model_flops / step_seconds
   record["ours"].update({
@@ -260,6 +316,12 @@ def _pct(x: float | None) -> str:
   return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _readings(values: list[float] | None) -> str:
+  if not values:
+    return " (measured)"
+  return " (higher of " + " and ".join(f"{v / 1e9:,.1f}" for v in values) + ", before and after)"
+
+
 def format_record(r: dict[str, Any]) -> str:
   c, m, o, peak = r["config"], r["machine"], r["ours"], r["peak"]
   lines = [
@@ -268,8 +330,10 @@ def format_record(r: dict[str, Any]) -> str:
       f"remat {c['remat']}, scan_layers={c['scan_layers']}",
       f"machine        {m['cpu']}, {m['cores']} cores; {m['devices']} x {m['device_kind']}; "
       f"jax {m['jax']}",
-      f"peak           XLA matmul {peak['xla_matmul_flops'] / 1e9:,.1f} GFLOP/s (measured)"
-      + (f"; torch matmul {peak['torch_matmul_flops'] / 1e9:,.1f} GFLOP/s (measured)"
+      f"peak           XLA matmul {peak['xla_matmul_flops'] / 1e9:,.1f} GFLOP/s"
+      f"{_readings(peak.get('xla_matmul_flops_readings'))}"
+      + (f"; torch matmul {peak['torch_matmul_flops'] / 1e9:,.1f} GFLOP/s"
+         f"{_readings(peak.get('torch_matmul_flops_readings'))}"
          if "torch_matmul_flops" in peak else "")
       + (f"; nominal {peak['nominal_flops'] / 1e12:,.1f} TFLOP/s" if peak["nominal_flops"]
          else "; no nominal peak for this device kind"),
@@ -301,6 +365,14 @@ def format_record(r: dict[str, Any]) -> str:
                  + f"; median {r['median_ratio']:.3f}")
   if o.get("mfu_vs_nominal_peak") is not None:
     lines.append(f"MFU nominal    {_pct(o['mfu_vs_nominal_peak'])} of the data-sheet peak")
+  if "profile" in r:
+    p = r["profile"]
+    rate = p["matmul_flops_per_second"]
+    lines += ["", f"profile        {p['op_seconds_per_step'] * 1e3:,.1f} ms/step in ops "
+              f"(trace: {p['trace']})" + (f"; matmuls ran at {rate / 1e9:,.1f} GFLOP/s per "
+                                          "device" if rate else "")]
+    lines += [f"  {k:38s}{v['seconds_per_step'] * 1e3:10.1f} ms/step {_pct(v['share']):>7s}"
+              for k, v in p["by_purpose"].items()]
   return "\n".join(lines)
 
 

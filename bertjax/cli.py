@@ -309,7 +309,8 @@ def cmd_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
     return 0
   log = (lambda line: print(line, file=sys.stderr, flush=True))
   record = bench.run_benchmark(config, steps=args.steps, pairs=args.pairs,
-                               compare=args.compare or None, log=log)
+                               compare=args.compare or None,
+                               profile_dir=args.profile or None, log=log)
   print(bench.format_record(record))
   if args.json:
     bench.write_record(record, args.json)
@@ -588,6 +589,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--pairs", type=int, default=3,
                  help="blocks of ours (each followed by one of the reference's) (3)")
   p.add_argument("--json", default="", help="also write the record here")
+  p.add_argument("--profile", default="", metavar="DIR",
+                 help="also profile 2 steps into DIR and split their op time by purpose "
+                      "(matmul, dropout, layer norm, softmax, buffer fills, scan slicing, "
+                      "optimizer...)")
   p.add_argument("--decode", default="",
                  help="GPT generation instead: comma-separated cache sizes, e.g. 128,512,1024")
   p.add_argument("--new-tokens", dest="new_tokens", type=int, default=32,

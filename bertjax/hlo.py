@@ -225,8 +225,8 @@ def _trip_count(while_ins: _Instr, caller: dict[str, _Instr],
   return max(0, -(-(limit - start) // step))
 
 
-def analyze_hlo(text: str) -> HloStats:
-  """Matmul FLOPs and collectives of an optimized HLO module (one device's program)."""
+def _computations(text: str) -> tuple[dict[str, list[_Instr]], str | None]:
+  """The module's computations by name, and the ENTRY computation's name."""
   computations: dict[str, list[_Instr]] = {}
   entry, current = None, None
   for line in text.splitlines():
@@ -242,7 +242,12 @@ def analyze_hlo(text: str) -> HloStats:
     ins = _parse_instr(line)
     if ins:
       computations[current].append(ins)
+  return computations, entry
 
+
+def analyze_hlo(text: str) -> HloStats:
+  """Matmul FLOPs and collectives of an optimized HLO module (one device's program)."""
+  computations, entry = _computations(text)
   memo: dict[str, HloStats] = {}
 
   def visit(name: str) -> HloStats:
@@ -289,3 +294,66 @@ def analyze_hlo(text: str) -> HloStats:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+# ---------------------------------------------------------------------------------------------
+# What each executed instruction is for (reading a profile against the program)
+
+# Control flow: their time is the time of the instructions they run, which are timed themselves.
+_CONTAINERS = ("while", "call", "conditional", "async-start", "async-done")
+# First match wins, on the instruction's metadata op_name (the JAX source path it came from).
+_PURPOSES = (
+    ("dropout: random bits and masks", ("dropout", "_bernoulli", "random_bits", "threefry")),
+    ("layer norm", ("norm/",)),
+    ("attention: mask, softmax", ("/attention/",)),
+    ("MLP activation", ("/mlp/",)),
+    ("embeddings, heads, loss", ("embed", "/mlm", "/nsp", "/pooler", "/lm_head", "log_softmax",
+                                 "jvp()", "/head")),
+)
+
+
+def instruction_purposes(text: str) -> dict[str, str]:
+  """Optimized-HLO instruction name -> what it does: "matmul" (a dot or convolution, or a
+  fusion around one), "buffer fills (broadcasts)", a `_PURPOSES` label from the JAX source
+  path in its metadata, "scan: per-layer slices and stacking" (dynamic slices the layer loop
+  adds), "optimizer update" (outside the model's forward and backward), or "other".
+  Control-flow instructions are left out: a profile times what they run. Names are unique in a
+  module, and are what CPU profiles call each executed op."""
+  computations, _ = _computations(text)
+  has_dot: dict[str, bool] = {}
+
+  def computes_matmul(name: str) -> bool:
+    if name not in has_dot:
+      has_dot[name] = False  # guards against cycles
+      has_dot[name] = any(
+          i.opcode in ("dot", "convolution")
+          or (i.opcode == "fusion"
+              and any(computes_matmul(c) for c in re.findall(r"calls=%?([^\s,]+)", i.attrs)))
+          for i in computations.get(name, []))
+    return has_dot[name]
+
+  purposes: dict[str, str] = {}
+  for body in computations.values():
+    for ins in body:
+      if ins.opcode in _CONTAINERS or ins.opcode in ("parameter", "constant", "tuple",
+                                                      "get-tuple-element", "bitcast"):
+        continue
+      called = re.findall(r"calls=%?([^\s,]+)", ins.attrs)
+      op_name = re.search(r'op_name="([^"]*)"', ins.attrs)
+      source = op_name.group(1).lower() if op_name else ""
+      if ins.opcode in ("dot", "convolution") or any(computes_matmul(c) for c in called):
+        purposes[ins.name] = "matmul"
+      elif ins.opcode == "broadcast" or ins.name.startswith("wrapped_broadcast"):
+        # Filling a buffer: under scan, mostly the zeroed [layers, ...] stacks of gradients
+        # and of activations saved for the backward pass.
+        purposes[ins.name] = "buffer fills (broadcasts)"
+      elif label := next((label for label, keys in _PURPOSES
+                          if any(k in source for k in keys)), None):
+        purposes[ins.name] = label
+      elif "dynamic-slice" in ins.name or "dynamic-update-slice" in ins.name:
+        purposes[ins.name] = "scan: per-layer slices and stacking"
+      elif source and "jvp(" not in source and "transpose(" not in source:
+        purposes[ins.name] = "optimizer update"
+      else:
+        purposes[ins.name] = "other"
+  return purposes

@@ -88,3 +88,20 @@ def test_decode_bench_reports_each_cache_size(capsys):
   assert "KV cache" in text and text.count("\n") >= 3
   assert cli.main(["bench", "--config", "bert_tiny", "--decode", "24"]) == 2
   assert "--decode needs a GPT config" in capsys.readouterr().err
+
+
+def test_profile_splits_op_time_by_purpose(tmp_path, devices):
+  """Every profiled op is one of the compiled program's instructions, sorted by what it does:
+  the matmuls, and the dropout the tiny BERT runs, both show up; the shares add up."""
+  from bertjax import hlo
+  config = config_lib.load_config("bert_tiny", [("batch_size", "8"), ("model.num_layers", "2")])
+  step = bench.OurStep(config, bench.synthetic_batch(config))
+  purposes = hlo.instruction_purposes(step.compiled.as_text())
+  assert "matmul" in purposes.values() and "dropout: random bits and masks" in purposes.values()
+  assert not any(name.startswith("while") for name in purposes)  # containers are not timed
+  profile = bench.profile_step(step, str(tmp_path / "trace"), steps=1)
+  shares = profile["by_purpose"]
+  assert {"matmul", "dropout: random bits and masks", "optimizer update"} <= set(shares)
+  assert sum(v["share"] for v in shares.values()) == pytest.approx(1.0)
+  assert profile["op_seconds_per_step"] > 0 and profile["matmul_flops_per_second"] > 0
+  assert profile["trace"].startswith(str(tmp_path))

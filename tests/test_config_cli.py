@@ -131,3 +131,27 @@ def test_export_of_missing_directory_is_a_clear_error(tmp_path, capsys):
   assert cli.main(["export", "--params", str(tmp_path / "nope"), "--out",
                    str(tmp_path / "o")]) == 2
   assert "is not a bertjax params directory" in capsys.readouterr().err
+
+
+def test_command_asks_for_transparent_huge_pages_only_where_it_helps(tmp_path, monkeypatch):
+  """The `bertjax` command re-executes itself once with glibc's hugetlb malloc tunable when
+  the kernel's THP mode is "madvise" (docs/performance.md: page faults on fresh allocations);
+  never twice, never against the user's choice, never where it changes nothing."""
+  import sys
+  from bertjax.__main__ import hugepage_environment
+  monkeypatch.setattr(sys, "platform", "linux")
+  mode = tmp_path / "enabled"
+  mode.write_text("always [madvise] never\n")
+  env = hugepage_environment({"PATH": "/bin"}, str(mode))
+  assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+  assert hugepage_environment(env, str(mode)) is None  # already set: no second re-exec
+  assert hugepage_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, str(mode)) == {
+      "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+  assert hugepage_environment({"BERTJAX_HUGEPAGES": "0"}, str(mode)) is None
+  assert hugepage_environment({}, str(tmp_path / "missing")) is None
+  for other in ("[always] madvise never\n", "always madvise [never]\n"):
+    mode.write_text(other)
+    assert hugepage_environment({}, str(mode)) is None
+  monkeypatch.setattr(sys, "platform", "darwin")
+  mode.write_text("always [madvise] never\n")
+  assert hugepage_environment({}, str(mode)) is None
