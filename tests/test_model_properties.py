@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import flax.linen as nn
 from flax import traverse_util
 
 from bertjax.models import ModelConfig, build_model, jit_init, unstack_layers
@@ -129,6 +130,32 @@ def test_remat_policies_do_not_change_gradients(policy):
   remat = grad(params, cfg.replace(remat_policy=policy))
   for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(remat)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6)
+
+
+def test_attention_core_recomputes_dropout_but_no_matmul_in_training():
+  """Training wraps the attention core in a remat that keeps only exp(scores) and the row
+  sums: same values and gradients as the plain core, the same random mask, and the backward
+  pass reads the kept tensors instead of recomputing q kᵀ (2 forward + 4 backward dots)."""
+  from bertjax.models import layers
+  cfg = GPT.replace(attention_dropout=0.3)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, 8, 4, 8)) for i in range(3))
+  mask = jnp.tril(jnp.ones((8, 8), bool))[None, None]
+  rngs = {"dropout": jax.random.key(9)}
+
+  def loss_fn(core):
+    def loss(q, k, v):
+      return (core(cfg, False).apply({}, q, k, v, mask, rngs=rngs) ** 2).sum()
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))
+
+  kept = nn.remat(layers.AttentionCore, policy=layers._KEEP_SOFTMAX_EXP)
+  (plain_loss, plain_grads), (kept_loss, kept_grads) = (
+      jax.jit(loss_fn(c))(q, k, v) for c in (layers.AttentionCore, kept))
+  np.testing.assert_allclose(kept_loss, plain_loss, rtol=1e-6)
+  for a, b in zip(kept_grads, plain_grads):  # atol: rows of one key cancel to ~1e-7, not 0
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                               atol=1e-5 * float(jnp.abs(b).max()))
+  jaxpr = str(jax.make_jaxpr(loss_fn(kept))(q, k, v))
+  assert jaxpr.count("dot_general[") == 6
 
 
 def test_dropout_is_active_only_when_not_deterministic():

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from bertjax.models import layers
 from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
 
 Array = jax.Array
 
@@ -33,7 +34,7 @@ class BertModel(nn.Module):
                                               "token_type_embeddings")
     self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
     self.encoder = layers.LayerStack(cfg)
-    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       self.final_norm = layers.layer_norm(cfg, "final_norm")
     self.pooler = layers.Dense(cfg, "bd,de->be", (cfg.hidden_size, cfg.hidden_size),
@@ -126,7 +127,8 @@ class BertForSequenceClassification(nn.Module):
     cfg = self.config
     _, pooled_BD = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                attention_mask_BL, deterministic)
-    pooled_BD = nn.Dropout(cfg.hidden_dropout)(pooled_BD, deterministic=deterministic)
+    pooled_BD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(pooled_BD,
+                                                             deterministic=deterministic)
     logits_BC = layers.Dense(cfg, "bd,dc->bc", (cfg.hidden_size, cfg.num_labels),
                              ("embed", None), (cfg.num_labels,), (None,),
                              name="classifier")(pooled_BD)
@@ -148,7 +150,8 @@ class BertForTokenClassification(nn.Module):
     cfg = self.config
     sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                   attention_mask_BL, deterministic)
-    sequence_BLD = nn.Dropout(cfg.hidden_dropout)(sequence_BLD, deterministic=deterministic)
+    sequence_BLD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(sequence_BLD,
+                                                                deterministic=deterministic)
     logits_BLC = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, cfg.num_labels),
                               ("embed", None), (cfg.num_labels,), (None,),
                               name="classifier")(sequence_BLD)

@@ -17,6 +17,7 @@ NormPosition = Literal["post", "pre"]
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
 Activation = Literal["gelu", "gelu_tanh", "relu"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
+DropoutRng = Literal["hash", "threefry"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -46,6 +47,10 @@ class ModelConfig:
   hidden_dropout: float = 0.1
   # Dropout on attention probabilities.
   attention_dropout: float = 0.1
+  # Where dropout's random bits come from: "hash" (a counter hash of each element's index,
+  # a few integer ops per element; bertjax/models/dropout.py) or "threefry"
+  # (jax.random.bernoulli, following jax_default_prng_impl).
+  dropout_rng: DropoutRng = "hash"
   # Standard deviation of the (truncated) normal initialiser.
   initializer_range: float = 0.02
   # GPT-2: residual output projections initialised with std / sqrt(2 * num_layers).
@@ -66,6 +71,8 @@ class ModelConfig:
     if self.hidden_size % self.num_heads:
       raise ValueError(
           f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
+    if self.dropout_rng not in ("hash", "threefry"):
+      raise ValueError(f"model.dropout_rng must be 'hash' or 'threefry', got {self.dropout_rng!r}")
     if self.family not in ("bert", "gpt"):
       raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
     for name in ("dtype", "param_dtype"):

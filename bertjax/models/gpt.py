@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from bertjax.models import layers
 from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
 
 Array = jax.Array
 
@@ -43,7 +44,7 @@ class GPT(nn.Module):
     cfg = self.config
     self.wte = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), "wte")
     self.wpe = layers.embed(cfg, cfg.max_positions, (None, "embed"), "wpe")
-    self.dropout = nn.Dropout(cfg.hidden_dropout)
+    self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     self.decoder = layers.LayerStack(cfg)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       self.final_norm = layers.layer_norm(cfg, "final_norm")
