@@ -31,13 +31,12 @@ import re
 import time
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax import distributed, sharding
 from bertjax import flops as flops_lib
-from bertjax import sharding
 from bertjax.hlo import analyze_hlo
 from bertjax.models import count_params
 
@@ -93,6 +92,13 @@ class TopologySpec:
   chips_per_host_bounds: tuple[int, int, int]
   hbm_per_device: float          # bytes
   peak_flops_per_device: float   # bf16 FLOP/s
+  # Slices of this shape joined over the data-center network (multi-slice); chips and
+  # devices above are per slice.
+  num_slices: int = 1
+
+  @property
+  def total_devices(self) -> int:
+    return self.devices * self.num_slices
 
   @property
   def grid(self) -> tuple[int, ...]:
@@ -117,9 +123,11 @@ def _unknown(name: str, why: str = "") -> ValueError:
                     + "; ".join(TOPOLOGY_FORMS))
 
 
-def parse_topology(name: str) -> TopologySpec:
-  """'v4-64' (or 'v4:2x4x4') -> TopologySpec; an unknown name raises ValueError listing the
-  accepted forms."""
+def parse_topology(name: str, num_slices: int = 1) -> TopologySpec:
+  """'v4-64' (or 'v4:2x4x4') -> TopologySpec of `num_slices` such slices; an unknown name
+  raises ValueError listing the accepted forms."""
+  if num_slices < 1:
+    raise ValueError(f"--slices must be at least 1, got {num_slices}")
   text = name.strip().lower()
   explicit = re.fullmatch(r"(v\d[a-z]*):(\d+(?:x\d+){1,2})", text)
   named = re.fullmatch(r"(v\d[a-z]*)-(\d+)", text)
@@ -156,7 +164,7 @@ def parse_topology(name: str) -> TopologySpec:
       topology_name=f"{gen.topology_prefix}:{'x'.join(map(str, grid))}",
       chip_config_name=gen.chip_config, chips_per_host_bounds=host,
       hbm_per_device=gen.hbm_per_chip / gen.devices_per_chip,
-      peak_flops_per_device=gen.peak_per_chip / gen.devices_per_chip)
+      peak_flops_per_device=gen.peak_per_chip / gen.devices_per_chip, num_slices=num_slices)
 
 
 def libtpu_available() -> bool:
@@ -169,7 +177,8 @@ def libtpu_available() -> bool:
 
 
 def topology_devices(spec: TopologySpec) -> list[Any]:
-  """Compile-only devices of the slice (no TPU needed; needs libtpu)."""
+  """Compile-only devices of the slice(s), with the real `process_index`, `coords` and
+  `slice_index` (no TPU needed; needs libtpu)."""
   if not libtpu_available():
     raise RuntimeError(LIBTPU_MISSING)
   from jax.experimental import topologies
@@ -178,23 +187,24 @@ def topology_devices(spec: TopologySpec) -> list[Any]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   desc = topologies.get_topology_desc(
       platform="tpu", topology_name=spec.topology_name, chip_config_name=spec.chip_config_name,
-      chips_per_host_bounds=spec.chips_per_host_bounds, num_slices=1)
+      chips_per_host_bounds=spec.chips_per_host_bounds, num_slices=spec.num_slices)
   devices = list(desc.devices)
-  if len(devices) != spec.devices:
-    raise RuntimeError(f"libtpu gave {len(devices)} devices for {spec.topology_name}, expected "
-                       f"{spec.devices}")
+  if len(devices) != spec.total_devices:
+    raise RuntimeError(f"libtpu gave {len(devices)} devices for {spec.num_slices} x "
+                       f"{spec.topology_name}, expected {spec.total_devices}")
   return devices
 
 
 def topology_mesh(config: ml_collections.ConfigDict, spec: TopologySpec,
                   devices: list[Any]) -> jax.sharding.Mesh:
-  """The config's ('data', 'fsdp', 'tensor') mesh over the slice's devices, or a ValueError
-  naming the mesh, the device count and meshes that would work."""
+  """The config's ('data', 'fsdp', 'tensor') mesh over the slice's devices (and `dcn_mesh`
+  over the slices), or a ValueError naming the mesh, the device count and meshes that would
+  work."""
   axes = {k: int(v) for k, v in dict(config.mesh).items()}
   try:
-    return sharding.make_mesh(axes, devices)
+    return sharding.mesh_from_config(config, devices)
   except ValueError as e:
-    n = len(devices)
+    n = spec.devices
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     tensor = max(d for d in divisors if d <= 8)
     raise ValueError(
@@ -259,6 +269,8 @@ class CompileReport:
   # False: compiled_flops were counted on the program before SPMD partitioning (global shapes,
   # so duplicated compute under sharding cannot show), as when the compiler refused it.
   flops_partitioned: bool = True
+  # The pre-flight line: hosts, the rows of each global batch each loads, disjoint/complete.
+  host_layout: str = ""
 
   @property
   def flops_ratio(self) -> float | None:
@@ -289,13 +301,13 @@ def _oom_numbers(message: str) -> tuple[float, float] | None:
 
 
 def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
-                         mfu: float = 0.5) -> CompileReport:
+                         mfu: float = 0.5, num_slices: int = 1) -> CompileReport:
   """Compiles `config`'s train step for `topology` (e.g. "v4-64") and reports memory per device,
   whether it fits, FLOPs against the analytic model FLOPs, collectives and a step time
   projected at `mfu`. Raises ValueError when the mesh or batch does not divide the slice and
   RuntimeError when libtpu is missing."""
   from bertjax.train import Trainer
-  spec = parse_topology(topology)
+  spec = parse_topology(topology, num_slices)
   if not 0 < mfu <= 1:
     raise ValueError(f"mfu must be in (0, 1], got {mfu}")
   devices = topology_devices(spec)
@@ -303,15 +315,14 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   trainer = Trainer(config, mesh)
   batch_size, seq_length = int(config.batch_size), int(config.seq_length)
   accum = int(config.grad_accum_steps)
-  batch_axes = nn.logical_to_mesh_axes(("batch",), trainer.rules)[0] or ()
-  batch_axes = (batch_axes,) if isinstance(batch_axes, str) else tuple(batch_axes)
-  data_ways = math.prod(mesh.shape[a] for a in batch_axes)
-  if batch_size % accum or (batch_size // accum) % data_ways:
-    raise ValueError(
-        f"batch_size={batch_size} with grad_accum_steps={accum} gives micro-batches of "
-        f"{batch_size / accum:g} sequences, not divisible by the {data_ways} data-parallel ways "
-        f"of mesh {dict(mesh.shape)} on {spec.name} (sharding rules put 'batch' on "
-        f"{', '.join(batch_axes) or 'no axis'})")
+  try:
+    sharding.check_batch(batch_size, accum, mesh, trainer.rules)
+  except ValueError as e:
+    raise ValueError(f"{e} on {spec.name}") from None
+  # Pre-flight: the rows of every global batch each host of the slice(s) would load.
+  layout = distributed.row_layout(trainer.data_sharding(), batch_size)
+  if layout.problems():
+    raise ValueError(f"per-host loading cannot work on {spec.name}: {layout.summary()}")
 
   batch = abstract_batch(config)
   step = trainer.compile_step(batch)
@@ -322,7 +333,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   params = count_params(state.params)
   predictions = None if config.objective == "causal_lm" else int(config.max_predictions)
   analytic = flops_lib.train_flops_per_step(mc, batch_size, seq_length, predictions)
-  chips_peak = spec.devices * spec.peak_flops_per_device * mfu
+  chips_peak = spec.total_devices * spec.peak_flops_per_device * mfu
   step_seconds = analytic / chips_peak
   rules = config.sharding_rules if isinstance(config.sharding_rules, str) else "custom"
   common = {
@@ -332,7 +343,8 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       "sharding_rules": rules, "remat_policy": mc.remat_policy,
       "dtype": f"{mc.dtype}/{mc.param_dtype}", "hbm_bytes": spec.hbm_per_device,
       "analytic_flops": analytic, "mfu": mfu, "projected_step_seconds": step_seconds,
-      "tokens_per_second": batch_size * seq_length / step_seconds}
+      "tokens_per_second": batch_size * seq_length / step_seconds,
+      "host_layout": layout.summary()}
 
   start = time.perf_counter()
   with jax.set_mesh(mesh):
@@ -387,7 +399,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       # The compiler is the judge: it fails (above) when the program cannot fit.
       fits=True, shortfall_bytes=0.0,
       compiler_error=None,
-      compiled_flops=stats.matmul_flops * (spec.devices if partitioned else 1),
+      compiled_flops=stats.matmul_flops * (spec.total_devices if partitioned else 1),
       xla_cost_flops_per_device=float(cost.get("flops", float("nan"))) if cost else None,
       collectives={k: (round(c), b) for k, (c, b) in sorted(stats.collectives.items())},
       lower_seconds=lower_seconds, compile_seconds=compile_seconds, notes=notes,
@@ -401,11 +413,14 @@ def _gib(x: float | None) -> str:
 def format_report(report: CompileReport) -> str:
   """The table `bertjax compile` prints."""
   r, t = report, report.topology
+  slices = (f" x {t.num_slices} slices over DCN ({t.total_devices} devices)"
+            if t.num_slices > 1 else "")
   lines = [
       (f"topology        {t.name}: {t.topology_name} ({t.chips} chips, {t.devices} devices, "
-      f"{t.generation})"),
+      f"{t.generation}){slices}"),
       f"model           {r.model}",
       f"mesh            {r.mesh}  rules={r.sharding_rules}",
+      f"hosts           {r.host_layout.removeprefix('hosts: ')}",
       (f"batch           {r.batch_size} x {r.seq_length} tokens, grad_accum_steps="
       f"{r.grad_accum_steps}, remat={r.remat_policy}, dtype={r.dtype}"),
       "memory per device",
@@ -430,7 +445,7 @@ def format_report(report: CompileReport) -> str:
   lines.append(f"  analytic      {r.analytic_flops:.4g}  (model FLOPs, bertjax.flops)")
   if r.compiled_flops is not None:
     how = ("the program before partitioning" if not r.flops_partitioned
-           else f"x {t.devices} devices")
+           else f"x {t.total_devices} devices")
     lines.append(f"  compiled      {r.compiled_flops:.4g}  (dots/convolutions x loop trips, {how})")
     lines.append(f"  ratio         {r.flops_ratio:.3f}")
   if r.xla_cost_flops_per_device is not None:
@@ -443,7 +458,7 @@ def format_report(report: CompileReport) -> str:
   lines += [
       f"compile         {r.compile_seconds:.1f} s (+ {r.lower_seconds:.1f} s lowering)",
       (f"projected step  {r.projected_step_seconds * 1e3:.1f} ms at {100 * r.mfu:.0f}% MFU of "
-      f"{t.devices} x {t.peak_flops_per_device / 1e12:.1f} TFLOP/s "
+      f"{t.total_devices} x {t.peak_flops_per_device / 1e12:.1f} TFLOP/s "
       f"({r.tokens_per_second:,.0f} tokens/s)"),
   ]
   lines += [f"note            {n}" for n in r.notes]

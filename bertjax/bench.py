@@ -85,7 +85,7 @@ class OurStep:
 
   def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
     from bertjax.train import Trainer
-    self.mesh = sharding.make_mesh(dict(config.mesh))
+    self.mesh = sharding.mesh_from_config(config)
     self.trainer = Trainer(config, self.mesh)
     self.state = self.trainer.init_state(int(config.seed))
     step = self.trainer.compile_step(batch)

@@ -15,13 +15,16 @@ from typing import Any
 import flax.linen as nn
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
+from bertjax import paths
 from bertjax.models import ModelConfig, abstract_params, build_model
 
 
-def save_params(directory: str | Path, params: Any, config: ModelConfig) -> Path:
-  """Writes params + model.json to `directory` (created; must not hold params already)."""
-  directory = Path(directory).absolute()
+def save_params(directory: paths.PathLike, params: Any, config: ModelConfig) -> epath.Path:
+  """Writes params + model.json to `directory` (created; must not hold params already; local
+  or an object store)."""
+  directory = paths.path(directory)
   directory.mkdir(parents=True, exist_ok=True)
   if (directory / "params").exists():
     raise FileExistsError(f"{directory / 'params'} already exists; choose a new directory")
@@ -34,8 +37,8 @@ def save_params(directory: str | Path, params: Any, config: ModelConfig) -> Path
   return directory
 
 
-def load_model_config(directory: str | Path) -> ModelConfig:
-  path = Path(directory) / "model.json"
+def load_model_config(directory: paths.PathLike) -> ModelConfig:
+  path = paths.path(directory) / "model.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} not found: {directory} is not a bertjax params directory")
   return ModelConfig.from_mapping(json.loads(path.read_text()))
@@ -46,11 +49,11 @@ def abstract_params_of(config: ModelConfig) -> Any:
   return nn.meta.unbox(abstract_params(build_model(config)))
 
 
-def load_params(directory: str | Path, shardings: Any = None,
+def load_params(directory: paths.PathLike, shardings: Any = None,
                 abstract: Any = None) -> tuple[Any, ModelConfig]:
   """Restores params directly into `shardings` (default: the first local device). `abstract`:
   the parameter tree's shapes when it is not the pre-training model's (a fine-tuned head)."""
-  directory = Path(directory).absolute()
+  directory = paths.path(directory)
   config = load_model_config(directory)
   if abstract is None:
     abstract = nn.meta.unbox(abstract_params(build_model(config)))
@@ -63,6 +66,7 @@ def load_params(directory: str | Path, shardings: Any = None,
   return params, config
 
 
-def tokenizer_dir(directory: str | Path) -> Path | None:
-  path = Path(directory) / "tokenizer"
-  return path if path.is_dir() else None
+def tokenizer_dir(directory: paths.PathLike) -> Path | None:
+  """The params directory's tokenizer, as a local directory (copied from an object store)."""
+  path = paths.path(directory) / "tokenizer"
+  return paths.local_copy(path) if path.is_dir() else None

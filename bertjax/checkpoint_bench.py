@@ -31,7 +31,7 @@ def run_checkpoint_bench(config: ml_collections.ConfigDict, blocks: int = 4,
     raise ValueError("checkpoint.every must be > 0 for the benchmark")
   with tempfile.TemporaryDirectory() as tmp:
     root = Path(workdir or tmp)
-    mesh = sharding.make_mesh(dict(config.mesh))
+    mesh = sharding.mesh_from_config(config)
     trainer = Trainer(config, mesh)
     dataset = ensure_dataset(config, root) if config.data.source == "corpus" else ""
     rows = distributed.local_rows(trainer.data_sharding(), int(config.batch_size))
@@ -45,7 +45,7 @@ def run_checkpoint_bench(config: ml_collections.ConfigDict, blocks: int = 4,
       metrics = None
       for _ in range(n):
         state, metrics = trainer.step(state, distributed.global_batch(
-            next(batches), trainer.batch_shardings, int(config.batch_size)))
+            next(batches), trainer.batch_shardings, rows, int(config.batch_size)))
       jax.block_until_ready(metrics)
 
     run(5)  # compile and warm up

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import shutil
 import sys
 import textwrap
-from pathlib import Path
 from typing import Callable, Sequence
 
 from bertjax import config as config_lib
+from bertjax import paths
 
 _EPILOG_OVERRIDES = ("Any key of the config file can be overridden on the command line, e.g.\n"
                      "  --config.model.num_layers=4 --config.mesh.fsdp=2")
@@ -64,16 +63,18 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
   with concurrent.futures.ProcessPoolExecutor(
       max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
     try:
-      report = pool.submit(aot.compile_for_topology, config, args.topology, args.mfu).result()
-    except RuntimeError as e:  # libtpu missing: say what to install
-      print(f"bertjax compile: error: {e}", file=sys.stderr)
-      return 2
+      report = pool.submit(aot.compile_for_topology, config, args.topology, args.mfu,
+                           args.slices).result()
+    # BrokenProcessPool is a RuntimeError subclass: it must come first.
     except concurrent.futures.process.BrokenProcessPool:
       print(f"bertjax compile: error: the TPU compiler (libtpu) crashed compiling "
             f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
             "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
             "float32)", file=sys.stderr)
       return 3
+    except RuntimeError as e:  # libtpu missing: say what to install
+      print(f"bertjax compile: error: {e}", file=sys.stderr)
+      return 2
   print(f"config         {args.config}"
         + (f" (phase {phases.phase_of(config, args.step) + 1} at step {args.step})"
            if args.step is not None else ""))
@@ -92,6 +93,7 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
 def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import dataclasses
   import json
+
   from bertjax import finetune
   logging.getLogger("bertjax").setLevel(logging.INFO)
   if overrides:
@@ -117,6 +119,7 @@ _FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "heade
 
 def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
   import dataclasses
+
   from bertjax.finetune import FinetuneSpec
   comments = _field_comments(FinetuneSpec)
   for f in dataclasses.fields(FinetuneSpec):
@@ -182,6 +185,7 @@ def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
 
 def cmd_data_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import json
+
   from bertjax.data.article_task import make_article_task
   summary = make_article_task(args.source, args.out, num_articles=args.articles,
                               train_sizes=args.train_sizes, dev_per_article=args.dev_per_article,
@@ -205,11 +209,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
 
 def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import jax
+
   from bertjax import checkpoint, sharding
   from bertjax.models import build_model, init_params
   config = config_lib.load_config(args.config, overrides)
   model_cfg = config_lib.model_config(config)
-  mesh = sharding.make_mesh(dict(config.mesh))
+  mesh = sharding.mesh_from_config(config)
   rules = sharding.resolve_rules(config.sharding_rules)
   params, _ = sharding.sharded_init(functools.partial(init_params, build_model(model_cfg)),
                                     jax.random.key(config.seed), mesh, rules)
@@ -224,7 +229,7 @@ def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     raise SystemExit("bertjax import takes no --config overrides (the HF config.json decides)")
   params, model_cfg, report = hf.import_hf(args.hf_dir, scan_layers=not args.no_scan)
   out = checkpoint.save_params(args.out, params, model_cfg)
-  tokenizer = Path(out) / "tokenizer"
+  tokenizer = out / "tokenizer"
   tokenizer.mkdir(exist_ok=True)
   copied = hf.copy_tokenizer_files(args.hf_dir, tokenizer)
   print(report.summary())
@@ -257,7 +262,7 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     params = jax.tree.map(lambda x: x.astype(cast), params)
     out = checkpoint.save_params(args.out, params, model_cfg.replace(param_dtype=dtype))
     if tokenizer:
-      shutil.copytree(tokenizer, Path(out) / "tokenizer", dirs_exist_ok=True)
+      paths.copy_tree(tokenizer, out / "tokenizer")
     print(f"wrote a params-only checkpoint to {out} ({dtype})")
   return 0
 
@@ -322,12 +327,13 @@ def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str
   from bertjax.data.prepare import corpus_sentences, parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
   logging.getLogger("bertjax").setLevel(logging.INFO)
-  out = train_sentencepiece(corpus_sentences(parse_sources(",".join(args.source))), args.out,
-                            vocab_size=args.vocab_size, model_type=args.model_type,
-                            style=args.style, lowercase=args.lowercase,
-                            max_sentences=args.max_sentences)
+  with paths.local_output(args.out) as local:  # SentencePiece writes local files
+    train_sentencepiece(corpus_sentences(parse_sources(",".join(args.source))), local,
+                        vocab_size=args.vocab_size, model_type=args.model_type,
+                        style=args.style, lowercase=args.lowercase,
+                        max_sentences=args.max_sentences)
   print(f"wrote a {args.style}-style {args.model_type} SentencePiece tokenizer "
-        f"({args.vocab_size} pieces) to {out}")
+        f"({args.vocab_size} pieces) to {paths.path(args.out)}")
   return 0
 
 
@@ -364,16 +370,23 @@ def _parser() -> argparse.ArgumentParser:
           "CPU machine, and prints per-device memory (arguments, temporaries, generated code, "
           "total against the chip's HBM, fits or not), the compiled FLOPs per step against the "
           "analytic model FLOPs, the collectives and their bytes, the compile time and a step "
-          "time projected at --mfu. Exit status 1 when it does not fit (the shortfall named), "
-          "2 when the mesh does not divide the slice. Needs libtpu (bertjax[tpu]), not a TPU.",
+          "time projected at --mfu. Before compiling it checks, for every host of the "
+          "slice(s), which rows of each global batch that host would load (one line: hosts, rows "
+          "each, disjoint and complete). Exit status 1 when it does not fit (the shortfall "
+          "named), 2 when the mesh or the per-host layout does not work on the slice, 3 when "
+          "the TPU compiler crashes. Needs libtpu (bertjax[tpu]), not a TPU.",
           "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
           "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
-          "  bertjax compile --config configs/gpt3_6p7b.py --topology v5p-256\n\n"
+          "  bertjax compile --config configs/gpt3_6p7b.py --topology v5p-256\n"
+          "  bertjax compile --config configs/roberta_base.py --topology v5e-16 --slices 2\n\n"
           + _EPILOG_OVERRIDES, cmd_compile)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--topology", required=True,
                  help="Cloud TPU accelerator type: v2-8, v3-32, v4-16, v5p-256, v5e-16 "
                  "(v5litepod-16), v6e-64, ...")
+  p.add_argument("--slices", type=int, default=1,
+                 help="number of such slices in a multi-slice job (over the data-center "
+                 "network; config.dcn_mesh splits the mesh axes over them)")
   p.add_argument("--step", type=int, default=None,
                  help="compile the phase this step trains in (e.g. BERT's phase 2 at 900000)")
   p.add_argument("--mfu", type=float, default=0.5,

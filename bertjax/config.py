@@ -116,8 +116,10 @@ def base_config(model: ConfigDict) -> ConfigDict:
       "seed": 0,
       # Epochs over the training documents (0: repeat until num_train_steps).
       "num_epochs": 0,
-      # Window (instances) shuffling the pairs of one document apart.
-      "shuffle_window": 1024,
+      # BERT pairs: every batch row has its own stream of instances (bertjax.data.pipeline);
+      # each shuffles its instances in windows of this many, so a document's pairs spread
+      # over steps and several documents interleave (0: document order).
+      "shuffle_window": 64,
       # Loader worker processes (0: the training process) and batches prefetched per worker.
       "num_workers": 0,
       "prefetch": 2,
@@ -163,8 +165,14 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # Use gloo CPU collectives (multi-process CPU runs and tests).
       "cpu_collectives": False,
   })
-  # Device mesh sizes per axis (data, fsdp, tensor); one -1 takes the remaining devices.
+  # Device mesh sizes per axis (data, fsdp, tensor) within one TPU slice (or the whole machine
+  # set elsewhere); one -1 takes the remaining devices.
   config.mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Multi-slice jobs: how each axis is split again over the slices, which talk over the
+  # data-center network (DCN, far slower than the chips' ICI links); one -1 takes the
+  # remaining slices. The default is data parallelism across slices (one gradient all-reduce
+  # per step crosses the DCN). With one slice every size is 1.
+  config.dcn_mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
   # Logical-axis rules: a preset name from bertjax.sharding.RULE_PRESETS or a list of
   # (logical_axis, mesh_axes) pairs, applied in order.
   config.sharding_rules = "fsdp_tensor"

@@ -3,18 +3,20 @@
 `initialize` starts `jax.distributed` from the config's `distributed` group or the environment
 (BERTJAX_COORDINATOR_ADDRESS, BERTJAX_NUM_PROCESSES, BERTJAX_PROCESS_ID — what launch/local.py
 sets), or lets JAX detect the cluster on TPU VMs, GKE and SLURM. On CPU it selects gloo
-collectives. `global_batch` assembles one global array per field from the rows this process
-holds; `local_rows` says which rows those are.
+collectives. `row_layout` says which global batch rows every process's devices hold (any device
+order: on real TPU slices a process's rows interleave with its peers'); `local_rows` is this
+process's share, and `global_batch` assembles one global array per field from those rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -57,32 +59,120 @@ def _on_tpu_vm() -> bool:
   return Path("/dev/accel0").exists() or any(Path("/dev/vfio").glob("[0-9]*"))
 
 
-def local_rows(sharding: NamedSharding, global_batch_size: int) -> range:
-  """The contiguous range of global batch rows whose shards live on this process."""
-  index_map = sharding.addressable_devices_indices_map((global_batch_size,))
-  starts, stops = [], []
-  for index in index_map.values():
-    rows = index[0]
-    starts.append(rows.start or 0)
-    stops.append(global_batch_size if rows.stop is None else rows.stop)
-  start, stop = min(starts), max(stops)
-  covered = set()
-  for a, b in zip(starts, stops):
-    covered.update(range(a, b))
-  if covered != set(range(start, stop)):
-    raise ValueError("this process's batch shards are not contiguous rows; order the mesh so "
-                     "each process's devices are adjacent along the batch axes")
-  return range(start, stop)
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+  """Which global batch rows each process's devices hold, for every process of the mesh.
+
+  On a real TPU slice the mesh follows the torus, so along the batch axes the processes
+  interleave (v4-16: process indices 0, 1, 0, 1, ...) and a process's rows are not one
+  contiguous range. Loading works from these row sets whatever their order."""
+
+  batch_size: int
+  rows_by_process: dict[int, tuple[int, ...]]
+  devices_by_process: dict[int, int]
+  num_slices: int = 1
+
+  @property
+  def num_processes(self) -> int:
+    return len(self.rows_by_process)
+
+  def groups(self) -> list[tuple[int, ...]]:
+    """Processes that hold the same rows (a model axis spanning hosts), one tuple each."""
+    by_rows: dict[tuple[int, ...], list[int]] = {}
+    for process, rows in sorted(self.rows_by_process.items()):
+      by_rows.setdefault(rows, []).append(process)
+    return [tuple(v) for v in by_rows.values()]
+
+  def problems(self) -> list[str]:
+    """Why per-host loading could not work with this layout (empty: it can)."""
+    out = []
+    sizes = {len(r) for r in self.rows_by_process.values()}
+    if len(sizes) > 1:
+      out.append(f"processes hold different numbers of rows ({sorted(sizes)}): hosts would "
+                 "load unequal shares")
+    held = [set(self.rows_by_process[g[0]]) for g in self.groups()]
+    if sum(map(len, held)) != len(set().union(*held)):
+      out.append("two processes hold overlapping but different row sets")
+    missing = set(range(self.batch_size)) - set().union(*held)
+    if missing:
+      out.append(f"{len(missing)} row(s) are held by no process, e.g. row {min(missing)}")
+    return out
+
+  def summary(self) -> str:
+    """One line: hosts, the rows each loads, and whether the row sets partition the batch."""
+    devices = "/".join(map(str, sorted(set(self.devices_by_process.values()))))
+    rows = sorted({len(r) for r in self.rows_by_process.values()})
+    slices = f" in {self.num_slices} slices" if self.num_slices > 1 else ""
+    groups = self.groups()
+    shared = ("" if len(groups) == self.num_processes else
+              f"; {len(groups)} groups of {self.num_processes // len(groups)} hosts hold the "
+              "same rows (a model axis spans hosts)")
+    # A row's stream reads documents row, row+B, ...: a host reads its rows' share of them.
+    share = f" ({rows[0] / self.batch_size:.3g} of the documents)" if len(rows) == 1 else ""
+    verdict = "; ".join(self.problems()) or (
+        "row sets disjoint and complete" if len(groups) == self.num_processes else
+        "groups disjoint and complete")
+    return (f"hosts: {self.num_processes} x {devices} devices{slices}; each loads "
+            f"{'/'.join(map(str, rows))} of {self.batch_size} rows{share}{shared}; {verdict}")
+
+
+def row_layout(sharding: NamedSharding, global_batch_size: int) -> RowLayout:
+  """The rows of a batch sharded by `sharding` (on dimension 0) that every process holds."""
+  rows: dict[int, set[int]] = {}
+  devices: dict[int, int] = {}
+  slices = set()
+  for device, index in sharding.devices_indices_map((global_batch_size,)).items():
+    block = index[0]
+    rows.setdefault(device.process_index, set()).update(
+        range(block.start or 0, global_batch_size if block.stop is None else block.stop))
+    devices[device.process_index] = devices.get(device.process_index, 0) + 1
+    slices.add(getattr(device, "slice_index", 0) or 0)
+  return RowLayout(global_batch_size, {p: tuple(sorted(r)) for p, r in sorted(rows.items())},
+                   devices, len(slices))
+
+
+def local_rows(sharding: NamedSharding, global_batch_size: int) -> tuple[int, ...]:
+  """The global batch rows whose shards live on this process, ascending (any device order;
+  rows shared with other processes, when a model axis spans hosts, included)."""
+  layout = row_layout(sharding, global_batch_size)
+  problems = layout.problems()
+  if problems:
+    raise ValueError(f"batch of {global_batch_size} rows over mesh "
+                     f"{dict(sharding.mesh.shape)}: {'; '.join(problems)}")
+  return layout.rows_by_process[jax.process_index()]
+
+
+def device_block(local: np.ndarray, rows: Sequence[int], index: tuple[slice, ...],
+                 global_batch_size: int) -> np.ndarray:
+  """The part of this process's `local` rows (`local[i]` is global row `rows[i]`, rows
+  ascending) that a device holding the global block `index` gets."""
+  start = index[0].start or 0
+  stop = global_batch_size if index[0].stop is None else index[0].stop
+  first = int(np.searchsorted(rows, start))
+  if first + stop - start > len(rows) or rows[first] != start or rows[
+      first + stop - start - 1] != stop - 1:
+    raise ValueError(f"rows {start}..{stop - 1} of the batch are not among this process's rows")
+  return local[first:first + stop - start][(slice(None),) + tuple(index[1:])]
 
 
 def global_batch(local: Mapping[str, np.ndarray], shardings: Mapping[str, NamedSharding],
-                 global_batch_size: int) -> dict[str, jax.Array]:
-  """One global jax.Array per field from this process's rows (no cross-host copy)."""
-  out = {}
-  for key, value in local.items():
-    shape = (global_batch_size,) + value.shape[1:]
-    out[key] = jax.make_array_from_process_local_data(shardings[key], value, shape)
-  return out
+                 rows: Sequence[int], global_batch_size: int) -> dict[str, jax.Array]:
+  """One global jax.Array per field from this process's rows (`local[k][i]` is global row
+  `rows[i]`, rows ascending); each device takes its block of rows, no cross-host copy."""
+  rows = np.asarray(rows)
+  return {key: jax.make_array_from_callback(
+      (global_batch_size,) + value.shape[1:], shardings[key],
+      lambda index, value=value: device_block(value, rows, index, global_batch_size))
+          for key, value in local.items()}
+
+
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true on any process (every process must call it; one small
+  all-gather)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
 class StepWatchdog:

@@ -44,10 +44,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax import checkpoint, optim, sharding
 from bertjax.data import labeled
-from bertjax.task_metrics import task_metrics
 from bertjax.models import ModelConfig, init_params, jit_init
-from bertjax.models.bert import (BertForPreTraining, BertForSequenceClassification,
-                                 BertForTokenClassification)
+from bertjax.models.bert import (
+  BertForPreTraining,
+  BertForSequenceClassification,
+  BertForTokenClassification,
+)
+from bertjax.task_metrics import task_metrics
 from bertjax.train import TrainState, batch_shardings, optimizer_state_shardings
 
 log = logging.getLogger(__name__)
@@ -445,10 +448,7 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
   mesh = mesh or sharding.make_mesh(dict(spec.mesh_axes))
   rules = sharding.resolve_rules(spec.rules)
   eval_batch = spec.eval_batch_size or spec.batch_size
-  shards = batch_shardings({"rows": np.zeros(1)}, mesh, rules)["rows"]
-  batch_axes = shards.spec[0] if shards.spec else None
-  batch_axes = batch_axes if isinstance(batch_axes, tuple) else (batch_axes,)
-  data_parallel = math.prod(mesh.shape[a] for a in batch_axes if a)
+  data_parallel = sharding.batch_ways(mesh, rules)
   for name, size in (("batch_size", spec.batch_size), ("eval_batch_size", eval_batch)):
     if size % data_parallel:
       raise ValueError(f"{name}={size} is not divisible by the {data_parallel} "

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import numpy as np
+from etils import epath
 from flax import traverse_util
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import save as save_safetensors
 
+from bertjax import paths
 from bertjax.models import ModelConfig, build_model, jit_init, stack_layers, unstack_layers
 
 Flat = dict[tuple[str, ...], np.ndarray]
@@ -328,15 +329,15 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   return tensors
 
 
-def export_hf(params: Any, cfg: ModelConfig, out_dir: str | Path, dtype: str = "float32",
+def export_hf(params: Any, cfg: ModelConfig, out_dir: paths.PathLike, dtype: str = "float32",
               tokenizer_dir: str | Path | None = None, head: str = "pretraining",
-              labels: list[str] | None = None) -> Path:
+              labels: list[str] | None = None) -> epath.Path:
   """Writes config.json + model.safetensors (+ tokenizer files) loadable by `transformers`.
 
   `head`: "pretraining" (BertForPreTraining / the GPT LM head models), or for fine-tuned BERT
   "sequence_classification" / "token_classification" (BertForSequenceClassification /
   BertForTokenClassification), with `labels` (names in id order) written as id2label."""
-  out = Path(out_dir)
+  out = paths.path(out_dir)  # local or an object store
   out.mkdir(parents=True, exist_ok=True)
   tensors = to_hf_state_dict(params, cfg, head)
   if dtype == "bfloat16":
@@ -344,7 +345,7 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str | Path, dtype: str = "
     tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
   elif dtype != "float32":
     raise ValueError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
-  save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+  (out / "model.safetensors").write_bytes(save_safetensors(tensors, metadata={"format": "pt"}))
   (out / "config.json").write_text(
       json.dumps(hf_config_dict(cfg, dtype, head, labels), indent=2) + "\n")
   if tokenizer_dir is not None:
@@ -352,11 +353,12 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: str | Path, dtype: str = "
   return out
 
 
-def copy_tokenizer_files(src: str | Path, dst: str | Path) -> list[str]:
+def copy_tokenizer_files(src: paths.PathLike, dst: paths.PathLike) -> list[str]:
+  """The tokenizer files `transformers` reads, from `src` to `dst` (either local or remote)."""
   copied = []
   for name in TOKENIZER_FILES:
-    if (Path(src) / name).is_file():
-      shutil.copy2(Path(src) / name, Path(dst) / name)
+    if (paths.path(src) / name).is_file():
+      (paths.path(dst) / name).write_bytes((paths.path(src) / name).read_bytes())
       copied.append(name)
   return copied
 
@@ -460,8 +462,9 @@ def _check_shapes(entry: Entry, tensors: dict[str, np.ndarray], fresh_flat: Flat
 
 def import_hf(hf_dir: str | Path, scan_layers: bool = True,
               rng: jax.Array | None = None) -> tuple[Any, ModelConfig, ImportReport]:
-  """Reads a `transformers` directory (config.json + safetensors) into bertjax parameters."""
-  hf_dir = Path(hf_dir)
+  """Reads a `transformers` directory (config.json + safetensors; local or an object store)
+  into bertjax parameters."""
+  hf_dir = paths.local_copy(hf_dir)
   config_path = hf_dir / "config.json"
   if not config_path.exists():
     raise FileNotFoundError(f"no config.json in {hf_dir}")

@@ -7,20 +7,19 @@ host building the next batch while the device runs this one).
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
 import numpy as np
 import tqdm
+from etils import epath
 
-from bertjax import checkpoint, distributed, flops, phases, sharding
+from bertjax import checkpoint, distributed, flops, paths, phases, sharding
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite
@@ -56,32 +55,48 @@ class _PhaseData:
     self.batch_size = int(self.config.batch_size)
     self.seq_length = int(self.config.seq_length)
     self.accum_steps = int(self.config.grad_accum_steps)
-    data_parallel = jax.device_count() // trainer.mesh.shape["tensor"]
-    if self.batch_size % data_parallel:
-      raise ValueError(f"batch_size={self.batch_size} is not divisible by the {data_parallel} "
-                       "data-parallel devices")
-    # This host's rows of every global batch follow from the batch sharding.
+    sharding.check_batch(self.batch_size, self.accum_steps, trainer.mesh, trainer.rules)
+    # This host's rows of every global batch follow from the batch sharding (on a TPU slice
+    # they interleave with other hosts' rows); the data of a row is the same wherever loaded.
+    self.layout = distributed.row_layout(trainer.data_sharding(), self.batch_size)
     self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
     self.batches = make_batches(self.config, "train", self.rows, dataset)
+    # Finite epochs: a row stream that runs out ends the run for every process at once.
+    self.finite = self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
     self.flops_per_step = flops.train_flops_per_step(
         trainer.model_config, self.batch_size, self.seq_length,
         _predictions_per_seq(self.config))
 
   def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return distributed.global_batch(local, trainer.batch_shardings, self.batch_size)
+    return distributed.global_batch(local, trainer.batch_shardings, self.rows, self.batch_size)
+
+  def next_batch(self) -> dict[str, np.ndarray] | None:
+    """This host's rows of the next batch, or None when the data has run out on any host
+    (finite epochs; every process gets the same answer at the same step)."""
+    try:
+      local, exhausted = next(self.batches), False
+    except StopIteration:
+      local, exhausted = None, True
+    if self.finite:
+      exhausted = distributed.any_process(exhausted)
+    elif exhausted:
+      raise RuntimeError("the training data ended although data.num_epochs=0 (repeat forever)")
+    return None if exhausted else local
 
   def describe(self) -> str:
     return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
             f"{self.accum_steps} micro-batch(es)")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -> dict[str, Any]:
-  """Trains `config.num_train_steps` steps; returns the last logged train metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: paths.PathLike) -> dict[str, Any]:
+  """Trains `config.num_train_steps` steps in `workdir` (a local path or an object store such
+  as gs://); returns the last logged train metrics."""
   distributed.initialize(config.distributed)
   phases.validate(config)
-  workdir = Path(workdir)
+  workdir = paths.path(workdir)
   is_main = jax.process_index() == 0
-  mesh = sharding.make_mesh(dict(config.mesh))
+  mesh = sharding.mesh_from_config(config)
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
   if is_main:
@@ -90,8 +105,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
     log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
              jax.process_count())
 
-  dataset = ensure_dataset(config, workdir, jax.process_count()) \
-      if config.data.source == "corpus" else ""
+  dataset = ""
+  if config.data.source == "corpus":
+    # Built on first use by process 0 (small corpora; pod runs set data.dataset), the others
+    # read it once it is there (the workdir is shared by all hosts).
+    if is_main or config.data.dataset:
+      dataset = ensure_dataset(config, workdir)
+    distributed.barrier("dataset ready")
+    if not dataset:
+      dataset = ensure_dataset(config, workdir, build=False)
   checkpoints = TrainCheckpoints(workdir, config)
   # The data state in a checkpoint belongs to the phase of the step it resumes at.
   requested = int(config.restore_step)
@@ -116,6 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   if is_main:
     log.info("%s; model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", phase.describe(),
              phase.flops_per_step, total_peak, peak_source)
+    log.info("%s", phase.layout.summary())
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True)
@@ -123,11 +146,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   writer = MetricsWriter(workdir, total, enabled=is_main,
                          stream=_TqdmStream() if progress else None)
   watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
-  profile_dir = str(workdir / "profile")
+  profile = None  # the trace directory, mirrored to the workdir when that is remote
   tracing = False
   last_log_time, last_log_step = time.perf_counter(), int(state.step)
   train_metrics: dict[str, Any] = {}
-  step = int(state.step)
+  metrics = None
+  step = first_step = logged_step = saved_step = int(state.step)
   # The step is (re)jitted for the phase's batch shape when its first batch arrives; the step
   # that compiles is timed apart from the steady state.
   compile_pending = True
@@ -135,9 +159,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
   try:
     while step < total:
       if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
-        jax.profiler.start_trace(profile_dir)
+        profile = paths.LocalMirror(workdir / "profile")
+        jax.profiler.start_trace(str(profile.local))
         tracing = True
-      local = next(phase.batches)
+      local = phase.next_batch()
+      if local is None:
+        total = step
+        log.info("the training data ran out (data.num_epochs=%d) after step %d: the run ends "
+                 "here on every process", int(config.data.num_epochs), step)
+        if metrics is not None and logged_step != step:  # the last step's, if not logged yet
+          train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          check_finite(step, train_metrics)
+          writer.write(step, train_metrics)
+        if saved_step != step and step > first_step:
+          checkpoints.save(step, state, phase.batches, config)
+        break
       compiling = compile_pending
       if compile_pending:
         trainer.compile_step(local, phase.accum_steps)
@@ -158,9 +194,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       if tracing and step >= config.profile.start_step + config.profile.num_steps:
         jax.block_until_ready(state)
         jax.profiler.stop_trace()
+        profile.close()
         tracing = False
         log.info("profile of steps %d..%d written to %s", config.profile.start_step, step - 1,
-                 profile_dir)
+                 profile.remote)
       if step % config.log_every == 0 or step == total:
         train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         now = time.perf_counter()
@@ -173,6 +210,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
         check_finite(step, train_metrics)
         writer.write(step, train_metrics)
         last_log_time, last_log_step = time.perf_counter(), step
+        logged_step = step
       if config.eval_every and (step % config.eval_every == 0 or step == total):
         eval_start = time.perf_counter()
         eval_batches = make_batches(phase.config, "eval", phase.rows, dataset)
@@ -196,6 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | Path) -
       if preempted or checkpoints.due(step, total):
         # Counted in step time: what a save costs the run is part of its throughput.
         checkpoints.save(step, state, phase.batches, config)
+        saved_step = step
       if preempted:
         checkpoints.wait()
         log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
@@ -243,11 +282,11 @@ def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,
 
 
 def initial_params(path: str, trainer: Trainer) -> Any:
-  """Weights of a params-only checkpoint or a Hugging Face directory, in the trainer's
-  shardings; an error lists the parameters whose shapes do not fit the config."""
+  """Weights of a params-only checkpoint or a Hugging Face directory (local or an object
+  store), in the trainer's shardings; an error lists the parameters whose shapes do not fit."""
   from bertjax import hf
   abstract = trainer.abstract_state().params
-  source = Path(path)
+  source = paths.path(path)
   if (source / "model.json").is_file():
     loaded_config = checkpoint.load_model_config(source)
     _check_fits(path, checkpoint.abstract_params_of(loaded_config), abstract)
@@ -274,8 +313,8 @@ def _check_fits(path: str, loaded: Any, abstract: Any) -> None:
                      "parameter(s)):\n  " + "\n  ".join(problems[:20]))
 
 
-def _write_final_params(workdir: Path, state: TrainState, trainer: Trainer, dataset: str,
-                        is_main: bool, replace: bool = False) -> None:
+def _write_final_params(workdir: epath.Path, state: TrainState, trainer: Trainer,
+                        dataset: str, is_main: bool, replace: bool = False) -> None:
   """The product of the run: params-only, what `bertjax export` and fine-tuning start from.
   `replace`: this invocation trained to the end (perhaps again, from an earlier step)."""
   existed = (workdir / "params").exists()
@@ -287,12 +326,12 @@ def _write_final_params(workdir: Path, state: TrainState, trainer: Trainer, data
     if not replace:
       return
     if is_main:
-      shutil.rmtree(workdir / "params")
+      (workdir / "params").rmtree()
     distributed.barrier("final params replaced")
   params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
   if is_main and dataset:
     # The ids mean nothing without the tokenizer: it travels with the parameters.
-    shutil.copytree(Path(dataset) / "tokenizer", params_dir / "tokenizer", dirs_exist_ok=True)
+    paths.copy_tree(paths.path(dataset) / "tokenizer", params_dir / "tokenizer")
   if is_main:
     log.info("final parameters written to %s", params_dir)
 

@@ -9,8 +9,9 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any, Mapping
+
+from bertjax import paths
 
 
 class TrainingDiverged(RuntimeError):
@@ -37,7 +38,7 @@ def _duration(seconds: float) -> str:
 class MetricsWriter:
   """metrics.jsonl + TensorBoard events in `workdir`, and a console line per log interval."""
 
-  def __init__(self, workdir: str | Path, total_steps: int, enabled: bool = True,
+  def __init__(self, workdir: paths.PathLike, total_steps: int, enabled: bool = True,
                stream=None) -> None:
     self.enabled = enabled
     self.total_steps = total_steps
@@ -45,12 +46,13 @@ class MetricsWriter:
     self.start = time.perf_counter()
     self._jsonl = None
     self._tb = None
+    self._mirror = None
     if enabled:
-      workdir = Path(workdir)
-      workdir.mkdir(parents=True, exist_ok=True)
-      self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+      # On an object store the files are written locally and uploaded at every write.
+      self._mirror = paths.LocalMirror(workdir, names=("metrics.jsonl", "tensorboard"))
+      self._jsonl = open(self._mirror.local / "metrics.jsonl", "a", encoding="utf-8")
       from tensorboardX import SummaryWriter
-      self._tb = SummaryWriter(str(workdir / "tensorboard"))
+      self._tb = SummaryWriter(str(self._mirror.local / "tensorboard"))
 
   def write(self, step: int, metrics: Mapping[str, Any], prefix: str = "train") -> None:
     if not self.enabled:
@@ -61,6 +63,7 @@ class MetricsWriter:
     for key, value in metrics.items():
       self._tb.add_scalar(f"{prefix}/{key}", float(value), step)
     self._tb.flush()
+    self._mirror.sync()
     self.stream.write(self._console_line(step, metrics, prefix) + "\n")
     self.stream.flush()
 
@@ -83,3 +86,5 @@ class MetricsWriter:
       self._jsonl.close()
     if self._tb:
       self._tb.close()
+    if self._mirror:
+      self._mirror.close()

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bertjax.models import init_compiler_options
@@ -27,8 +28,8 @@ Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 
 # The mesh axis names every config uses, outermost first. `data` is pure data parallelism
 # (replicated parameters), `fsdp` shards data *and* parameters/optimizer state (ZeRO-3),
-# `tensor` splits heads, MLP and vocabulary (Megatron). Room is left for a DCN axis
-# (multi-slice) in front.
+# `tensor` splits heads, MLP and vocabulary (Megatron). On several TPU slices each axis is
+# split again over the slices (`dcn_mesh`, data parallel across slices by default).
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Presets of the rules table. Each works on any mesh; axes of size 1 shard nothing, so the
@@ -56,36 +57,89 @@ def resolve_rules(rules: str | Rules) -> list[tuple[str, Any]]:
   return [(name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules]
 
 
-def mesh_shape(axis_sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
-  """Sizes per MESH_AXES with one -1 meaning "all remaining devices", validated."""
+def mesh_shape(axis_sizes: Mapping[str, int], num_devices: int,
+               what: str = "mesh") -> tuple[int, ...]:
+  """Sizes per MESH_AXES with one -1 meaning "all remaining devices", validated. `what` names
+  the config group in errors ("mesh", or "dcn_mesh" over slices)."""
   unknown = sorted(set(axis_sizes) - set(MESH_AXES))
   if unknown:
-    raise ValueError(f"unknown mesh axis {', '.join(unknown)}; mesh axes are "
+    raise ValueError(f"unknown {what} axis {', '.join(unknown)}; mesh axes are "
                      f"{', '.join(MESH_AXES)}")
   sizes = [int(axis_sizes.get(name, 1)) for name in MESH_AXES]
+  unit = "slices" if what == "dcn_mesh" else "devices"
   if sizes.count(-1) > 1:
-    raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+    raise ValueError(f"at most one {what} axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
   if any(s == 0 or s < -1 for s in sizes):
-    raise ValueError(f"mesh axis sizes must be positive or -1, got "
+    raise ValueError(f"{what} axis sizes must be positive or -1, got "
                      f"{dict(zip(MESH_AXES, sizes))}")
   fixed = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % fixed:
-      raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+      raise ValueError(f"{what} {dict(zip(MESH_AXES, sizes))}: {num_devices} {unit} are not "
                        f"divisible by the fixed axes' product {fixed}")
     sizes[sizes.index(-1)] = num_devices // fixed
   if math.prod(sizes) != num_devices:
-    raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices "
+    raise ValueError(f"{what} {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} {unit} "
                      f"but {num_devices} are available")
   return tuple(sizes)
 
 
-def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[Any] | None = None) -> Mesh:
-  """A mesh over `devices` (default: all) with Auto axis types (GSPMD propagation)."""
+def num_slices(devices: Sequence[Any]) -> int:
+  """TPU slices the devices span (multi-slice devices carry `slice_index`; others: 1)."""
+  return len({getattr(d, "slice_index", 0) or 0 for d in devices})
+
+
+def make_mesh(axis_sizes: Mapping[str, int], devices: Sequence[Any] | None = None,
+              dcn_sizes: Mapping[str, int] | None = None) -> Mesh:
+  """A mesh over `devices` (default: all) with Auto axis types (GSPMD propagation).
+
+  `axis_sizes` lay the axes over the devices of one slice (ICI, in torus order);
+  `dcn_sizes` over the slices of a multi-slice job (DCN, default: data parallel across
+  slices). Each mesh axis is then dcn x ici devices long, slices outermost, built with
+  `mesh_utils.create_hybrid_device_mesh`."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(axis_sizes, len(devices))
-  return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(shape),
-                       devices=devices)
+  slices = num_slices(devices)
+  if len(devices) % slices:
+    raise ValueError(f"{len(devices)} devices do not split evenly into {slices} slices")
+  dcn = mesh_shape(dict(dcn_sizes) if dcn_sizes else {"data": -1}, slices, "dcn_mesh")
+  ici = mesh_shape(axis_sizes, len(devices) // slices)
+  axis_types = (AxisType.Auto,) * len(MESH_AXES)
+  if slices == 1:
+    return jax.make_mesh(ici, MESH_AXES, axis_types=axis_types, devices=devices)
+  grid = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                              allow_split_physical_axes=True)
+  return Mesh(grid, MESH_AXES, axis_types=axis_types)
+
+
+def mesh_from_config(config: Any, devices: Sequence[Any] | None = None) -> Mesh:
+  """The run's mesh: `config.mesh` within a slice, `config.dcn_mesh` across slices."""
+  dcn = config.get("dcn_mesh")
+  return make_mesh({k: int(v) for k, v in dict(config.mesh).items()}, devices,
+                   {k: int(v) for k, v in dict(dcn).items()} if dcn else None)
+
+
+def batch_axes(rules: Rules) -> tuple[str, ...]:
+  """The mesh axes the rules shard the `batch` dimension over."""
+  axes = nn.logical_to_mesh_axes(("batch",), rules)[0] or ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def batch_ways(mesh: Mesh, rules: Rules) -> int:
+  """Into how many row blocks the rules split a batch on `mesh` (its data-parallel width)."""
+  return math.prod(mesh.shape[a] for a in batch_axes(rules))
+
+
+def check_batch(batch_size: int, accum_steps: int, mesh: Mesh, rules: Rules) -> None:
+  """A ValueError naming the numbers when a batch (or its micro-batches) cannot be split
+  evenly over the mesh's data-parallel ways."""
+  ways = batch_ways(mesh, rules)
+  if batch_size < 1 or accum_steps < 1 or batch_size % accum_steps or (
+      (batch_size // accum_steps) % ways):
+    raise ValueError(
+        f"batch_size={batch_size} with grad_accum_steps={accum_steps} gives micro-batches of "
+        f"{batch_size / max(accum_steps, 1):g} sequences, not divisible by the {ways} "
+        f"data-parallel ways of mesh {dict(mesh.shape)} (the sharding rules put 'batch' on "
+        f"{', '.join(batch_axes(rules)) or 'no axis'})")
 
 
 def logical_specs(boxed_tree: Any) -> Any:

@@ -66,8 +66,9 @@ def optimizer_state_shardings(abstract_opt_state: Any, param_shardings: Any, par
 
 def batch_shardings(example: dict[str, Any], mesh: Mesh, rules) -> dict[str, NamedSharding]:
   """Every batch field sharded over the mesh axes the rules give `batch`, on dimension 0."""
-  batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
-  return {k: NamedSharding(mesh, PartitionSpec(batch_axes, *([None] * (np.ndim(v) - 1))))
+  axes = sharding.batch_axes(rules)
+  rows = axes[0] if len(axes) == 1 else (axes or None)
+  return {k: NamedSharding(mesh, PartitionSpec(rows, *([None] * (np.ndim(v) - 1))))
           for k, v in example.items()}
 
 

@@ -3,7 +3,8 @@
 WORKDIR/checkpoints/<step>/ is an Orbax CheckpointManager step with four items:
   params   the parameters (each process writes its own shards; restored into any mesh)
   train    step, optimizer state and the dropout RNG key data
-  data     the data iterator's state, one JSON file per process (Grain's handler)
+  data     the data iterators' state, one JSON file per process, restorable onto any process
+           count (DataStateHandler)
   config   the resolved run config (JSON)
 Orbax writes a step into a temporary directory and renames it when every item of every
 process is written, so a step that appears is complete; a step killed mid-write is never
@@ -14,17 +15,20 @@ not fit the config is an error listing the parameters that differ.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
-import grain
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from bertjax import paths
+from bertjax.data.pipeline import merge_states
 from bertjax.models import ModelConfig
 from bertjax.train import TrainState
 
@@ -37,22 +41,44 @@ class CheckpointMismatch(ValueError):
   """A checkpoint whose arrays do not fit the config (never silently skipped)."""
 
 
-class _IteratorState:
-  """Any iterator with get_state()/set_state() (dict states) as Grain's checkpoint handler
-  expects: JSON bytes. One file per process, written at save time (synchronously: the state
-  of the batches consumed up to the saved step)."""
+class DataStateHandler(ocp.CheckpointHandler):
+  """The data iterators' positions: each process writes its iterator's state as
+  `process_<i>.json`; a restore reads every process's file and hands the merged state to the
+  iterator (`pipeline.merge_states`), which takes its own rows from it. So a run saved by N
+  processes resumes exactly on M. Written synchronously at save time: the state of the
+  batches consumed up to the saved step."""
 
-  def __init__(self, batches: Any):
-    self.batches = batches
+  def save(self, directory: epath.Path, args: "DataSave") -> None:
+    state = json.dumps(args.iterator.get_state())
+    (directory / f"process_{jax.process_index()}.json").write_text(state)
 
-  def get_state(self) -> bytes:
-    return json.dumps(self.batches.get_state()).encode()
+  def restore(self, directory: epath.Path, args: "DataRestore") -> Any:
+    files = sorted(directory.glob("process_*.json"))
+    if not files:
+      raise FileNotFoundError(f"{directory}: no data-iterator state (process_*.json)")
+    args.iterator.set_state(merge_states([json.loads(f.read_text()) for f in files]))
+    return args.iterator
 
-  def set_state(self, state: bytes) -> None:
-    self.batches.set_state(json.loads(state.decode()))
+  def metadata(self, directory: epath.Path) -> None:
+    return None
 
-  def start_prefetch(self) -> None:  # called by Grain's handler after a restore
+  def finalize(self, directory: epath.Path) -> None:
     pass
+
+  def close(self) -> None:
+    pass
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_save=True)
+@dataclasses.dataclass
+class DataSave(ocp.args.CheckpointArgs):
+  iterator: Any
+
+
+@ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+@dataclasses.dataclass
+class DataRestore(ocp.args.CheckpointArgs):
+  iterator: Any
 
 
 def _shape_tree(tree: Any) -> dict[str, tuple]:
@@ -65,7 +91,7 @@ class TrainCheckpoints:
 
   def __init__(self, workdir: str | Path, config: ml_collections.ConfigDict):
     c = config.checkpoint
-    self.directory = Path(workdir).absolute() / "checkpoints"
+    self.directory = paths.path(workdir) / "checkpoints"
     self.every = int(c.every)
     options = ocp.CheckpointManagerOptions(
         # Saves are decided by the loop (interval, preemption, the end); Orbax keeps K.
@@ -79,7 +105,7 @@ class TrainCheckpoints:
         self.directory, options=options, item_names=ITEMS,
         item_handlers={"params": ocp.StandardCheckpointHandler(),
                        "train": ocp.StandardCheckpointHandler(),
-                       "data": grain.checkpoint.CheckpointHandler(),
+                       "data": DataStateHandler(),
                        "config": ocp.JsonCheckpointHandler()})
 
   def steps(self) -> list[int]:
@@ -99,7 +125,7 @@ class TrainCheckpoints:
         params=ocp.args.StandardSave(state.params),
         train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state,
                                      "rng": state.rng}),
-        data=grain.checkpoint.CheckpointSave(_IteratorState(batches)),
+        data=DataSave(batches),
         config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())))
     self.manager.save(step, args=args, force=True)
 
@@ -145,7 +171,7 @@ class TrainCheckpoints:
                                              "rng": abstract_state.rng}),
       }
       if batches is not None:
-        items["data"] = grain.checkpoint.CheckpointRestore(_IteratorState(batches))
+        items["data"] = DataRestore(batches)
       try:
         self.check_shapes(candidate, abstract_state.params)
         restored = self.manager.restore(candidate, args=ocp.args.Composite(**items))
@@ -191,14 +217,14 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
                       tree, shardings)
 
 
-def run_params(workdir: str | Path, step: int | None = None
+def run_params(workdir: paths.PathLike, step: int | None = None
                ) -> tuple[Any, ModelConfig, Path | None, int]:
   """(params, model config, tokenizer directory or None, step) of a training run's checkpoint
   (default: the latest): the parameters only, on this process's first device — the optimizer
   state is never read. What export and fine-tuning start from."""
   from bertjax import checkpoint
   from bertjax.config import model_config
-  workdir = Path(workdir)
+  workdir = paths.path(workdir)
   probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
                                                      "async_save": False}})
   checkpoints = TrainCheckpoints(workdir, probe)
@@ -217,6 +243,6 @@ def run_params(workdir: str | Path, step: int | None = None
   dataset = saved.data.get("dataset", "") if "data" in saved else ""
   tokenizer = next((c for c in (workdir / "params" / "tokenizer",
                                 workdir / "data" / "dataset" / "tokenizer",
-                                Path(dataset) / "tokenizer" if dataset else None)
+                                paths.path(dataset) / "tokenizer" if dataset else None)
                     if c is not None and c.is_dir()), None)
-  return params, config, tokenizer, step
+  return params, config, paths.local_copy(tokenizer) if tokenizer else None, step

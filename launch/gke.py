@@ -10,7 +10,15 @@ Preemption: a JobSet whose pod dies (a Spot node reclaimed, a host failure) is r
 whole, at most --max-restarts times (failurePolicy.maxRestarts); the pods get SIGTERM first
 (bertjax saves a checkpoint and exits 0) and the new pods resume from the latest checkpoint in
 the same workdir. GKE sets TPU_WORKER_HOSTNAMES / TPU_WORKER_ID in TPU pods, from which JAX
-(through bertjax.distributed) finds its peers; nothing else is injected.
+(through bertjax.distributed) finds its peers; the launcher sets no variables of its own.
+
+Several slices (--num-slices N; a JobSet or xpk, not --kind job): the replicated Job gets
+`replicas: N`, one Job per slice, each on its own node pool of the slice's shape (the
+exclusive-topology annotation), and the pods use the host network, as in xpk's multislice
+template and the JobSet TPU example. GKE then sets the MEGASCALE_* variables of the slices
+over DCN in the pods (JAX: "GKE via JobSet"; not checked in detail here) and
+bertjax.distributed leaves the cluster detection to JAX; the mesh across slices is
+config.dcn_mesh (data parallel by default).
 
 The container needs bertjax: an --image with it installed, or --package, pip-installed when a
 pod starts. configs/ travels as a ConfigMap mounted at /bertjax/configs (the working
@@ -40,9 +48,11 @@ EXAMPLE = """example (BERT-base on a v4-32 slice: 16 chips on 4 hosts, Spot node
       --name bert-base --tpu-type v4-32 --bucket my-bucket --dry-run -- \\
       bertjax train --config configs/bert_base.py --workdir /gcs/my-bucket/bert-base
 
+  on 2 slices over DCN (one node pool per slice): add --num-slices 2 (JobSet or xpk)
+
   --dry-run prints the manifest and the exact commands instead of running them. Exit codes:
   0 applied, 2 a bad request (unknown TPU type, hosts or topology not matching it, workdir
-  outside the bucket, no way to get bertjax into the container).
+  outside the bucket, no way to get bertjax into the container, --num-slices with --kind job).
 """
 DEFAULT_IMAGE = "python:3.11"
 WORKDIR_IN_POD = "/bertjax"
@@ -58,7 +68,7 @@ def container_script(args: argparse.Namespace, train: list[str], requirement: st
 
 def manifest(args: argparse.Namespace, tpu, topology: str, train: list[str]) -> str:
   """A JobSet (or Indexed Job + headless Service) as YAML text."""
-  name, hosts, chips = args.name, tpu.hosts, tpu.chips_per_host
+  name, hosts, chips, slices = args.name, tpu.hosts, tpu.chips_per_host, args.num_slices
   mount = f"/gcs/{args.bucket}"
   script = container_script(args, train, args.package)
   selectors = [f"cloud.google.com/gke-tpu-accelerator: {tpu.gke_accelerator}",
@@ -73,6 +83,8 @@ def manifest(args: argparse.Namespace, tpu, topology: str, train: list[str]) -> 
          "  restartPolicy: Never", f"  terminationGracePeriodSeconds: {args.grace}"]
   if args.kind == "job":
     pod.append(f"  subdomain: {name}")
+  if slices > 1:  # as xpk's multislice JobSet and the JobSet TPU multislice example
+    pod += ["  hostNetwork: true", "  dnsPolicy: ClusterFirstWithHostNet"]
   if args.service_account:
     pod.append(f"  serviceAccountName: {args.service_account}")
   pod += ["  nodeSelector:"] + [f"    {s}" for s in selectors]
@@ -102,7 +114,10 @@ def manifest(args: argparse.Namespace, tpu, topology: str, train: list[str]) -> 
             "    alpha.jobset.sigs.k8s.io/exclusive-topology: cloud.google.com/gke-nodepool",
             "spec:", "  failurePolicy:",
             f"    maxRestarts: {args.max_restarts}  # re-create all pods after a failure",
-            "  replicatedJobs:", "  - name: workers", "    replicas: 1", "    template:",
+            "  replicatedJobs:", "  - name: workers",
+            "    replicas: 1" if slices == 1 else
+            f"    replicas: {slices}  # one Job per slice, each on its own node pool",
+            "    template:",
             "      spec:", "        completionMode: Indexed",
             f"        parallelism: {hosts}  # one pod per TPU host",
             f"        completions: {hosts}",
@@ -127,7 +142,7 @@ def pod_selector(args: argparse.Namespace) -> str:
 
 def xpk_command(args: argparse.Namespace, tpu, train: list[str]) -> list[str]:
   cmd = ["xpk", "workload", "create", f"--cluster={args.cluster}", f"--workload={args.name}",
-         f"--tpu-type={tpu.accelerator_type}", "--num-slices=1",
+         f"--tpu-type={tpu.accelerator_type}", f"--num-slices={args.num_slices}",
          f"--max-restarts={args.max_restarts}"]
   if args.project:
     cmd.append(f"--project={args.project}")
@@ -153,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--name", required=True, help="JobSet / Job / xpk workload name")
   p.add_argument("--tpu-type", required=True,
                  help="accelerator type as for TPU VMs: v4-32, v5p-32, v5litepod-16, v6e-16...")
-  p.add_argument("--hosts", type=int, help="expected number of hosts (checked against the type)")
+  p.add_argument("--hosts", type=int,
+                 help="expected number of hosts per slice (checked against the type)")
+  p.add_argument("--num-slices", type=int, default=1,
+                 help="slices of --tpu-type joined over the data-center network (multislice; "
+                 "JobSet or xpk, one node pool per slice); default 1")
   p.add_argument("--topology", help="slice topology (default: the standard shape of the type, "
                  "e.g. v4-32 -> 2x2x4, v5litepod-16 -> 4x4)")
   p.add_argument("--bucket", required=True, help="GCS bucket mounted at /gcs/BUCKET in each pod")
@@ -182,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--dry-run", action="store_true", help="print the manifest and the commands")
   a = p.parse_args(own)
   try:
+    if a.num_slices < 1:
+      raise UsageError(f"--num-slices must be 1 or more, got {a.num_slices}")
+    if a.num_slices > 1 and a.kind == "job" and not a.xpk:
+      raise UsageError("--num-slices > 1 needs a JobSet (one Job per slice): an Indexed Job "
+                       "(--kind job) spans one slice only")
     tpu = parse_tpu_type(a.tpu_type, a.hosts)
     default_topology = tpu.topology
     topology = a.topology or default_topology
@@ -197,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
                        "--config configs/bert_base.py --workdir /gcs/BUCKET/RUN")
     mount = f"/gcs/{a.bucket}"
     workdir = flag_value(train, "--workdir")
-    if workdir is None or not workdir.startswith(mount + "/"):
+    inside = [f"{mount}/", f"gs://{a.bucket}/"]  # the mount, or gs:// (written natively)
+    if workdir is None or not any(workdir.startswith(p) and len(workdir) > len(p)
+                                  for p in inside):
       raise UsageError(f"the training --workdir must be a directory under {mount} (the bucket "
-                       f"mounted in every pod), got {workdir!r}")
+                       f"mounted in every pod) or gs://{a.bucket}/, got {workdir!r}")
     if a.xpk and not a.cluster:
       raise UsageError("--xpk needs --cluster")
     if not a.xpk and a.image == DEFAULT_IMAGE and not a.package:
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
   out = sys.stdout
-  head = (f"# {a.name}: {tpu.describe().replace(tpu.topology, topology)}; "
+  head = (f"# {a.name}: {tpu.describe(a.num_slices).replace(tpu.topology, topology)}; "
           f"GKE {tpu.gke_accelerator} nodes ({tpu.gke_machine_type})")
   if a.xpk:
     storage = a.storage or a.bucket
@@ -240,17 +266,22 @@ def main(argv: list[str] | None = None) -> int:
   wait = ["kubectl", "wait", "--for=condition=Ready", "pod", "-l", pod_selector(a),
           "--timeout=1h"]
   logs = ["kubectl", "logs", "-f", "-l", pod_selector(a), "-c", "bertjax", "--prefix",
-          f"--max-log-requests={tpu.hosts}", "--tail=-1"]
+          f"--max-log-requests={tpu.hosts * a.num_slices}", "--tail=-1"]
   status = ["kubectl", "get", "jobset" if a.kind == "jobset" else "job", a.name]
-  node_pool = ["gcloud", "container", "node-pools", "create", f"{a.name}-pool",
-               "--cluster=CLUSTER", "--location=ZONE", f"--machine-type={tpu.gke_machine_type}",
-               f"--tpu-topology={topology}", f"--num-nodes={tpu.hosts}"] + \
-      (["--spot"] if a.spot else [])
+  pools = ([f"{a.name}-pool"] if a.num_slices == 1 else
+           [f"{a.name}-pool-{i}" for i in range(a.num_slices)])
+  node_pools = [["gcloud", "container", "node-pools", "create", pool, "--cluster=CLUSTER",
+                 "--location=ZONE", f"--machine-type={tpu.gke_machine_type}",
+                 f"--tpu-topology={topology}", f"--num-nodes={tpu.hosts}"]
+                + (["--spot"] if a.spot else []) for pool in pools]
   if a.dry_run:
     print(head, file=out)
-    print("# prerequisite (once): a TPU node pool of this shape, the GCS FUSE CSI driver and "
+    pool = ("a TPU node pool of this shape" if a.num_slices == 1 else
+            f"{a.num_slices} TPU node pools of this shape (one per slice)")
+    print(f"# prerequisite (once): {pool}, the GCS FUSE CSI driver and "
           "(for JobSet) the JobSet controller in the cluster, e.g.", file=out)
-    print("#   " + show(node_pool), file=out)
+    for node_pool in node_pools:
+      print("#   " + show(node_pool), file=out)
     print(f"cat > {shlex.quote(path)} <<'EOF'", file=out)
     out.write(text)
     print("EOF", file=out)

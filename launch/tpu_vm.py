@@ -2,7 +2,9 @@
 """Train on a Cloud TPU VM pod slice: create it (a queued resource, optionally Spot), mount a
 GCS bucket and install bertjax on every worker, run the same `bertjax train` on all workers
 (`--worker=all`) with the output streamed and appended to a log file, and re-create the slice
-and re-run after a preemption, so the run resumes from its latest checkpoint.
+and re-run after a preemption, so the run resumes from its latest checkpoint. With
+--num-slices N, one queued resource of N such slices joined over the data-center network (DCN,
+multislice): every step goes to each slice's node, and the run starts on all slices at once.
 
 actions (default: up):
   up       create + wait + mount + install + run, then supervise: when the run fails or the
@@ -10,11 +12,13 @@ actions (default: up):
            workdir: resumes), at most --max-restarts times; exit 0 when the run exits 0
   create   create the queued resource and wait until it is ACTIVE
   install  mount the bucket and install bertjax (+ configs/) on every worker
-  run      run the training command on every worker once (output to the console and the log)
+  run      run the training command on every worker once (output to the console and the log;
+           with several slices, one ssh per slice at once, lines prefixed [slice i])
   status   print the queued resource's state
   delete   delete the queued resource and its slice
 
-The training command follows `--`; its --workdir must be under the bucket's mount point
+The training command follows `--`; its --workdir must be on the bucket, as gs://BUCKET/RUN or
+under the bucket's mount point
 (/gcs/BUCKET) so every worker and every re-created slice sees the same checkpoints.
 Stdlib only: runs on a laptop with gcloud installed, no bertjax or jax needed.
 """
@@ -25,8 +29,10 @@ import argparse
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,9 @@ EXAMPLE = """example (BERT-base on a v4-16: 8 chips on 2 hosts, Spot):
       --tpu-type v4-16 --spot --bucket my-bucket --dry-run -- \\
       bertjax train --config configs/bert_base.py --workdir /gcs/my-bucket/bert-base \\
       --config.data.dataset=/gcs/my-bucket/data/wiki
+
+  the same on 2 v5litepod-16 slices over DCN (32 chips on 8 hosts, data parallel across the
+  slices, config.dcn_mesh): --tpu-type v5litepod-16 --num-slices 2 instead of --tpu-type v4-16
 
   --dry-run prints the exact commands of one cycle (create, wait, mount, install, run) instead
   of running them; drop it to launch. Exit codes: 0 the run finished, 2 a bad request (unknown
@@ -94,7 +103,11 @@ class TpuSlice:
     table = TOPOLOGY_3D if self.generation in ("v4", "v5p") else TOPOLOGY_2D
     return table[self.chips]
 
-  def describe(self) -> str:
+  def describe(self, slices: int = 1) -> str:
+    if slices > 1:
+      return (f"{slices} x {self.accelerator_type} = {slices * self.chips} chips on "
+              f"{slices * self.hosts} hosts ({slices} slices over DCN), "
+              f"{self.chips_per_host} chips per host, topology {self.topology} per slice")
     return (f"{self.accelerator_type} = {self.chips} chips on {self.hosts} host"
             f"{'s' if self.hosts > 1 else ''} ({self.chips_per_host} chips each), "
             f"topology {self.topology}")
@@ -165,11 +178,19 @@ class Commands:
     self.a, self.tpu, self.train = args, tpu, train
     self.loc = [f"--zone={args.zone}"] + ([f"--project={args.project}"] if args.project else [])
     self.mount = f"/gcs/{args.bucket}" if args.bucket else None
+    self.slices = args.num_slices
+    # One slice is node NAME; N slices (--node-prefix) are nodes NAME-0 ... NAME-(N-1).
+    self.nodes = ([args.name] if self.slices == 1 else
+                  [f"{args.name}-{i}" for i in range(self.slices)])
 
   def create(self) -> list[str]:
     a = self.a
+    # N slices are one request, --node-count with --node-prefix instead of --node-id (the two
+    # exclude each other); describe and delete still act on the queued resource NAME.
+    nodes = ([f"--node-id={a.name}"] if self.slices == 1 else
+             [f"--node-count={self.slices}", f"--node-prefix={a.name}"])
     cmd = ["gcloud", "compute", "tpus", "queued-resources", "create", a.name,
-           f"--node-id={a.name}", *self.loc, f"--accelerator-type={self.tpu.accelerator_type}",
+           *nodes, *self.loc, f"--accelerator-type={self.tpu.accelerator_type}",
            f"--runtime-version={a.runtime_version or self.tpu.runtime_version}"]
     if a.spot:
       cmd.append("--spot")
@@ -189,13 +210,13 @@ class Commands:
     return ["gcloud", "compute", "tpus", "queued-resources", "delete", self.a.name,
             *self.loc, "--force", "--quiet"]
 
-  def ssh(self, remote: str) -> list[str]:
-    return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", self.a.name, *self.loc,
+  def ssh(self, remote: str, node: str | None = None) -> list[str]:
+    return ["gcloud", "compute", "tpus", "tpu-vm", "ssh", node or self.a.name, *self.loc,
             "--worker=all", f"--command={remote}"]
 
-  def scp(self, local: str, recurse: bool = False) -> list[str]:
+  def scp(self, local: str, recurse: bool = False, node: str | None = None) -> list[str]:
     return (["gcloud", "compute", "tpus", "tpu-vm", "scp"] + (["--recurse"] if recurse else [])
-            + [local, f"{self.a.name}:~/", *self.loc, "--worker=all"])
+            + [local, f"{node or self.a.name}:~/", *self.loc, "--worker=all"])
 
   def mount_remote(self) -> str:
     """Install gcsfuse if missing, mount the bucket at /gcs/BUCKET (idempotent)."""
@@ -238,15 +259,40 @@ class Commands:
     """The training command on each worker, with the multi-host variables bertjax reads: on a
     TPU VM JAX finds its peers through the metadata server, which bertjax.distributed does not
     look at, so the worker number and worker 0's address come from there explicitly."""
-    if self.tpu.hosts == 1:
-      return f"cd ~ && . {VENV}/bin/activate && exec {show(self.train)}"
     meta = ("curl -sf -H Metadata-Flavor:Google "
             "http://metadata.google.internal/computeMetadata/v1/instance/attributes/")
+    if self.slices > 1:
+      return self.run_remote_multislice(meta)
+    if self.tpu.hosts == 1:
+      return f"cd ~ && . {VENV}/bin/activate && exec {show(self.train)}"
     return (f"cd ~ && . {VENV}/bin/activate && "
             f"export BERTJAX_PROCESS_ID=$({meta}agent-worker-number) "
             f"BERTJAX_NUM_PROCESSES={self.tpu.hosts} "
             f"BERTJAX_COORDINATOR_ADDRESS=$({meta}worker-network-endpoints "
             f"| cut -d, -f1 | rev | cut -d: -f1 | rev):{COORDINATOR_PORT} && "
+            f"exec {show(self.train)}")
+
+  def run_remote_multislice(self, meta: str) -> str:
+    """The same for N slices. The queued resource writes MEGASCALE_* values into the metadata
+    attribute tpu-env (lines like `MEGASCALE_SLICE_ID: '1'`, parsed as MaxText's startup script
+    does), where libtpu and JAX read them. JAX numbers processes slice-major, process id =
+    slice id * hosts per slice + worker number, with its coordinator on the host named by
+    MEGASCALE_COORDINATOR_ADDRESS (slice 0, worker 0): computing the ids the same way on each
+    VM keeps them in line with the runtime's slice ids, whichever node NAME-i got which id.
+    That value's format (IP or hostname, with a port or not) is undocumented: a port is cut.
+    The quotes around a value are deleted with tr (\\047 = ') to keep ' out of the command."""
+    hosts, slices = self.tpu.hosts, self.slices
+    value = 'echo "$TPU_ENV" | grep ^MEGASCALE_{}: | cut -d: -f2- | tr -d "\\047\\" "'
+    return (f"cd ~ && . {VENV}/bin/activate || exit 1; "
+            f"TPU_ENV=$({meta}tpu-env); WORKER=$({meta}agent-worker-number); "
+            f"SLICE_ID=$({value.format('SLICE_ID')}); "
+            f"COORDINATOR=$({value.format('COORDINATOR_ADDRESS')}); "
+            'if [ -z "$SLICE_ID" ] || [ -z "$COORDINATOR" ] || [ -z "$WORKER" ]; then '
+            'echo "no MEGASCALE_SLICE_ID/MEGASCALE_COORDINATOR_ADDRESS in the tpu-env metadata '
+            'or no agent-worker-number: not a multislice TPU VM" >&2; exit 1; fi; '
+            f"export BERTJAX_PROCESS_ID=$((SLICE_ID * {hosts} + WORKER)) "
+            f"BERTJAX_NUM_PROCESSES={slices * hosts} "
+            f"BERTJAX_COORDINATOR_ADDRESS=${{COORDINATOR%:*}}:{COORDINATOR_PORT} && "
             f"exec {show(self.train)}")
 
 
@@ -294,6 +340,73 @@ class Runner:
       raise subprocess.CalledProcessError(proc.returncode, argv)
     return proc
 
+  def concurrent(self, argvs: list[list[str]], grace: float) -> int:
+    """Runs the commands at once, every output line prefixed with `[slice i]` on the console
+    and in the log file. 0 if all exit 0, else the first failure's code; after a failure the
+    others get `grace` seconds to exit by themselves, then they are terminated. A dry run
+    prints them as a shell script: each command with `&`, then `wait`."""
+    if self.dry_run:
+      for argv in argvs:
+        print(show(argv) + " &", flush=True)
+      print("wait", flush=True)
+      return 0
+    lock = threading.Lock()
+    with open(self.log_file, "a") as log:
+
+      def pump(i: int, stream) -> None:
+        for line in stream:
+          with lock:
+            sys.stdout.write(f"[slice {i}] {line}")
+            sys.stdout.flush()
+            log.write(f"[slice {i}] {line}")
+            log.flush()
+
+      # Each in its own process group, so that ending one also ends the ssh gcloud started.
+      procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1, start_new_session=True) for argv in argvs]
+      threads = [threading.Thread(target=pump, args=(i, p.stdout), daemon=True)
+                 for i, p in enumerate(procs)]
+      for t in threads:
+        t.start()
+      first, failed_at, stopped = 0, None, False
+      try:
+        while True:
+          codes = [p.poll() for p in procs]
+          for i, code in enumerate(codes):
+            if code not in (None, 0) and failed_at is None:
+              first, failed_at = code, time.monotonic()
+              if None in codes:
+                with lock:
+                  self.note(f"slice {i}'s run exited with {code}; the other slices have "
+                            f"{grace:.0f} s to exit")
+          if None not in codes:
+            break
+          if failed_at is not None and not stopped and time.monotonic() - failed_at > grace:
+            with lock:
+              self.note("terminating the runs still going")
+            stop(procs)
+            stopped = True
+          time.sleep(0.2)
+      finally:
+        stop(procs)
+        for t in threads:
+          t.join(timeout=5)
+    return first
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+  """SIGTERM to the process group of each process still running."""
+  for p in procs:
+    if p.poll() is not None:
+      continue
+    try:
+      if hasattr(os, "killpg"):
+        os.killpg(p.pid, signal.SIGTERM)
+      else:
+        p.terminate()
+    except ProcessLookupError:
+      pass
+
 
 def state(c: Commands, run: Runner) -> str:
   out = run(c.describe(), capture=True)
@@ -301,7 +414,9 @@ def state(c: Commands, run: Runner) -> str:
 
 
 def create_and_wait(c: Commands, run: Runner, poll: float) -> None:
-  run.note("create the slice (queued resource; the request waits in the queue for capacity)")
+  what = ("the slice (queued resource" if c.slices == 1 else
+          f"the {c.slices} slices, nodes {c.nodes[0]} to {c.nodes[-1]} (one queued resource")
+  run.note(f"create {what}; the request waits in the queue for capacity)")
   run(c.create())
   run.note(f"wait until the queued resource is ACTIVE (polled every {poll:.0f} s)")
   if run.dry_run:
@@ -318,18 +433,28 @@ def create_and_wait(c: Commands, run: Runner, poll: float) -> None:
 
 
 def install(c: Commands, run: Runner) -> None:
-  run.note(f"mount gs://{c.a.bucket} at {c.mount} on every worker (gcsfuse)")
-  run(c.ssh(c.mount_remote()))
-  run.note("install bertjax on every worker" + ("" if c.a.package else
+  every = "every worker" + (f" of the {c.slices} slices" if c.slices > 1 else "")
+  run.note(f"mount gs://{c.a.bucket} at {c.mount} on {every} (gcsfuse)")
+  for node in c.nodes:
+    run(c.ssh(c.mount_remote(), node))
+  run.note(f"install bertjax on {every}" + ("" if c.a.package else
            " from a wheel of this checkout"))
   if not c.a.package:
     run(c.build())
-    run(c.scp(rel(REPO / "dist" / c.wheel_name())))
-  run(c.scp(rel(Path(c.a.configs)), recurse=True))
-  run(c.ssh(c.install_remote()))
+  for node in c.nodes:
+    if not c.a.package:
+      run(c.scp(rel(REPO / "dist" / c.wheel_name()), node=node))
+    run(c.scp(rel(Path(c.a.configs)), recurse=True, node=node))
+    run(c.ssh(c.install_remote(), node))
 
 
 def train(c: Commands, run: Runner) -> int:
+  if c.slices > 1:
+    # All slices at once: the processes of every slice meet in jax.distributed.initialize.
+    run.note(f"run the training on all {c.tpu.hosts * c.slices} workers of the {c.slices} "
+             f"slices at once, one ssh per slice (output prefixed [slice i] for node "
+             f"{c.a.name}-i, streamed here and appended to {run.log_file})")
+    return run.concurrent([c.ssh(c.run_remote(), node) for node in c.nodes], c.a.grace)
   run.note(f"run the training on all {c.tpu.hosts} worker{'s' if c.tpu.hosts > 1 else ''} "
            f"(output streamed here and appended to {run.log_file})")
   return run(c.ssh(c.run_remote()), stream_to_log=True, check=False).returncode
@@ -342,7 +467,8 @@ def up(c: Commands, run: Runner) -> int:
     install(c, run)
     train(c, run)
     run.note("supervision: when the run fails or the queued resource is PREEMPTED/SUSPENDED/"
-             "FAILED, the loop deletes the slice,")
+             "FAILED, the loop deletes the " + ("slice," if c.slices == 1 else
+                                                 f"queued resource (all {c.slices} slices),"))
     run(c.delete())
     run.note(f"and repeats create, wait, mount, install and run (same --workdir: the run resumes "
              f"from its latest checkpoint), at most --max-restarts={a.max_restarts} times")
@@ -389,7 +515,11 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--project", help="GCP project (default: gcloud's configured project)")
   p.add_argument("--tpu-type", required=True,
                  help="accelerator type: v4-16, v4-32, v5p-32, v5litepod-16, v6e-16, ...")
-  p.add_argument("--hosts", type=int, help="expected number of hosts (checked against the type)")
+  p.add_argument("--hosts", type=int,
+                 help="expected number of hosts per slice (checked against the type)")
+  p.add_argument("--num-slices", type=int, default=1,
+                 help="slices of --tpu-type in one queued resource, joined over the data-center "
+                 "network (multislice; nodes NAME-0 ... NAME-(N-1)); default 1")
   p.add_argument("--runtime-version", help="TPU software version (default per generation: "
                  + ", ".join(f"{k} {v}" for k, v in RUNTIMES.items()) + ")")
   tier = p.add_mutually_exclusive_group()
@@ -409,11 +539,16 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--delete-when-done", action="store_true",
                  help="up: delete the slice once the run has finished (default: leave it up)")
   p.add_argument("--poll", type=float, default=60.0, help="seconds between state polls")
+  p.add_argument("--grace", type=float, default=300.0,
+                 help="several slices: seconds the other slices' runs get to exit after one "
+                 "fails, before their ssh is ended (default 300)")
   p.add_argument("--log-file", help="local log file the run's output is appended to "
                  "(default: NAME.log)")
   p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
   a = p.parse_args(own)
   try:
+    if a.num_slices < 1:
+      raise UsageError(f"--num-slices must be 1 or more, got {a.num_slices}")
     tpu = parse_tpu_type(a.tpu_type, a.hosts)
     if a.action in ("up", "run"):
       if not command:
@@ -424,9 +559,13 @@ def main(argv: list[str] | None = None) -> int:
                          "every worker, so all hosts and every restart see the checkpoints")
       workdir = flag_value(command, "--workdir")
       mount = f"/gcs/{a.bucket}"
-      if workdir is None or not (workdir + "/").startswith(mount + "/") or workdir == mount:
+      # Either through the bucket's gcsfuse mount or as gs:// (bertjax writes there natively).
+      inside = [f"{mount}/", f"gs://{a.bucket}/"]
+      if workdir is None or not any(workdir.startswith(p) and len(workdir) > len(p)
+                                    for p in inside):
         raise UsageError(f"the training --workdir must be a directory under {mount} (the "
-                         f"bucket's gcsfuse mount on every worker), got {workdir!r}")
+                         f"bucket's gcsfuse mount on every worker) or gs://{a.bucket}/, got "
+                         f"{workdir!r}")
     if a.action == "install" and not a.bucket:
       raise UsageError("--bucket is required (install also mounts it)")
   except UsageError as e:
@@ -436,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
   log_file = (a.log_file or f"{a.name}.log") if a.action in ("up", "run") else None
   run = Runner(a.dry_run, log_file)
   c = Commands(a, tpu, command)
-  run.note(f"{a.name}: {tpu.describe()}, zone {a.zone}, runtime "
+  run.note(f"{a.name}: {tpu.describe(a.num_slices)}, zone {a.zone}, runtime "
            f"{a.runtime_version or tpu.runtime_version}" + (", Spot" if a.spot else ""))
   try:
     if a.action == "up":
@@ -457,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[launch] failed: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:
-    print(f"\n[launch] interrupted; the slice is left running (delete it: {show(c.delete())})",
-          file=sys.stderr)
+    print(f"\n[launch] interrupted; the slice{'s are' if c.slices > 1 else ' is'} left running "
+          f"(delete {'them' if c.slices > 1 else 'it'}: {show(c.delete())})", file=sys.stderr)
     return 130
   return 0
 

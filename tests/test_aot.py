@@ -209,3 +209,32 @@ def test_compile_command_phase_two_and_exit_status(libtpu, capsys):
   code = cli.main(["compile", "--config", "bert_tiny", "--topology", "v4-16",
                    "--config.mesh.tensor=3"])
   assert code == 2 and "does not divide v4-16" in capsys.readouterr().err
+
+
+def test_compile_prints_what_each_host_loads_on_one_slice_and_on_two(libtpu, capsys):
+  """The pre-flight line for a single slice, and a 2-slice job (data parallel across the
+  slices over DCN, FSDP within each) that compiles."""
+  from bertjax import cli
+  assert cli.main(["compile", "--config", "bert_tiny", "--topology", "v4-16"]) == 0
+  out = capsys.readouterr().out
+  assert ("hosts           2 x 4 devices; each loads 16 of 32 rows (0.5 of the documents); "
+          "row sets disjoint and complete") in out
+  assert cli.main(["compile", "--config", "gpt_tiny", "--topology", "v5e-16", "--slices", "2",
+                   "--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.batch_size=64",
+                   "--config.sharding_rules=fsdp"]) == 0
+  out = capsys.readouterr().out
+  assert "x 2 slices over DCN (32 devices)" in out
+  assert "mesh            {'data': 2, 'fsdp': 16, 'tensor': 1}" in out
+  assert ("hosts           8 x 4 devices in 2 slices; each loads 8 of 64 rows (0.125 of "
+          "the documents); row sets disjoint and complete") in out
+  assert "fits          yes" in out
+
+
+def test_a_2_slice_gradient_all_reduce_crosses_slices(libtpu):
+  """Data parallel across 2 slices: the compiled program all-reduces the gradients."""
+  config = load_config("bert_tiny", [("mesh.data", "-1")])
+  report = aot.compile_for_topology(config, "v4-16", num_slices=2)
+  assert report.mesh == {"data": 16, "fsdp": 1, "tensor": 1}
+  assert report.topology.total_devices == 16 and report.fits
+  assert "all-reduce" in report.collectives
+  assert 0.9 < report.flops_ratio <= 1.05

@@ -2,7 +2,6 @@
 restore onto other meshes, fallback from a damaged latest step, exports from a run directory,
 and initialising a run from exported or Hugging Face weights."""
 
-import json
 import os
 import random
 import signal
@@ -71,17 +70,6 @@ def _run(workdir: Path, steps: int, args: list[str], *extra: str) -> subprocess.
   return result
 
 
-def _losses(workdir: Path) -> dict[int, float]:
-  """Train loss per step; a step logged twice (before a kill and after the resume) keeps the
-  later line."""
-  out = {}
-  for line in (workdir / "metrics.jsonl").read_text().splitlines():
-    record = json.loads(line)
-    if record["split"] == "train":
-      out[record["step"]] = record["loss"]
-  return out
-
-
 def _logged_steps(workdir: Path) -> int:
   path = workdir / "metrics.jsonl"
   if not path.exists():
@@ -116,7 +104,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, corpus, family):
   args = GPT_SYNTHETIC if family == "gpt" else _bert_corpus_args(corpus, workers=2)
   steps = 14
   _run(tmp_path / "straight", steps, args)
-  reference = _losses(tmp_path / "straight")
+  reference = train_helpers.step_losses(tmp_path / "straight")
   assert sorted(reference) == list(range(1, steps + 1))
 
   workdir = tmp_path / "killed"
@@ -129,7 +117,7 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path, corpus, family):
   assert saved and max(saved) <= kill_after, saved
   resumed = _run(workdir, steps, args)
   assert f"step {max(saved)}" in resumed.stderr
-  losses = _losses(workdir)
+  losses = train_helpers.step_losses(workdir)
   for step in range(max(saved) + 1, steps + 1):
     assert losses[step] == reference[step], (step, losses[step], reference[step])
   _assert_same_params(tmp_path / "straight" / "params", workdir / "params")
@@ -172,7 +160,7 @@ def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
   assert not (workdir / "params").exists()  # not finished: no final parameters yet
   resumed = _run(workdir, stopped + 3, GPT_SYNTHETIC)
   assert f"resumed from {workdir / 'checkpoints'} step {stopped}" in resumed.stderr
-  assert sorted(_losses(workdir))[-1] == stopped + 3
+  assert sorted(train_helpers.step_losses(workdir))[-1] == stopped + 3
 
 
 def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
@@ -191,7 +179,7 @@ def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
 
   def step_on(t, s):
     from bertjax import distributed
-    return float(t.step(s, distributed.global_batch(batch, t.batch_shardings,
+    return float(t.step(s, distributed.global_batch(batch, t.batch_shardings, rows,
                                                     config.batch_size))[1]["loss"])
 
   saved_params = jax.device_get(state.params)

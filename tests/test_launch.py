@@ -1,13 +1,17 @@
 """The cloud launchers (launch/tpu_vm.py, gke.py, slurm.py), through their --dry-run output for a
-pod of 4 hosts, their refusals of mismatched requests, and the TPU VM supervision loop against a
-fake `gcloud` on PATH. No network, no cloud: the scripts are run as a user runs them."""
+pod of 4 hosts and for 2 slices of 4 hosts (multislice), their refusals of mismatched requests,
+the TPU VM supervision loop against a fake `gcloud` on PATH, and the multislice run command
+against a fake metadata server (`curl`). No network, no cloud: the scripts are run as a user
+runs them."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,10 +140,124 @@ def test_tpu_vm_refuses_a_workdir_outside_the_bucket():
   assert f"--workdir must be a directory under /gcs/{BUCKET}" in r.stderr
   r = launch("tpu_vm.py", *TPU_ARGS)  # no training command at all
   assert r.returncode == 2 and "no training command" in r.stderr
+  # The bucket itself, as gs://, is fine (bertjax writes there natively); another bucket is not.
+  for workdir, code in ((f"gs://{BUCKET}/bert-base", 0), ("gs://other-bucket/bert-base", 2)):
+    train = [a if not a.startswith("/gcs/") else workdir for a in TRAIN]
+    r = launch("tpu_vm.py", *TPU_ARGS, *train)
+    assert r.returncode == code, r.stderr
+
+
+# Two v5litepod-16 slices (4 hosts of 4 chips each) in one queued resource.
+MULTI_ARGS = [a if a != "v4-32" else "v5litepod-16" for a in TPU_ARGS[:-1]] + [
+    "--num-slices", "2", "--"]
+
+
+def remote_command(argv: list[str]) -> str:
+  return next(a for a in argv if a.startswith("--command="))[len("--command="):]
+
+
+def test_tpu_vm_dry_run_of_2_slices():
+  r = launch("tpu_vm.py", *MULTI_ARGS, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  assert ("# bert-pod: 2 x v5litepod-16 = 32 chips on 8 hosts (2 slices over DCN)"
+          in r.stdout)
+  # The printout is a shell script: the concurrent runs end with ` &`, then `wait`.
+  assert subprocess.run(["bash", "-n"], input=r.stdout, text=True, check=False).returncode == 0
+  cmds = commands(r.stdout)
+  (create,) = [c for c in cmds if c[3:5] == ["queued-resources", "create"]]
+  assert create[5] == "bert-pod" and "--node-count=2 --node-prefix=bert-pod" in shlex.join(create)
+  assert not any(a.startswith("--node-id") for a in create), create
+  # The queued resource, not a node, is what describe and delete act on.
+  assert all(c[5] == "bert-pod" for c in cmds if c[3:4] == ["queued-resources"])
+  ssh = [c for c in cmds if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]]
+  assert all("--worker=all" in c for c in ssh)
+  mounts = [c[5] for c in ssh if "gcsfuse --implicit-dirs" in remote_command(c)]
+  installs = [c[5] for c in ssh if "pip install" in remote_command(c)]
+  assert mounts == installs == ["bert-pod-0", "bert-pod-1"]
+  scp = [c for c in cmds if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]]
+  assert sorted(c[-4] for c in scp) == ["bert-pod-0:~/", "bert-pod-1:~/"]
+  # One run per slice, in the background, then `wait`; the same command on both.
+  runs = [c for c in ssh if "exec bertjax" in remote_command(c)]
+  assert [c[5] for c in runs] == ["bert-pod-0", "bert-pod-1"]
+  assert all(c[-1] == "&" for c in runs)
+  lines = r.stdout.splitlines()
+  assert lines[lines.index(shlex.join(runs[-1][:-1]) + " &") + 1] == "wait"
+  run0, run1 = (remote_command(c[:-1]) for c in runs)
+  assert run0 == run1 and run0.endswith("exec " + shlex.join(TRAIN))
+  # Process ids slice-major from the tpu-env metadata: slice id * 4 hosts + worker number.
+  assert "attributes/tpu-env" in run0 and "attributes/agent-worker-number" in run0
+  assert "BERTJAX_PROCESS_ID=$((SLICE_ID * 4 + WORKER)) " in run0
+  assert "BERTJAX_NUM_PROCESSES=8 " in run0
+  assert "BERTJAX_COORDINATOR_ADDRESS=${COORDINATOR%:*}:8482 " in run0
+  assert cmds[-1][3:5] == ["queued-resources", "delete"]
+  # Without --package: one wheel built, copied to every slice.
+  package = MULTI_ARGS[MULTI_ARGS.index("--package") + 1]
+  args = [a for a in MULTI_ARGS if a not in ("--package", package)]
+  cmds = commands(launch("tpu_vm.py", *args, *TRAIN).stdout)
+  assert sum(c[:4] == ["python3", "-m", "pip", "wheel"] for c in cmds) == 1
+  wheels = [c for c in cmds if c[3:5] == ["tpu-vm", "scp"] and c[5].endswith(".whl")]
+  assert [c[6] for c in wheels] == ["bert-pod-0:~/", "bert-pod-1:~/"]
+
+
+def test_tpu_vm_refuses_zero_slices():
+  r = launch("tpu_vm.py", *MULTI_ARGS[:-3], "--num-slices", "0", "--", *TRAIN)
+  assert r.returncode == 2
+  assert "--num-slices must be 1 or more, got 0" in r.stderr and "gcloud" not in r.stdout
+
+
+TPU_ENV = """ACCELERATOR_TYPE: 'v5litepod-16'
+MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}'
+MEGASCALE_NUM_SLICES: '2'
+MEGASCALE_PORT: '8080'
+MEGASCALE_SLICE_ID: '{slice_id}'
+TPU_PROCESS_BOUNDS: '2,2,1'
+"""
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+@pytest.mark.parametrize("slice_id, worker, coordinator, expected", [
+    (1, 2, "10.130.0.12:8080", "pid=6 n=8 coordinator=10.130.0.12:8482"),
+    (0, 3, "bert-pod-0-w-0", "pid=3 n=8 coordinator=bert-pod-0-w-0:8482"),
+    (None, 0, None, None),  # no MEGASCALE_* values: refused, training not started
+])
+def test_tpu_vm_multislice_run_command_numbers_processes_slice_major(
+    tmp_path, shell, slice_id, worker, coordinator, expected):
+  """The run command of a 2-slice dry run, executed by a shell against a fake metadata server
+  (a `curl` answering tpu-env and agent-worker-number) and a fake `bertjax`."""
+  if shutil.which(shell) is None:
+    pytest.skip(f"no {shell}")
+  r = launch("tpu_vm.py", *MULTI_ARGS, *TRAIN)
+  run = next(remote_command(c) for c in commands(r.stdout) if "exec bertjax" in shlex.join(c))
+  bin_dir, home = tmp_path / "bin", tmp_path / "home"
+  (home / "bertjax-venv" / "bin").mkdir(parents=True)
+  (home / "bertjax-venv" / "bin" / "activate").write_text("")
+  bin_dir.mkdir()
+  scripts = {
+      "curl": '#!/bin/sh\nfor a; do url=$a; done\ncase "$url" in\n'
+              '  */tpu-env) printf "%s" "$FAKE_TPU_ENV" ;;\n'
+              '  */agent-worker-number) printf "%s" "$FAKE_WORKER" ;;\n'
+              '  *) exit 22 ;;\nesac\n',
+      "bertjax": '#!/bin/sh\necho "pid=$BERTJAX_PROCESS_ID n=$BERTJAX_NUM_PROCESSES '
+                 'coordinator=$BERTJAX_COORDINATOR_ADDRESS args=$*"\n'}
+  for name, text in scripts.items():
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  tpu_env = ("ACCELERATOR_TYPE: 'v5litepod-16'\n" if slice_id is None else
+             TPU_ENV.format(coordinator=coordinator, slice_id=slice_id))
+  env = dict(os.environ, HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+             FAKE_TPU_ENV=tpu_env, FAKE_WORKER=str(worker))
+  out = subprocess.run([shell, "-c", run], capture_output=True, text=True, env=env, timeout=30,
+                       check=False)
+  if expected is None:
+    assert out.returncode == 1 and out.stdout == ""
+    assert "no MEGASCALE_SLICE_ID" in out.stderr
+  else:
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{expected} args={shlex.join(TRAIN[1:])}\n"
 
 
 FAKE_GCLOUD = r"""#!{python}
-import os, sys
+import os, sys, time
 d = os.environ["FAKE_DIR"]
 argv = sys.argv[1:]
 open(os.path.join(d, "calls"), "a").write(" ".join(argv) + "\n")
@@ -155,6 +273,25 @@ elif argv[2:4] == ["queued-resources", "create"]:
   set_state("ACTIVE")
 elif argv[2:4] == ["queued-resources", "delete"]:
   os.remove(state_file)
+elif argv[2:4] == ["tpu-vm", "ssh"] and "exec bertjax train" in argv[-1] and \
+    "FAKE_SLICES" in os.environ:
+  # One ssh per slice: each waits (10 s at most) until the others have started too.
+  node = argv[4]
+  open(os.path.join(d, "started-" + node), "w").close()
+  deadline = time.time() + 10
+  while len([f for f in os.listdir(d) if f.startswith("started-")]) < int(
+      os.environ["FAKE_SLICES"]):
+    if time.time() > deadline:
+      print(f"{{node}}: the other slices did not start: not run at once")
+      sys.exit(99)
+    time.sleep(0.05)
+  if node == os.environ.get("FAKE_HANG_NODE"):
+    print(f"{{node}}: waiting for the other slices", flush=True)
+    time.sleep(60)
+  if node == os.environ.get("FAKE_FAIL_NODE"):
+    print(f"{{node}}: step 40, then this slice failed")
+    sys.exit(3)
+  print(f"{{node}}: training finished")
 elif argv[2:4] == ["tpu-vm", "ssh"] and "exec bertjax train" in argv[-1]:
   runs = len([l for l in open(os.path.join(d, "calls")) if "exec bertjax train" in l])
   if runs <= int(os.environ.get("FAKE_PREEMPTIONS", "1")):
@@ -165,14 +302,15 @@ elif argv[2:4] == ["tpu-vm", "ssh"] and "exec bertjax train" in argv[-1]:
 """
 
 
-def fake_cloud(tmp_path: Path, preemptions: int) -> dict:
+def fake_cloud(tmp_path: Path, preemptions: int = 0, **fake: str) -> dict:
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   gcloud = bin_dir / "gcloud"
   gcloud.write_text(FAKE_GCLOUD.format(python=sys.executable))
   gcloud.chmod(0o755)
   return dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-              FAKE_DIR=str(tmp_path), FAKE_PREEMPTIONS=str(preemptions))
+              FAKE_DIR=str(tmp_path), FAKE_PREEMPTIONS=str(preemptions),
+              **{f"FAKE_{k.upper()}": v for k, v in fake.items()})
 
 
 def test_tpu_vm_supervision_recreates_the_slice_after_preemption(tmp_path):
@@ -204,6 +342,49 @@ def test_tpu_vm_supervision_gives_up_after_max_restarts(tmp_path):
   calls = (tmp_path / "calls").read_text()
   assert calls.count("exec bertjax train") == 2
   assert "giving up after 1 restarts" in r.stdout
+
+
+@pytest.mark.parametrize("fail", [None, "bert-pod-0", "bert-pod-1"])
+def test_tpu_vm_multislice_runs_all_slices_at_once_and_fails_if_one_fails(tmp_path, fail):
+  env = fake_cloud(tmp_path, slices="2", **({"fail_node": fail} if fail else {}))
+  args = [a for a in MULTI_ARGS if a != "--dry-run"]
+  log = tmp_path / "run.log"
+  r = launch("tpu_vm.py", *args[:-1], "--poll", "0", "--max-restarts", "0",
+             "--log-file", str(log), "--configs", str(REPO / "configs"), "--", *TRAIN,
+             env=env, cwd=tmp_path)
+  calls = (tmp_path / "calls").read_text().splitlines()
+  (create,) = [c for c in calls if c.startswith("compute tpus queued-resources create")]
+  assert "--node-count=2 --node-prefix=bert-pod" in create and "--node-id" not in create
+  ssh = [c.split()[4] for c in calls if c.startswith("compute tpus tpu-vm ssh")]
+  assert ssh.count("bert-pod-0") == ssh.count("bert-pod-1") == 3  # mount, install, run
+  # Both slices' output, each line with its prefix, on the console and in the log.
+  text = log.read_text()
+  for i in (0, 1):
+    result = "step 40, then this slice failed" if fail == f"bert-pod-{i}" else "training finished"
+    assert f"[slice {i}] bert-pod-{i}: {result}" in text
+    assert f"[slice {i}] bert-pod-{i}: {result}" in r.stdout
+  assert "not run at once" not in text
+  if fail is None:
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "training finished on all workers" in r.stdout
+  else:
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "the run exited with 3" in text
+    assert "giving up after 0 restarts" in r.stdout
+
+
+def test_tpu_vm_multislice_ends_the_other_slices_after_the_grace_period(tmp_path):
+  env = fake_cloud(tmp_path, slices="2", fail_node="bert-pod-1", hang_node="bert-pod-0")
+  args = [a for a in MULTI_ARGS if a != "--dry-run"]
+  args[0] = "run"
+  start = time.monotonic()
+  r = launch("tpu_vm.py", *args[:-1], "--grace", "1", "--log-file", str(tmp_path / "run.log"),
+             "--", *TRAIN, env=env, cwd=tmp_path)
+  assert r.returncode == 3, r.stdout + r.stderr
+  assert time.monotonic() - start < 30  # not the hanging slice's 60 s
+  assert "[slice 0] bert-pod-0: waiting for the other slices" in r.stdout
+  assert "slice 1's run exited with 3; the other slices have 1 s to exit" in r.stdout
+  assert "terminating the runs still going" in r.stdout
 
 
 # ---------------------------------------------------------------------------- GKE
@@ -270,16 +451,61 @@ def test_gke_xpk_command():
   (cmd,) = commands(r.stdout)
   assert cmd[:3] == ["xpk", "workload", "create"]
   for flag in ("--cluster=my-cluster", "--workload=bert-pod", "--tpu-type=v4-32",
-               "--max-restarts=10", f"--storage={BUCKET}"):
+               "--num-slices=1", "--max-restarts=10", f"--storage={BUCKET}"):
     assert flag in cmd
   command = next(a for a in cmd if a.startswith("--command="))
   assert command.endswith("exec " + shlex.join(TRAIN))
+
+
+def test_gke_jobset_for_2_slices():
+  r = launch("gke.py", "--num-slices", "2", *GKE_ARGS, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith("# bert-pod: 2 x v5litepod-16 = 32 chips on 8 hosts (2 slices over "
+                             "DCN)")
+  text = heredoc(r.stdout)
+  lines = [l.split("#")[0].strip() for l in text.splitlines()]
+  for line in ("kind: JobSet", "replicas: 2", "parallelism: 4", "completions: 4",
+               "hostNetwork: true", "dnsPolicy: ClusterFirstWithHostNet",
+               "alpha.jobset.sigs.k8s.io/exclusive-topology: cloud.google.com/gke-nodepool",
+               "cloud.google.com/gke-tpu-topology: 4x4", "exec " + shlex.join(TRAIN)):
+    assert line in lines, line
+  assert all((len(l) - len(l.lstrip())) % 2 == 0 for l in text.splitlines())
+  try:
+    import yaml
+  except ImportError:
+    yaml = None
+  if yaml is not None:
+    job = yaml.safe_load(text)["spec"]["replicatedJobs"][0]
+    assert job["replicas"] == 2
+    pod = job["template"]["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+  # One node pool per slice in the printed prerequisite; logs from all 8 pods.
+  pools = [shlex.split(l[4:]) for l in r.stdout.splitlines()
+           if l.startswith("#   gcloud container node-pools create")]
+  assert [p[4] for p in pools] == ["bert-pod-pool-0", "bert-pod-pool-1"]
+  assert all("--num-nodes=4" in p and "--tpu-topology=4x4" in p for p in pools)
+  assert "2 TPU node pools" in r.stdout
+  assert "--max-log-requests=8" in r.stdout
+  # A single slice keeps the pod network and one node pool.
+  single = launch("gke.py", *GKE_ARGS, *TRAIN).stdout
+  assert "hostNetwork" not in single and "replicas: 1" in single
+  assert "node-pools create bert-pod-pool " in single
+
+
+def test_gke_xpk_command_for_2_slices():
+  r = launch("gke.py", "--xpk", "--cluster", "my-cluster", "--name", "bert-pod", "--tpu-type",
+             "v4-32", "--num-slices", "2", "--bucket", BUCKET, "--dry-run", "--", *TRAIN)
+  assert r.returncode == 0, r.stderr
+  (cmd,) = commands(r.stdout)
+  assert "--num-slices=2" in cmd and "--tpu-type=v4-32" in cmd
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--hosts", "2"], "--hosts 2 does not match --tpu-type v5litepod-16"),
     (["--topology", "2x4"], "--topology 2x4 does not match"),
     (["--tpu-type", "v5litepod-12"], "unknown TPU type 'v5litepod-12'"),
+    (["--num-slices", "0"], "--num-slices must be 1 or more, got 0"),
+    (["--kind", "job", "--num-slices", "2"], "--num-slices > 1 needs a JobSet"),
 ])
 def test_gke_refuses_mismatched_requests(extra, message):
   args = list(GKE_ARGS)

@@ -98,33 +98,44 @@ def test_epochs_are_reshuffled_and_complete(corpus):
 
 
 def test_gpt_packing_loses_and_repeats_nothing(corpus):
+  """Row r of every batch packs documents r, r+B, ... of the global order: nothing lost,
+  nothing repeated, and the same whichever subset of rows a process loads."""
   dataset = records.BuiltDataset.open(corpus / "gpt")
   cfg = LoaderConfig(dataset=str(corpus / "gpt"), objective="causal_lm", seq_length=64,
                      num_epochs=1, prefetch=0)
   from bertjax.data.tokenizers import load_tokenizer
   eot = load_tokenizer(corpus / "gpt" / "tokenizer").eot_id
-  for hosts in (1, 2):
-    for host in range(hosts):
-      stream = [e.doc for _, e in document_stream(dataset, "train", seed=0, num_epochs=1,
-                                                  shard_index=host, shard_count=hosts)]
-      expected = np.concatenate([np.append(d.tokens, eot) for d in stream])
-      batches = list(CorpusBatches(cfg, "train", 4, host, hosts))
-      windows = [row for b in batches for row in range(len(b["input_ids"]))]
-      assert windows
-      inputs = np.concatenate([b["input_ids"].reshape(-1) for b in batches])
-      np.testing.assert_array_equal(inputs, expected[:len(inputs)])
-      assert len(expected) - len(inputs) < 64 * 4 + 1  # only the last partial batch is left
-      for b in batches:
-        np.testing.assert_array_equal(b["target_ids"][:, :-1], b["input_ids"][:, 1:])
-        # Positions restart at every document; segments change exactly after an eot.
-        for ids, seg, pos in zip(b["input_ids"], b["segment_ids"], b["positions"]):
-          starts = np.flatnonzero(np.diff(seg)) + 1
-          assert np.all(ids[starts - 1] == eot)
-          assert np.all(pos[starts] == 0) and pos[0] == 0
-        assert np.all(b["loss_mask"] == (b["segment_ids"][:, :] ==
-                                         np.concatenate([b["segment_ids"][:, 1:],
-                                                         b["segment_ids"][:, -1:] * 0 - 1],
-                                                        axis=1)) | (b["loss_mask"] == 1))
+  batch_size = 4
+  order = [e.doc for _, e in document_stream(dataset, "train", seed=0, num_epochs=1,
+                                             shard_index=0, shard_count=1)]
+  batches = list(CorpusBatches(cfg, "train", range(batch_size), batch_size))
+  assert len(batches) > 3
+  for row in range(batch_size):
+    expected = np.concatenate([np.append(d.tokens, eot) for d in order[row::batch_size]])
+    inputs = np.concatenate([b["input_ids"][row] for b in batches])
+    np.testing.assert_array_equal(inputs, expected[:len(inputs)])
+    np.testing.assert_array_equal(
+        np.concatenate([b["target_ids"][row] for b in batches]), expected[1:len(inputs) + 1])
+  # The data ends at the first batch some row cannot fill: its own row ran out.
+  shortest = min(len(np.concatenate([np.append(d.tokens, eot) for d in order[r::batch_size]]))
+                 for r in range(batch_size))
+  assert len(batches) == (shortest - 1) // 64
+  # A process holding rows 1 and 3 only (another host layout) gets exactly those rows.
+  part = list(CorpusBatches(cfg, "train", (1, 3), batch_size))
+  for whole, mine in zip(batches, part):
+    for key in whole:
+      np.testing.assert_array_equal(mine[key], whole[key][[1, 3]], err_msg=key)
+  for b in batches:
+    np.testing.assert_array_equal(b["target_ids"][:, :-1], b["input_ids"][:, 1:])
+    # Positions restart at every document; segments change exactly after an eot.
+    for ids, seg, pos in zip(b["input_ids"], b["segment_ids"], b["positions"]):
+      starts = np.flatnonzero(np.diff(seg)) + 1
+      assert np.all(ids[starts - 1] == eot)
+      assert np.all(pos[starts] == 0) and pos[0] == 0
+    # The loss mask is 0 exactly where the target starts the next document, i.e. after each
+    # end-of-text (an all-ones mask, training across document boundaries, fails here).
+    np.testing.assert_array_equal(b["loss_mask"] == 0, b["input_ids"] == eot)
+  assert sum(int((b["loss_mask"] == 0).sum()) for b in batches) > 10
 
 
 def _take(batches, n):
@@ -146,14 +157,66 @@ def test_resume_from_saved_state_is_bit_exact(corpus, objective, mode, dataset):
   cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
                      max_predictions=5, bert_instances=mode, shuffle_window=16, prefetch=0)
   # Several epochs of this small corpus: the state must survive epoch boundaries too.
-  uninterrupted = _take(CorpusBatches(cfg, "train", 8, 0, 1), 130)
+  uninterrupted = _take(CorpusBatches(cfg, "train", range(8), 8), 130)
   for k in (0, 1, 7, 64):
-    first = CorpusBatches(cfg, "train", 8, 0, 1)
+    first = CorpusBatches(cfg, "train", range(8), 8)
     head = _take(first, k)
     state = json.loads(json.dumps(first.get_state()))  # what a checkpoint stores
-    resumed = CorpusBatches(cfg, "train", 8, 0, 1)
+    resumed = CorpusBatches(cfg, "train", range(8), 8)
     resumed.set_state(state)
     _assert_same(head + _take(resumed, 130 - k), uninterrupted)
+
+
+def _rows_of(parts: list[tuple[tuple[int, ...], dict]], batch_size: int) -> dict:
+  """Global batches assembled from several processes' rows (rows, local batch) pairs."""
+  out = {}
+  for rows, local in parts:
+    for key, value in local.items():
+      out.setdefault(key, np.zeros((batch_size,) + value.shape[1:], value.dtype))[list(rows)] = (
+          value)
+  return out
+
+
+@pytest.mark.parametrize("objective,mode,dataset", [
+    ("mlm_nsp", "pairs", "bert"), ("mlm", "full_sentences", "bert"),
+    ("causal_lm", "pairs", "gpt")])
+def test_state_moves_between_process_layouts_and_survives_repeated_restores(
+    corpus, objective, mode, dataset):
+  """Hosts of a TPU slice hold interleaved rows. A state saved by 2 such hosts restores onto
+  1 process, whose state after more batches restores onto 4 hosts, and so on: the global
+  batches equal the uninterrupted run's throughout (a restore that forgot part of an
+  iterator's position would show at the second restore)."""
+  cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
+                     max_predictions=5, bert_instances=mode, shuffle_window=16, prefetch=0)
+  batch_size = 8
+  uninterrupted = _take(CorpusBatches(cfg, "train", range(batch_size), batch_size), 36)
+  layouts = [[(0, 2, 4, 6), (1, 3, 5, 7)], [tuple(range(8))],
+             [(0, 1), (2, 3), (4, 5), (6, 7)], [(0, 4), (1, 5), (2, 6), (3, 7)]]
+  states = None
+  got = []
+  for layout in layouts:
+    loaders = [CorpusBatches(cfg, "train", rows, batch_size) for rows in layout]
+    if states is not None:
+      from bertjax.data.pipeline import merge_states
+      merged = merge_states([json.loads(json.dumps(x)) for x in states])
+      for loader in loaders:
+        loader.set_state(merged)
+    for _ in range(9):
+      got.append(_rows_of([(rows, next(l)) for rows, l in zip(layout, loaders)], batch_size))
+    states = [loader.get_state() for loader in loaders]
+  _assert_same(got, uninterrupted)
+
+
+def test_loader_workers_do_not_change_the_batches(corpus):
+  """Worker processes each build a slice of the rows; the batches are the in-process ones."""
+  cfg = dict(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
+             max_predictions=5, shuffle_window=16, prefetch=2)
+  plain = _take(CorpusBatches(LoaderConfig(**cfg, num_workers=0), "train", range(6), 6), 8)
+  workers = CorpusBatches(LoaderConfig(**cfg, num_workers=4), "train", range(6), 6)
+  try:
+    _assert_same(_take(workers, 8), plain)
+  finally:
+    workers.close()
 
 
 def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
@@ -168,7 +231,7 @@ import numpy as np
 from bertjax.data.pipeline import CorpusBatches, LoaderConfig
 if __name__ == "__main__":
   cfg = LoaderConfig(**json.loads(sys.argv[1]))
-  batches = CorpusBatches(cfg, "train", 8, 0, 1)
+  batches = CorpusBatches(cfg, "train", range(8), 8)
   if sys.argv[2] == "restore":
     batches.set_state(json.loads(open(sys.argv[3]).read()))
   out = [next(batches) for _ in range(int(sys.argv[4]))]

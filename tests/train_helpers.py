@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
 import numpy as np
 
@@ -47,7 +50,18 @@ def run_steps(config, axes, steps: int = 1):
   history = []
   for step in range(steps):
     local = first if step == 0 else next(batches)
-    batch = distributed.global_batch(local, trainer.batch_shardings, config.batch_size)
+    batch = distributed.global_batch(local, trainer.batch_shardings, rows, config.batch_size)
     state, metrics = trainer.step(state, batch)
     history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
   return trainer, state, history
+
+
+def step_losses(workdir: Path) -> dict[int, float]:
+  """Train loss per step from a workdir's metrics.jsonl; a step logged twice (before a kill
+  and after the resume) keeps the later line."""
+  out = {}
+  for line in (workdir / "metrics.jsonl").read_text().splitlines():
+    record = json.loads(line)
+    if record["split"] == "train":
+      out[record["step"]] = record["loss"]
+  return out

@@ -3,12 +3,13 @@
 `make_batches` is what training calls: `data.source = "corpus"` reads a built dataset
 (`data.dataset`, or the embedded Wikipedia sample built into the workdir on first use) through
 the Grain loader; `"synthetic_markov"` is a learnable synthetic stream for tests. Both return an
-iterator of this host's rows of each global batch with exact `get_state`/`set_state`.
+iterator of this host's rows of each global batch with exact `get_state`/`set_state`, and a
+row's data does not depend on which process loads it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import ml_collections
 import numpy as np
@@ -21,7 +22,7 @@ SOURCES = ("corpus", "synthetic_markov")
 class SyntheticBatches:
   """`SyntheticMarkov` rows as a checkpointable iterator (its state is the batch number)."""
 
-  def __init__(self, source: SyntheticMarkov, rows: range, split: str):
+  def __init__(self, source: SyntheticMarkov, rows: Sequence[int], split: str):
     self._source, self._rows, self._split, self._step = source, rows, split, 0
 
   def __iter__(self) -> "SyntheticBatches":
@@ -54,9 +55,10 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str):
       num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights)
 
 
-def make_batches(config: ml_collections.ConfigDict, split: str, rows: range,
+def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[int],
                  dataset: str = ""):
-  """This host's rows `rows` of every global batch of `split` ("train" or "eval").
+  """Rows `rows` (global row numbers, ascending) of every global batch of `split` ("train" or
+  "eval"); a row's data is the same whichever process loads it.
 
   For `data.source="corpus"`, `dataset` is the built dataset directory (see
   `bertjax.data.prepare.ensure_dataset`)."""
@@ -68,9 +70,6 @@ def make_batches(config: ml_collections.ConfigDict, split: str, rows: range,
     return SyntheticBatches(source, rows, split)
   if name == "corpus":
     from bertjax.data.pipeline import CorpusBatches
-    batch_size = int(config.batch_size)
-    # Hosts holding the same rows (a model axis across hosts) read the same share.
-    return CorpusBatches(loader_config(config, dataset), split, len(rows),
-                         shard_index=rows.start // len(rows),
-                         shard_count=batch_size // len(rows))
+    return CorpusBatches(loader_config(config, dataset), split, rows, int(config.batch_size))
   raise ValueError(f"unknown data.source {name!r}; sources: {', '.join(SOURCES)}")
+

@@ -26,6 +26,7 @@ from typing import Iterable, Iterator
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from bertjax import paths
 from bertjax.data import records
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.sentences import split_sentences
@@ -166,7 +167,13 @@ def _ordered_results(pool, chunks: Iterator[list], max_in_flight: int) -> Iterat
 def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir: str | Path,
                   options: BuildOptions = BuildOptions()) -> BuildSummary:
   """Builds (this process's shards of) a dataset from `sources` with the tokenizer at
-  `tokenizer_path` (a vocab.txt or a SentencePiece directory)."""
+  `tokenizer_path` (a vocab.txt or a SentencePiece directory) into `out_dir`, a local path or
+  an object store (ArrayRecord writes local files: each process builds its shards locally and
+  uploads them)."""
+  tokenizer_path = paths.local_copy(tokenizer_path)
+  if paths.is_remote(out_dir):
+    with paths.local_output(out_dir) as local:
+      return build_dataset(sources, tokenizer_path, local, options)
   start = time.perf_counter()
   out = Path(out_dir)
   names = [s.name for s in sources]

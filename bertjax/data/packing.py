@@ -182,9 +182,11 @@ class FullSentencesIterDataset(grain.IterDataset):
 
 class _WindowShuffleIterator(grain.DatasetIterator):
 
-  def __init__(self, parent: grain.DatasetIterator, window_size: int, seed: int):
+  def __init__(self, parent: grain.DatasetIterator, window_size: int,
+               seed: int | tuple[int, ...]):
     super().__init__(parent)
-    self._size, self._seed = window_size, seed
+    self._size = window_size
+    self._seed = tuple(seed) if isinstance(seed, (tuple, list)) else (seed,)
     self._window: list = []
     self._window_index = -1
     self._start_state = self._parent.get_state()
@@ -199,7 +201,7 @@ class _WindowShuffleIterator(grain.DatasetIterator):
         self._window.append(next(self._parent))
       except StopIteration:
         break
-    order = np.random.default_rng([self._seed, self._window_index]).permutation(
+    order = np.random.default_rng([*self._seed, self._window_index]).permutation(
         len(self._window))
     self._window = [self._window[i] for i in order[::-1]]  # popped from the end
     self._taken = 0
@@ -224,6 +226,7 @@ class _WindowShuffleIterator(grain.DatasetIterator):
     if state["taken"]:
       self._fill()
       del self._window[len(self._window) - state["taken"]:]
+      self._taken = state["taken"]  # _fill reset it: the next state must count these too
 
 
 class WindowShuffleIterDataset(grain.IterDataset):
@@ -234,7 +237,8 @@ class WindowShuffleIterDataset(grain.IterDataset):
   budget; this one draws one numpy permutation per window. State: the parent's position at the
   window start, the window number and how many were taken."""
 
-  def __init__(self, parent: grain.IterDataset, window_size: int, seed: int):
+  def __init__(self, parent: grain.IterDataset, window_size: int,
+               seed: int | tuple[int, ...]):
     super().__init__(parent)
     self._window_size, self._seed = window_size, seed
 

@@ -1,15 +1,19 @@
-"""The loader: a built dataset -> the local batches of one host, deterministic and checkpointable.
+"""The loader: a built dataset -> the rows of every global batch a host holds, deterministic
+and checkpointable, identical whatever the number of hosts, the mesh or the loader workers.
 
-Grain pipeline, per source: ArrayRecord documents -> global shuffle (a new order each epoch,
-from the seed) -> repeat -> numbered. Sources are mixed by weight; then this host takes every
-`shard_count`-th document starting at `shard_index`, so hosts read disjoint shares and one
-epoch yields every document exactly once whatever the number of hosts. Per host, documents
-become instances (BERT pairs, RoBERTa full sentences, or GPT packed windows), are batched to
-the host's rows of the global batch, and are prepared by worker processes ahead of the step.
+Documents, per source: ArrayRecord -> global shuffle (a new order each epoch, from the seed)
+-> repeat -> numbered; sources mixed by weight into one global document order. Then **one
+stream per global batch row**: row r of every global batch (B rows) is the next instance of
+stream r, which reads documents r, r+B, r+2B, ... of that order and turns them into instances
+(BERT pairs, RoBERTa full sentences or GPT packed windows). The global batch at step s is
+therefore a function of the seed and s only: a process builds exactly the rows its devices
+hold (`distributed.local_rows`, any device order) and reads only those rows' documents; one
+epoch still yields every document exactly once. Worker processes (Grain `mp_prefetch`) each
+take a slice of the host's rows.
 
-Every stage is a Grain iterator whose state is a few integers (the parent's position plus an
-offset), so `get_state()` after k batches and `set_state()` in a fresh process continue with
-exactly the batches the uninterrupted run would have seen.
+State: every row stream is a chain of Grain iterators whose state is a few integers (the
+document position plus an offset); a batch iterator's state is the map row -> stream state,
+so a checkpoint written by any number of processes restores onto any other number.
 """
 
 from __future__ import annotations
@@ -18,17 +22,25 @@ import dataclasses
 import functools
 import json
 import random
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import grain
 import numpy as np
 
 from bertjax.data import records
-from bertjax.data.bert_instances import (InstanceConfig, InstanceStats, SpecialIds,
-                                         instances_from_document)
+from bertjax.data.bert_instances import (
+  InstanceConfig,
+  InstanceStats,
+  SpecialIds,
+  instances_from_document,
+)
 from bertjax.data.errors import CorpusError
-from bertjax.data.packing import (DocumentElement, FullSentencesIterDataset, GptPackIterDataset,
-                                  WindowShuffleIterDataset)
+from bertjax.data.packing import (
+  DocumentElement,
+  FullSentencesIterDataset,
+  GptPackIterDataset,
+  WindowShuffleIterDataset,
+)
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
 BERT_INSTANCE_MODES = ("pairs", "full_sentences")
@@ -53,8 +65,9 @@ class LoaderConfig:
   whole_word_mask: bool = False
   seed: int = 0
   num_epochs: int = 0  # 0: repeat forever
-  # Instances of one document are consecutive; shuffle them in a window of this many.
-  shuffle_window: int = 1024
+  # BERT pairs: each row stream shuffles its instances in windows of this many (a document's
+  # instances apart, several documents interleaved); 0 or 1: in document order.
+  shuffle_window: int = 64
   num_workers: int = 0
   prefetch: int = 2
   # "name=weight,..." overrides the mixing weights the dataset was built with.
@@ -169,42 +182,128 @@ def _drop_source(element: tuple[int, DocumentElement]) -> DocumentElement:
   return element[1]
 
 
+# A row stream reads its documents one at a time, in this process: Grain's default read-ahead
+# threads (16 per stream) would mean thousands of threads for a host's rows.
+_NO_READ_AHEAD = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+class RowStreamFactory:
+  """Builds the instance stream of one global batch row (`__call__(row)`); the document order,
+  tokenizer and random-access views are shared by all rows of a process. Picklable (worker
+  processes rebuild the streams of their rows)."""
+
+  def __init__(self, dataset: records.BuiltDataset, cfg: LoaderConfig, split: str,
+               batch_size: int):
+    training = split == "train"
+    self.cfg, self.batch_size = cfg, batch_size
+    self.seed = cfg.seed if training else cfg.seed + 1
+    self.documents = document_stream(dataset, split, seed=self.seed,
+                                      num_epochs=cfg.num_epochs if training else 0,
+                                      shard_index=0, shard_count=1, shuffle=training,
+                                      weights=cfg.weights)
+    tokenizer = dataset_tokenizer(dataset)
+    if cfg.objective == "causal_lm":
+      self.eot = special_ids(tokenizer).get("eot")
+      if self.eot is None:
+        raise CorpusError(f"{dataset.tokenizer_dir}: GPT packing needs an end-of-text token")
+      return
+    if cfg.bert_instances not in BERT_INSTANCE_MODES:
+      raise ValueError(f"data.bert_instances={cfg.bert_instances!r}; choose from "
+                       f"{BERT_INSTANCE_MODES}")
+    self.special = bert_special_ids(tokenizer)
+    self.instance_cfg = InstanceConfig(
+        max_seq_length=cfg.seq_length, max_predictions=cfg.max_predictions,
+        masked_lm_prob=cfg.mask_prob, short_seq_prob=cfg.short_seq_prob,
+        dupe_factor=cfg.dupe_factor, whole_word_mask=cfg.whole_word_mask, seed=self.seed)
+    self.continuation = tokenizer.is_continuation if cfg.whole_word_mask else _never
+    self.views = [_DocumentView(grain.sources.ArrayRecordDataSource(
+        [str(p) for p in dataset.shard_paths(name, split)])) for name in dataset.source_names]
+
+  def documents_of(self, row: int) -> grain.MapDataset:
+    """(source number, DocumentElement) of row `row`: documents row, row+B, ... in order."""
+    return self.documents[row::self.batch_size]
+
+  def __call__(self, row: int) -> grain.IterDataset:
+    docs = self.documents_of(row)
+    if self.cfg.objective == "causal_lm":
+      return GptPackIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
+                                self.cfg.seq_length, self.eot)
+    if self.cfg.bert_instances == "full_sentences":
+      return FullSentencesIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
+                                      self.instance_cfg, self.special, self.continuation,
+                                      self.seed)
+    instances = grain.experimental.FlatMapIterDataset(
+        docs.to_iter_dataset(_NO_READ_AHEAD),
+        _PairInstances(self.views, self.instance_cfg, self.special, self.continuation,
+                       self.cfg.dupe_factor))
+    if self.cfg.shuffle_window > 1:
+      instances = WindowShuffleIterDataset(instances, self.cfg.shuffle_window,
+                                           (self.seed, row))
+    return instances
+
+
 def instance_dataset(dataset: records.BuiltDataset, cfg: LoaderConfig, split: str,
-                     shard_index: int, shard_count: int) -> grain.IterDataset:
-  """This host's stream of single examples (feature dicts) for `cfg.objective`."""
-  training = split == "train"
-  seed = cfg.seed if training else cfg.seed + 1
-  docs = document_stream(dataset, split, seed=seed,
-                         num_epochs=cfg.num_epochs if training else 0,
-                         shard_index=shard_index, shard_count=shard_count,
-                         shuffle=training, weights=cfg.weights)
-  tokenizer = dataset_tokenizer(dataset)
-  if cfg.objective == "causal_lm":
-    eot = special_ids(tokenizer).get("eot")
-    if eot is None:
-      raise CorpusError(f"{dataset.tokenizer_dir}: GPT packing needs an end-of-text token")
-    return GptPackIterDataset(docs.map(_drop_source).to_iter_dataset(), cfg.seq_length, eot)
-  special = bert_special_ids(tokenizer)
-  instance_cfg = InstanceConfig(max_seq_length=cfg.seq_length,
-                                max_predictions=cfg.max_predictions,
-                                masked_lm_prob=cfg.mask_prob, short_seq_prob=cfg.short_seq_prob,
-                                dupe_factor=cfg.dupe_factor,
-                                whole_word_mask=cfg.whole_word_mask, seed=seed)
-  continuation = tokenizer.is_continuation if cfg.whole_word_mask else _never
-  if cfg.bert_instances == "full_sentences":
-    return FullSentencesIterDataset(docs.map(_drop_source).to_iter_dataset(), instance_cfg,
-                                    special, continuation, seed)
-  if cfg.bert_instances != "pairs":
-    raise ValueError(f"data.bert_instances={cfg.bert_instances!r}; choose from "
-                     f"{BERT_INSTANCE_MODES}")
-  views = [_DocumentView(grain.sources.ArrayRecordDataSource(
-      [str(p) for p in dataset.shard_paths(name, split)])) for name in dataset.source_names]
-  instances = grain.experimental.FlatMapIterDataset(
-      docs.to_iter_dataset(), _PairInstances(views, instance_cfg, special, continuation,
-                                             cfg.dupe_factor))
-  if cfg.shuffle_window > 1:
-    instances = WindowShuffleIterDataset(instances, cfg.shuffle_window, seed)
-  return instances
+                     row: int = 0, batch_size: int = 1) -> grain.IterDataset:
+  """The single examples (feature dicts) of global batch row `row` of `batch_size`; with the
+  defaults, every instance of the whole document order in one stream."""
+  return RowStreamFactory(dataset, cfg, split, batch_size)(row)
+
+
+class RowStreams(grain.IterDataset):
+  """The row streams of some global batch rows; each element holds the next instance of every
+  one of them. Grain's `mp_prefetch` gives each worker process a slice of the rows
+  (`set_slice`), so workers never change what a row receives."""
+
+  def __init__(self, make_stream: Callable[[int], grain.IterDataset], rows: Sequence[int],
+               states: Mapping[int, Any] | None = None):
+    super().__init__()
+    self._make_stream, self._rows, self._states = make_stream, tuple(rows), dict(states or {})
+
+  def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+    del sequential_slice  # rows are independent streams: any slice is equivalent
+    self._rows = self._rows[sl]
+
+  def __iter__(self) -> "_RowStreamsIterator":
+    return _RowStreamsIterator(self._make_stream, self._rows, self._states)
+
+
+class _RowStreamsIterator(grain.DatasetIterator):
+  """Elements: {"rows", "features" (stacked in row order), "states" (each stream's state after
+  it), "exhausted"}. A finite stream that runs out makes every later element `exhausted`."""
+
+  def __init__(self, make_stream: Callable[[int], grain.IterDataset], rows: tuple[int, ...],
+               states: Mapping[int, Any]):
+    super().__init__()
+    self._rows = rows
+    self._iterators = []
+    for row in rows:
+      iterator = make_stream(row).__iter__()
+      if states.get(row) is not None:
+        iterator.set_state(states[row])
+      self._iterators.append(iterator)
+    self._exhausted = False
+
+  def __next__(self) -> dict[str, Any]:
+    rows = np.asarray(self._rows, np.int64)
+    if not self._exhausted:
+      try:
+        examples = [next(it) for it in self._iterators]
+      except StopIteration:
+        self._exhausted = True
+    if self._exhausted:
+      return {"rows": rows, "features": {}, "states": {}, "exhausted": True}
+    features = ({k: np.stack([e[k] for e in examples]) for k in examples[0]}
+                if examples else {})
+    return {"rows": rows, "features": features, "exhausted": False,
+            "states": {row: it.get_state() for row, it in zip(self._rows, self._iterators)}}
+
+  def get_state(self) -> dict[str, Any]:
+    return {str(row): it.get_state() for row, it in zip(self._rows, self._iterators)}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    for row, it in zip(self._rows, self._iterators):
+      it.set_state(state[str(row)])
+    self._exhausted = False
 
 
 def _never(_: int) -> bool:
@@ -226,37 +325,106 @@ class BatchIterator(Protocol):
 
 
 class CorpusBatches:
-  """Local batches of a built dataset for one host; `get_state`/`set_state` are exact."""
+  """The rows `rows` (ascending) of every global batch of `batch_size` rows, from a built
+  dataset; `get_state`/`set_state` are exact and independent of the process layout. Raises
+  StopIteration at the first batch some row cannot fill (finite `num_epochs`)."""
 
-  def __init__(self, cfg: LoaderConfig, split: str, local_batch_size: int, shard_index: int,
-               shard_count: int):
-    dataset = records.BuiltDataset.open(cfg.dataset)
-    ds = instance_dataset(dataset, cfg, split, shard_index, shard_count)
-    ds = ds.batch(local_batch_size, drop_remainder=True)
-    if cfg.num_workers > 0:
+  def __init__(self, cfg: LoaderConfig, split: str, rows: Sequence[int], batch_size: int):
+    self._cfg, self._rows, self._batch_size = cfg, tuple(rows), int(batch_size)
+    if list(self._rows) != sorted(set(self._rows)) or not self._rows or (
+        self._rows[0] < 0 or self._rows[-1] >= self._batch_size):
+      raise ValueError(f"rows must be distinct, ascending and within the batch of "
+                       f"{batch_size}; got {len(self._rows)} rows from {self._rows[:1]}")
+    self._position = {row: i for i, row in enumerate(self._rows)}
+    self._factory = RowStreamFactory(records.BuiltDataset.open(cfg.dataset), cfg, split,
+                                     self._batch_size)
+    # Each row's stream state after the last batch handed out (None: not started).
+    self._states: dict[int, Any] = {row: None for row in self._rows}
+    self._workers = max(0, min(int(cfg.num_workers), len(self._rows)))
+    self._iterator = None  # opened on first use, so a restore does not start workers twice
+
+  def _open(self) -> None:
+    ds = RowStreams(self._factory, self._rows, self._states)
+    if self._workers > 0:
       # Grain's workers read absl flags; a program that is not an absl app has not parsed them.
       from absl import flags
       if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-          num_workers=cfg.num_workers, per_worker_buffer_size=max(1, cfg.prefetch)))
-    elif cfg.prefetch > 0:
-      ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=cfg.prefetch)
+          num_workers=self._workers, per_worker_buffer_size=max(1, self._cfg.prefetch)))
+    elif self._cfg.prefetch > 0:
+      ds = grain.experimental.ThreadPrefetchIterDataset(ds,
+                                                        prefetch_buffer_size=self._cfg.prefetch)
     self._iterator = iter(ds)
 
   def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:
-    return next(self._iterator)
+    if self._iterator is None:
+      self._open()
+    # Workers take turns (Grain interleaves them in order): one part of the rows each.
+    parts = [next(self._iterator) for _ in range(max(1, self._workers))]
+    if any(part["exhausted"] for part in parts):
+      raise StopIteration
+    batch: dict[str, np.ndarray] = {}
+    filled = np.zeros(len(self._rows), bool)
+    for part in parts:
+      if not len(part["rows"]):
+        continue
+      index = [self._position[int(r)] for r in part["rows"]]
+      filled[index] = True
+      for key, value in part["features"].items():
+        if key not in batch:
+          batch[key] = np.empty((len(self._rows),) + value.shape[1:], value.dtype)
+        batch[key][index] = value
+      self._states.update(part["states"])
+    if not filled.all():
+      raise RuntimeError(f"the loader produced {int(filled.sum())} of this process's "
+                         f"{len(self._rows)} rows")
+    return batch
 
   def get_state(self) -> dict[str, Any]:
-    return self._iterator.get_state()
+    return {"batch_size": self._batch_size,
+            "rows": {str(row): state for row, state in self._states.items()}}
 
   def set_state(self, state: dict[str, Any]) -> None:
-    self._iterator.set_state(state)
+    """Positions this iterator's rows from a state holding them (any process layout's)."""
+    if "rows" not in state:
+      raise ValueError("the saved data state has no row streams: it was written by an older "
+                       "bertjax whose data order depended on the process count, and cannot "
+                       "be continued exactly")
+    if int(state.get("batch_size", -1)) != self._batch_size:
+      raise ValueError(f"the saved data state is for global batches of "
+                       f"{state.get('batch_size')} rows; this run's batch_size is "
+                       f"{self._batch_size}")
+    missing = [row for row in self._rows if str(row) not in state["rows"]]
+    if missing:
+      raise ValueError(f"the saved data state lacks {len(missing)} of this process's rows "
+                       f"(e.g. row {missing[0]}): a process's state file is missing")
+    self.close()
+    self._states = {row: state["rows"][str(row)] for row in self._rows}
 
   def close(self) -> None:
     close = getattr(self._iterator, "close", None)
     if close is not None:
       close()
+    self._iterator = None
+
+
+def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """One state from the states every process saved: row streams are united (each process
+  saved its own rows); any other state must be the same on every process."""
+  if not states:
+    raise ValueError("no data state was saved")
+  if all("rows" in s for s in states):
+    sizes = {s.get("batch_size") for s in states}
+    if len(sizes) > 1:
+      raise ValueError(f"processes saved data states for different batch sizes {sizes}")
+    rows: dict[str, Any] = {}
+    for s in states:
+      rows.update(s["rows"])
+    return {**states[0], "rows": rows}
+  if any(s != states[0] for s in states[1:]):
+    raise ValueError("processes saved different data states")
+  return states[0]

@@ -10,11 +10,11 @@ on the embedded Wikipedia sample with one command. Pod-scale runs build once wit
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Iterator
 
 import ml_collections
 
+from bertjax import paths
 from bertjax.data import records
 from bertjax.data.build import BuildOptions, build_dataset
 from bertjax.data.errors import SkipCounts
@@ -44,33 +44,40 @@ def corpus_sentences(sources: list[SourceSpec], language: str = "en") -> Iterato
           yield from split_sentences(paragraph, language)
 
 
-def ensure_dataset(config: ml_collections.ConfigDict, workdir: str | Path,
-                   process_count: int = 1) -> str:
-  """The built dataset directory for a `data.source="corpus"` run, building it if needed."""
+def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
+                   build: bool = True) -> str:
+  """The built dataset a `data.source="corpus"` run reads, as a local directory: `data.dataset`
+  (on an object store: copied once to this host's cache, see `bertjax.paths.local_copy`), or
+  WORKDIR/data/dataset, built on first use (locally, then uploaded when the workdir is
+  remote) unless `build` is False (processes other than the one that builds)."""
   if config.data.dataset:
-    records.BuiltDataset.open(config.data.dataset)  # fail now, not at the first batch
-    return str(config.data.dataset)
-  target = Path(workdir) / "data"
+    local = paths.local_copy(config.data.dataset)
+    records.BuiltDataset.open(local)  # fail now, not at the first batch
+    return str(local)
+  target = paths.path(workdir) / "data"
   dataset_dir = target / "dataset"
   if (dataset_dir / "dataset.json").is_file() and (dataset_dir / "parts").is_dir() and any(
       (dataset_dir / "parts").iterdir()):
-    return str(dataset_dir)
-  if process_count > 1:
-    raise ValueError("data.dataset is empty: multi-process runs read a dataset built "
-                     "beforehand with `bertjax data build` (set data.dataset)")
-  sources = parse_sources(config.data.sources)
-  tokenizer = config.data.tokenizer
-  if not tokenizer:
-    style = "gpt" if config.objective == "causal_lm" else "bert"
-    log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
-             config.model.vocab_size, config.data.sources)
-    tokenizer = str(train_sentencepiece(corpus_sentences(sources), target / "tokenizer",
-                                        vocab_size=int(config.model.vocab_size),
-                                        model_type="unigram", style=style))
-  log.info("building %s into %s", config.data.sources, dataset_dir)
-  summary = build_dataset(sources, tokenizer, dataset_dir,
-                          BuildOptions(num_shards=4, eval_fraction=float(config.data.eval_fraction),
-                                       num_workers=int(config.data.build_workers)))
-  for line in summary.lines():
-    log.info("%s", line)
-  return str(dataset_dir)
+    return str(paths.local_copy(dataset_dir))
+  if not build:
+    raise ValueError(f"{dataset_dir} was not built (data.dataset is empty and the process that "
+                     "builds on first use did not write it: is the workdir shared by all hosts?)")
+  # The tokenizer trainer and ArrayRecord write local files only.
+  with paths.local_output(target) as local:
+    sources = parse_sources(config.data.sources)
+    tokenizer = config.data.tokenizer
+    if not tokenizer:
+      style = "gpt" if config.objective == "causal_lm" else "bert"
+      log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
+               config.model.vocab_size, config.data.sources)
+      tokenizer = str(train_sentencepiece(corpus_sentences(sources), local / "tokenizer",
+                                          vocab_size=int(config.model.vocab_size),
+                                          model_type="unigram", style=style))
+    log.info("building %s into %s", config.data.sources, dataset_dir)
+    summary = build_dataset(sources, paths.local_copy(tokenizer), local / "dataset",
+                            BuildOptions(num_shards=4,
+                                         eval_fraction=float(config.data.eval_fraction),
+                                         num_workers=int(config.data.build_workers)))
+    for line in summary.lines():
+      log.info("%s", line)
+  return str(paths.local_copy(dataset_dir))
