@@ -42,6 +42,9 @@ def test_every_host_loads_its_own_rows_disjoint_and_complete(topology, slices, p
   assert set().union(*held) == set(range(BATCH))  # complete
   assert not layout.problems()
   assert "row sets disjoint and complete" in layout.summary()
+  # What the training loop calls, as this test process (process 0 of the slice) would: before
+  # row_layout it raised "batch shards are not contiguous rows" on every one of these slices.
+  assert distributed.local_rows(rows_sharding, BATCH) == layout.rows_by_process[0]
   # The layout the issue measured: a host's rows are scattered, not one range.
   if (topology, preset) == ("v4-16", "data_parallel") and slices == 1:
     assert layout.rows_by_process[0] != tuple(range(BATCH // 2))
