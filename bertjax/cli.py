@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import sys
 import textwrap
 from typing import Callable, Sequence
@@ -71,10 +72,10 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
             f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
             "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
             "float32)", file=sys.stderr)
-      return 3
+      return EXIT_COMPILER_CRASH
     except RuntimeError as e:  # libtpu missing: say what to install
       print(f"bertjax compile: error: {e}", file=sys.stderr)
-      return 2
+      return EXIT_USAGE
   print(f"config         {args.config}"
         + (f" (phase {phases.phase_of(config, args.step) + 1} at step {args.step})"
            if args.step is not None else ""))
@@ -86,7 +87,7 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
           f"{report.hbm_bytes / 2**30:.1f} GiB (try config.mesh.fsdp / config.mesh.tensor, "
           "config.model.remat_policy, config.grad_accum_steps, config.model.dtype=bfloat16)",
           file=sys.stderr)
-    return 1
+    return EXIT_FAILED
   return 0
 
 
@@ -203,7 +204,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
     loop.train_and_evaluate(config, args.workdir)
   except TrainingDiverged as e:
     print(f"bertjax train: {e}", file=sys.stderr)
-    return 1
+    return EXIT_FAILED
   return 0
 
 
@@ -226,7 +227,7 @@ def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import checkpoint, hf
   if overrides:
-    raise SystemExit("bertjax import takes no --config overrides (the HF config.json decides)")
+    raise ValueError("import takes no --config overrides (the HF config.json decides)")
   params, model_cfg, report = hf.import_hf(args.hf_dir, scan_layers=not args.no_scan)
   out = checkpoint.save_params(args.out, params, model_cfg)
   tokenizer = out / "tokenizer"
@@ -240,9 +241,9 @@ def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
 def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import checkpoint, hf
   if overrides:
-    raise SystemExit("bertjax export takes no --config overrides")
+    raise ValueError("export takes no --config overrides")
   if bool(args.params) == bool(args.workdir):
-    raise SystemExit("bertjax export: give exactly one of --params DIR or --workdir DIR")
+    raise ValueError("give exactly one of --params DIR or --workdir DIR")
   if args.workdir:
     from bertjax.train_checkpoint import run_params
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
@@ -373,7 +374,7 @@ def _parser() -> argparse.ArgumentParser:
           "time projected at --mfu. Before compiling it checks, for every host of the "
           "slice(s), which rows of each global batch that host would load (one line: hosts, rows "
           "each, disjoint and complete). Exit status 1 when it does not fit (the shortfall "
-          "named), 2 when the mesh or the per-host layout does not work on the slice, 3 when "
+          "named), 2 when the mesh or the per-host layout does not work on the slice, 4 when "
           "the TPU compiler crashes. Needs libtpu (bertjax[tpu]), not a TPU.",
           "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
           "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
@@ -639,21 +640,55 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+# Exit statuses, the same for every command (docs/training.md has the table); 3, a peer
+# process lost, is distributed.EXIT_PEER_LOST.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_COMPILER_CRASH = 0, 1, 2, 4
+
+
+class _QuietLibraryNoise(logging.Filter):
+  """Drops what Orbax and TensorStore print from their background threads when a checkpoint
+  read or write fails: the failure reaches the command as an exception and is reported once,
+  in one line; the same error logged (with its traceback) by each worker thread adds nothing."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR and f"{os.sep}orbax{os.sep}" in record.pathname:
+      return False
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _quiet_library_noise() -> None:
+  for name in ("absl", "asyncio"):
+    logging.getLogger(name).addFilter(_QuietLibraryNoise())
+  default_hook = sys.unraisablehook
+
+  def unraisable(info) -> None:
+    # TensorStore callbacks that land after a failed Orbax operation closed its event loop.
+    if isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(
+        info.exc_value):
+      return
+    default_hook(info)
+
+  sys.unraisablehook = unraisable
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   logging.basicConfig(level=logging.WARNING,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+  _quiet_library_noise()
   argv = list(sys.argv[1:] if argv is None else argv)
   try:
     rest, overrides = config_lib.split_overrides(argv)
   except ValueError as e:
-    raise SystemExit(f"bertjax: {e}") from None
+    print(f"bertjax: error: {e}", file=sys.stderr)
+    return EXIT_USAGE
   args = _parser().parse_args(rest)
   try:
     return args.fn(args, overrides)
-  except (KeyError, ValueError, FileNotFoundError, FileExistsError) as e:
+  except (KeyError, ValueError, OSError) as e:
+    # A user's mistake or the machine's (a path, a config, a full disk): one line, no traceback.
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print(f"bertjax {args.command}: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import difflib
 import importlib.util
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -139,6 +140,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   })
   # Resume from this checkpoint step instead of the latest (-1: latest).
   config.restore_step = -1
+  # Resume even though the config differs from the checkpoint's in what the run computes (the
+  # model, data, optimizer; bertjax.workdir lists what may change freely). False: refused.
+  config.resume_with_changes = False
   # Start a new run from these weights (continued / domain-adaptive pre-training): a params-only
   # checkpoint (bertjax export --format params) or a Hugging Face directory. Empty: random init.
   config.init_from = ""
@@ -282,16 +286,35 @@ def _resolve_path(path_or_name: str) -> Path:
                              if available else ""))
 
 
+def _where(error: BaseException, path: Path) -> str:
+  """file:line of the innermost frame of the config file in a traceback."""
+  frames = [f for f in traceback.extract_tb(error.__traceback__) if Path(f.filename) == path]
+  return f"{path}:{frames[-1].lineno}" if frames else str(path)
+
+
 def load_config_file(path_or_name: str) -> ConfigDict:
-  path = _resolve_path(path_or_name)
+  """The ConfigDict of a config file's get_config(); a file that does not load or does not
+  return a ConfigDict is a ValueError naming the file and line."""
+  path = _resolve_path(path_or_name).resolve()
   spec = importlib.util.spec_from_file_location(f"bertjax_config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    raise ValueError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+  except Exception as e:  # noqa: BLE001 - a user's file: name where it failed, no traceback
+    raise ValueError(f"{_where(e, path)}: loading the config failed: "
+                     f"{type(e).__name__}: {e}") from None
   if not hasattr(module, "get_config"):
     raise ValueError(f"{path} has no get_config() function")
-  config = module.get_config()
+  try:
+    config = module.get_config()
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f"{_where(e, path)}: get_config() failed: {type(e).__name__}: {e}"
+                     ) from None
   if not isinstance(config, ConfigDict):
-    raise TypeError(f"{path}: get_config() must return an ml_collections.ConfigDict")
+    raise ValueError(f"{path}: get_config() returned a {type(config).__name__}; it must "
+                     "return an ml_collections.ConfigDict (e.g. base_config(bert_model()))")
   return config
 
 
@@ -374,5 +397,38 @@ def load_config(path_or_name: str, overrides: Sequence[tuple[str, str]] = ()) ->
   for key, value in overrides:
     apply_override(config, key, value)
   model_config(config)  # fails early, naming the key, on an invalid model group
+  validate_training(config)
   phases.validate(config)
   return config
+
+
+def validate_training(config: ConfigDict) -> None:
+  """A ValueError naming the key for a training setting no run could use (before any data is
+  read or built: a batch size of 0 used to surface as a ZeroDivisionError minutes later)."""
+  def need(key: str, ok: bool, what: str) -> None:
+    if not ok:
+      value = config
+      for part in key.split("."):
+        value = value.get(part) if value is not None else None
+      raise ValueError(f"--config.{key}={value!r}: {what}")
+
+  need("batch_size", int(config.batch_size) >= 1, "must be at least 1")
+  need("num_train_steps", int(config.num_train_steps) >= 1, "must be at least 1")
+  need("seq_length", 1 <= int(config.seq_length) <= int(config.model.max_positions),
+       f"must be between 1 and model.max_positions ({config.model.max_positions})")
+  need("grad_accum_steps", int(config.grad_accum_steps) >= 1, "must be at least 1")
+  need("grad_accum_steps", int(config.batch_size) % int(config.grad_accum_steps) == 0,
+       f"must divide batch_size ({config.batch_size})")
+  need("max_predictions", 0 <= int(config.max_predictions) <= int(config.seq_length),
+       "must be between 0 and seq_length")
+  need("log_every", int(config.log_every) >= 1, "must be at least 1")
+  need("eval_every", int(config.eval_every) >= 0, "must be 0 (never) or more")
+  need("eval_steps", int(config.eval_steps) >= 1, "must be at least 1")
+  need("checkpoint.every", int(config.checkpoint.every) >= 0, "must be 0 or more")
+  need("checkpoint.keep", int(config.checkpoint.keep) >= 0, "must be 0 (all) or more")
+  need("data.num_epochs", int(config.data.num_epochs) >= 0, "must be 0 (repeat) or more")
+  need("data.num_workers", int(config.data.num_workers) >= 0, "must be 0 or more")
+  need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
+  need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")
+  need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,
+       "must be positive")

@@ -175,6 +175,25 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
+# The exit status of a process that stops because a peer process is gone (the same as the
+# step watchdog's; bertjax.cli has the table).
+EXIT_PEER_LOST = 3
+
+
+def abandon(error: BaseException) -> None:
+  """Ends this process at once, with one line, after a collective failed because a peer died.
+
+  A normal exit would first wait in jax.distributed's shutdown barrier for the dead peer (until
+  its heartbeat times out) and then abort with a C++ stack dump; the run's state is in its
+  last checkpoint either way."""
+  reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  reason = reason.split("Error dispatching computation: ")[-1][:300]
+  print(f"bertjax: process {jax.process_index()} of {jax.process_count()}: a collective "
+        f"failed ({reason}): a peer process has probably died. Exiting with status "
+        f"{EXIT_PEER_LOST} so the job can be restarted from its last checkpoint.", flush=True)
+  os._exit(EXIT_PEER_LOST)
+
+
 class StepWatchdog:
   """Exits the process, with a message, when no step completes for `timeout_s` seconds.
 
@@ -204,7 +223,7 @@ class StepWatchdog:
         print(f"bertjax: process {jax.process_index()} of {jax.process_count()}: no training "
               f"step completed in {idle:.0f} s; a peer process has probably died or hung. "
               "Exiting so the job can be restarted from its last checkpoint.", flush=True)
-        os._exit(3)
+        os._exit(EXIT_PEER_LOST)
 
 
 def barrier(name: str) -> None:

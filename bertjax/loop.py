@@ -6,6 +6,7 @@ host building the next batch while the device runs this one).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
@@ -25,6 +26,7 @@ from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite
 from bertjax.train import Trainer, TrainState
 from bertjax.train_checkpoint import TrainCheckpoints
+from bertjax.workdir import WorkdirLock, check_resume_config
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,55 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   phases.validate(config)
   workdir = paths.path(workdir)
   is_main = jax.process_index() == 0
+  lock = _lock_workdir(workdir, is_main)
+  try:
+    return _train(config, workdir, is_main, lock)
+  except jax.errors.JaxRuntimeError as e:
+    if jax.process_count() > 1:  # a collective with a dead peer: out now, in one line
+      lock.release()
+      distributed.abandon(e)
+    raise
+  finally:
+    lock.release()
+
+
+def _lock_workdir(workdir: epath.Path, is_main: bool) -> WorkdirLock:
+  """Process 0 takes the workdir's lock; every process learns whether it could."""
+  lock = WorkdirLock(workdir)
+  failure = None
+  if is_main:
+    try:
+      lock.acquire()
+    except ValueError as e:
+      failure = e
+  if distributed.any_process(failure is not None):
+    raise failure or ValueError(f"process 0 could not lock {workdir} (its message says why)")
+  return lock
+
+
+def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoints) -> None:
+  """A resumed run's config against the one its checkpoint was written with."""
+  requested = int(config.restore_step)
+  steps = [requested] if requested >= 0 else checkpoints.steps()[::-1]
+  current = json.loads(config.to_json_best_effort())
+  for step in steps:
+    try:
+      saved = checkpoints.saved_config(step)
+    except Exception:  # noqa: BLE001 - a damaged step: the restore's fallback reports it
+      continue
+    check_resume_config(saved, current, step, bool(config.resume_with_changes))
+    return
+
+
+def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
+           lock: WorkdirLock) -> dict[str, Any]:
   mesh = sharding.mesh_from_config(config)
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
+  checkpoints = TrainCheckpoints(workdir, config)
+  if checkpoints.latest_step() is not None:
+    _check_resume(config, checkpoints)
   if is_main:
-    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
     log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
              jax.process_count())
@@ -114,7 +160,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     distributed.barrier("dataset ready")
     if not dataset:
       dataset = ensure_dataset(config, workdir, build=False)
-  checkpoints = TrainCheckpoints(workdir, config)
   # The data state in a checkpoint belongs to the phase of the step it resumes at.
   requested = int(config.restore_step)
   resume_at = requested if requested >= 0 else (checkpoints.latest_step() or 0)
@@ -182,6 +227,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       state, metrics = trainer.step(state, phase.global_batch(trainer, local))
       step += 1
       watchdog.tick()
+      lock.heartbeat()
       if progress:
         progress.update(1)
       if compiling:
@@ -264,8 +310,11 @@ def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,
     state, step = checkpoints.restore(trainer.abstract_state(), train_batches, requested)
     later = [s for s in checkpoints.steps() if s > step]
     if later:
-      # Training on from an earlier step rewrites history: the later steps are gone.
-      log.warning("restore_step=%d: deleting the later checkpoints %s", step, later)
+      # Training on from an earlier step rewrites history: the later steps are gone (and a
+      # damaged step in the way would stop the new saves).
+      why = (f"restore_step={step}" if requested is not None else
+             f"the later step(s) could not be restored; resuming from step {step}")
+      log.warning("%s: deleting the later checkpoints %s", why, later)
       for s in later:
         checkpoints.manager.delete(s)
     log.info("resumed from %s step %d", checkpoints.directory, step)

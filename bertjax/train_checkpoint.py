@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,42 @@ ITEMS = ("params", "train", "data", "config")
 
 class CheckpointMismatch(ValueError):
   """A checkpoint whose arrays do not fit the config (never silently skipped)."""
+
+
+class CheckpointWriteError(ValueError):
+  """Writing a checkpoint failed (a full disk, a read-only or unreachable store)."""
+
+
+# Orbax writes this into a step and into each of its items once they are complete.
+COMMIT_MARKER = "commit_success.txt"
+
+
+def failure_reason(error: BaseException) -> str:
+  """One line from a checkpoint library's exception: the innermost cause's first line, without
+  the TensorStore spec dumps that follow it."""
+  inner, seen = error, set()
+  while id(inner) not in seen and (inner.__cause__ or inner.__context__) is not None:
+    seen.add(id(inner))
+    inner = inner.__cause__ or inner.__context__
+  text = (str(inner).strip().splitlines() or [""])[0] or type(inner).__name__
+  for cut in (" [tensorstore_spec=", " See full TensorStore details", " [os_error_code"):
+    text = text.split(cut)[0]
+  if "No space left on device" in text:
+    return "no space left on device"
+  return text[:500]
+
+
+def _failed_step(error: BaseException, default: int | None) -> int | None:
+  """The step whose write failed, read from the temporary path in the error (a save reports
+  the failure of the one before it, still in the background)."""
+  inner = error
+  while inner.__cause__ is not None or inner.__context__ is not None:
+    found = re.search(r"/(\d+)\.orbax-checkpoint-tmp", str(inner))
+    if found:
+      return int(found.group(1))
+    inner = inner.__cause__ or inner.__context__
+  found = re.search(r"/(\d+)\.orbax-checkpoint-tmp", str(inner))
+  return int(found.group(1)) if found else default
 
 
 class DataStateHandler(ocp.CheckpointHandler):
@@ -120,17 +157,60 @@ class TrainCheckpoints:
 
   def save(self, step: int, state: TrainState, batches: Any,
            config: ml_collections.ConfigDict) -> None:
-    """Starts an (async) save of `step`; returns once the device arrays are copied."""
+    """Starts an (async) save of `step`; returns once the device arrays are copied. A failed
+    write (this one or the previous one still in the background) raises CheckpointWriteError."""
     args = ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state,
                                      "rng": state.rng}),
         data=DataSave(batches),
         config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())))
-    self.manager.save(step, args=args, force=True)
+    try:
+      self.manager.save(step, args=args, force=True)
+    except Exception as e:  # noqa: BLE001 - any write failure: one line naming the cause
+      raise self._write_error(e, step) from None
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # noqa: BLE001
+      raise self._write_error(e, None) from None
+
+  def _write_error(self, error: BaseException, step: int | None) -> CheckpointWriteError:
+    failed = _failed_step(error, step)
+    what = f"checkpoint step {failed}" if failed is not None else "a checkpoint"
+    return CheckpointWriteError(f"writing {what} in {self.directory} failed: "
+                                f"{failure_reason(error)}")
+
+  def problem(self, step: int) -> str | None:
+    """Why `step` cannot be a complete checkpoint, from its files alone (None: it looks whole):
+    a missing commit marker, item, metadata, OCDBT manifest or data-iterator state."""
+    directory = self.directory / str(step)
+    # Orbax of this generation marks every finished step and item; a step without a marker in
+    # a directory whose steps have them did not finish (or was damaged).
+    marked = any((self.directory / str(s) / COMMIT_MARKER).exists() for s in self.steps())
+    if marked and not (directory / COMMIT_MARKER).exists():
+      return f"{directory / COMMIT_MARKER} is missing (the save did not finish)"
+    for item in ITEMS:
+      item_dir = directory / item
+      if not item_dir.is_dir():
+        return f"{item_dir} is missing"
+      if marked and not (item_dir / COMMIT_MARKER).exists():
+        return f"{item_dir / COMMIT_MARKER} is missing (the save did not finish)"
+    for item in ("params", "train"):
+      metadata = directory / item / "_METADATA"
+      if not metadata.exists():
+        return f"{metadata} is missing"
+      try:
+        json.loads(metadata.read_text())
+      except (ValueError, UnicodeDecodeError):
+        return f"{metadata} is not readable"
+      if any((directory / item).glob("ocdbt.process_*")) and not (
+          directory / item / "manifest.ocdbt").exists():
+        return f"{directory / item / 'manifest.ocdbt'} is missing"
+    if not any((directory / "data").glob("process_*.json")):
+      return f"{directory / 'data'} holds no data-iterator state (process_*.json)"
+    return None
 
   def close(self) -> None:
     self.manager.wait_until_finished()
@@ -163,7 +243,14 @@ class TrainCheckpoints:
     else:
       candidates = steps[::-1]
     errors = []
-    for candidate in candidates:
+    for number, candidate in enumerate(candidates):
+      fallback = (f"; falling back to step {candidates[number + 1]}"
+                  if number + 1 < len(candidates) else "")
+      problem = self.problem(candidate)
+      if problem is not None:
+        errors.append(f"step {candidate}: {problem}")
+        log.warning("checkpoint step %d cannot be restored: %s%s", candidate, problem, fallback)
+        continue
       items = {
           "params": ocp.args.StandardRestore(abstract_state.params),
           "train": ocp.args.StandardRestore({"step": abstract_state.step,
@@ -178,12 +265,10 @@ class TrainCheckpoints:
       except CheckpointMismatch:
         raise
       except Exception as e:  # noqa: BLE001 — any unreadable step: say so, try the previous
-        message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        message = failure_reason(e)
         errors.append(f"step {candidate}: {message}")
-        log.warning("checkpoint step %d in %s cannot be restored (%s)%s", candidate,
-                    self.directory, message,
-                    "; falling back to the previous step" if candidate != candidates[-1]
-                    else "")
+        log.warning("checkpoint step %d in %s cannot be restored: %s%s", candidate,
+                    self.directory, message, fallback)
         continue
       train = restored["train"]
       state = TrainState(train["step"], restored["params"], train["opt_state"], train["rng"])

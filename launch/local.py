@@ -7,14 +7,17 @@ devices: the multi-host setup of a pod, in miniature. The multi-host tests use i
 
 Each process gets BERTJAX_COORDINATOR_ADDRESS / BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID
 (read by bertjax.distributed), JAX_PLATFORMS=cpu and its device count in XLA_FLAGS; output
-lines are prefixed with [pN]. If a process fails, the others get --grace seconds to notice and
-exit on their own, then are terminated; the launcher exits with the first failure's code.
+lines are prefixed with [pN]. If a process fails, the launcher says which and how (its exit
+status or the signal that killed it), the others get --grace seconds to notice and exit on
+their own, then are terminated; the launcher exits with the first failure's code (128 + N for
+signal N).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -73,22 +76,40 @@ def main(argv: list[str] | None = None) -> int:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     threading.Thread(target=_pump, args=(i, proc.stdout), daemon=True).start()
     procs.append(proc)
-  first_failure, failed_at = 0, None
-  while any(p.poll() is None for p in procs):
+  first_failure, failed_at, reported = 0, None, set()
+
+  def report(i: int, code: int) -> None:
+    reported.add(i)
+    running = sum(p.poll() is None for p in procs)
+    print(f"[launch] process {i} {how(code)}"
+          + (f"; the others have {args.grace:.0f} s to exit" if running else ""), flush=True)
+
+  while True:
+    running = [p.poll() is None for p in procs]
     for i, p in enumerate(procs):
-      if p.returncode not in (None, 0) and failed_at is None:
-        first_failure, failed_at = p.returncode, time.monotonic()
-        print(f"[launch] process {i} exited with {p.returncode}; the others have "
-              f"{args.grace:.0f} s to exit", flush=True)
+      if p.returncode not in (None, 0) and i not in reported:
+        if failed_at is None:
+          first_failure, failed_at = p.returncode, time.monotonic()
+        report(i, p.returncode)
+    if not any(running):
+      break
     if failed_at is not None and time.monotonic() - failed_at > args.grace:
       for p in procs:
         if p.poll() is None:
           p.terminate()
     time.sleep(0.2)
-  codes = [p.returncode for p in procs]
-  if first_failure == 0:
-    first_failure = next((c for c in codes if c != 0), 0)
-  return first_failure
+  # A process killed by a signal: the shell's convention, 128 + the signal number.
+  return 128 - first_failure if first_failure < 0 else first_failure
+
+
+def how(code: int) -> str:
+  """'exited with 3' or 'was killed by SIGKILL'."""
+  if code < 0:
+    try:
+      return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+      return f"was killed by signal {-code}"
+  return f"exited with {code}"
 
 
 if __name__ == "__main__":

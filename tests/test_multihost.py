@@ -251,3 +251,16 @@ def test_a_multi_process_run_builds_its_data_on_first_use(tmp_path):
   assert sorted(train_helpers.step_losses(workdir)) == [2]
   assert (workdir / "params" / "model.json").is_file()
   assert "[p1]" in output and "process 1 of 2" in output
+
+
+def test_the_local_launcher_says_which_process_died_and_how():
+  script = ("import os, signal, time\n"
+            "if os.environ['BERTJAX_PROCESS_ID'] == '1':\n"
+            "  os.kill(os.getpid(), signal.SIGKILL)\n"
+            "time.sleep(120)\n")
+  result = subprocess.run([sys.executable, str(ROOT / "launch" / "local.py"), "--processes", "2",
+                           "--devices", "1", "--grace", "1", "--", sys.executable, "-c", script],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 128 + signal.SIGKILL
+  assert "[launch] process 1 was killed by SIGKILL; the others have 1 s to exit" in result.stdout
+  assert "[launch] process 0 was killed by SIGTERM" in result.stdout  # ended after the grace
