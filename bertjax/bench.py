@@ -212,10 +212,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
       "machine": machine(), "steps_per_block": steps, "pairs": pairs}
 
   log(f"measuring the matmul peak ({peak_size}² {dtype.name}, XLA)")
-  xla_peak = flops_lib.measure_matmul_peak(peak_size, dtype) * jax.local_device_count()
-  nominal = flops_lib.device_peak_flops(jax.local_devices()[0])
-  record["peak"] = {"xla_matmul_flops": xla_peak,
-                    "nominal_flops": nominal * jax.device_count() if nominal else None}
+  xla_peak = flops_lib.measure_matmul_peak(peak_size, dtype) * flops_lib.measured_peak_devices()
+  record["peak"] = {"xla_matmul_flops": xla_peak, "nominal_flops": flops_lib.nominal_peak_flops()}
 
   batch = synthetic_batch(config)
   log("compiling our train step")
@@ -260,7 +258,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   # after the timed steps and take the higher reading, so that MFU is never flattered by a
   # slow phase at the start.
   xla_peak = max(xla_peak, flops_lib.measure_matmul_peak(peak_size, dtype)
-                 * jax.local_device_count())
+                 * flops_lib.measured_peak_devices())
   record["peak"]["xla_matmul_flops_readings"] = [record["peak"]["xla_matmul_flops"], xla_peak]
   record["peak"]["xla_matmul_flops"] = xla_peak
   if reference is not None:

@@ -172,15 +172,16 @@ def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
   stops = [tokenizer.token_id(t) for t in args.stop]
   if not args.stop and getattr(tokenizer, "style", None) == "gpt":
     stops = [tokenizer.token_id("<|endoftext|>")]
+  prompts = [tokenizer.encode(p) for p in args.prompt]
   outputs = generate.generate(
-      params, model, [tokenizer.encode(p) for p in args.prompt],
+      params, model, prompts,
       max_new_tokens=args.max_new_tokens, do_sample=args.sample,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
       num_beams=args.num_beams, length_penalty=args.length_penalty,
       repetition_penalty=args.repetition_penalty,
       no_repeat_ngram_size=args.no_repeat_ngram_size, stop_tokens=stops, seed=args.seed)
-  for prompt, new in zip(args.prompt, outputs):
-    print(f"{prompt}{tokenizer.decode(new)}")
+  for text, prompt, new in zip(args.prompt, prompts, outputs):
+    print(f"{text}{generate.continuation_text(tokenizer, prompt, new)}")
   return 0
 
 
@@ -208,6 +209,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
   return 0
 
 
+def cmd_plot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  from bertjax import plot
+  return plot.cmd_plot(args)
+
+
 def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import jax
 
@@ -232,6 +238,8 @@ def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
   out = checkpoint.save_params(args.out, params, model_cfg)
   tokenizer = out / "tokenizer"
   tokenizer.mkdir(exist_ok=True)
+  # Every tokenizer file, bertjax's own (spm.model, casing) included, so that an exported run
+  # imports back with the same ids.
   copied = hf.copy_tokenizer_files(args.hf_dir, tokenizer)
   print(report.summary())
   print(f"wrote {out}" + (f" (tokenizer: {', '.join(copied)})" if copied else ""))
@@ -256,6 +264,10 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     out = hf.export_hf(params, model_cfg, args.out, dtype, tokenizer)
     print(f"wrote a Hugging Face {hf.hf_config_dict(model_cfg)['architectures'][0]} directory "
           f"to {out} ({dtype})")
+    if tokenizer is None:
+      # Said here: AutoTokenizer on the export would fail much later, far from the cause.
+      print(f"{args.params or args.workdir} has no tokenizer/: wrote weights only (a "
+            "tokenizer/ holding spm.model or vocab.txt adds the files AutoTokenizer reads)")
   else:
     import jax
     import jax.numpy as jnp
@@ -264,6 +276,8 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     out = checkpoint.save_params(args.out, params, model_cfg.replace(param_dtype=dtype))
     if tokenizer:
       paths.copy_tree(tokenizer, out / "tokenizer")
+      # The Hugging Face files too, so every export's tokenizer loads in `transformers`.
+      hf.export_tokenizer(tokenizer, out / "tokenizer", model_cfg.max_positions)
     print(f"wrote a params-only checkpoint to {out} ({dtype})")
   return 0
 
@@ -461,6 +475,16 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--workdir", required=True, help="directory for metrics and checkpoints")
 
+  p = add("plot", "draw training runs' loss and accuracy curves into one PNG",
+          "Reads each WORKDIR/metrics.jsonl (local or gs://) and draws the loss (train solid, "
+          "eval dashed) and each accuracy logged (MLM and NSP for BERT, next-token for GPT) "
+          "against the step: one colour per run, labelled by the workdir's name. `bertjax "
+          "train` draws its own run into WORKDIR/metrics.png at each eval and at the end.",
+          "examples:\n  bertjax plot runs/bert_tiny\n"
+          "  bertjax plot runs/lr_1e-3 runs/lr_3e-4 --out lr.png", cmd_plot)
+  from bertjax import plot as plot_lib  # cheap: matplotlib is imported when drawing
+  plot_lib.add_arguments(p)
+
   p = add("init", "write a randomly initialised params checkpoint",
           "Initialises the config's model directly into its sharding on the config's mesh and "
           "writes a params-only checkpoint (model.json + Orbax params).",
@@ -487,7 +511,11 @@ def _parser() -> argparse.ArgumentParser:
           "(--workdir, optimizer state never read), as a Hugging Face directory (config.json + "
           "model.safetensors + tokenizer files) that `transformers` loads with "
           "BertForPreTraining / GPT2LMHeadModel / OpenAIGPTLMHeadModel.from_pretrained, or as "
-          "another params-only checkpoint (e.g. cast to bf16).",
+          "another params-only checkpoint (e.g. cast to bf16). The tokenizer files (from the "
+          "params' tokenizer/: tokenizer.json, tokenizer_config.json, special_tokens_map.json "
+          "built from the run's SentencePiece model or vocab.txt, plus those files) load with "
+          "AutoTokenizer and give bertjax's ids; a params checkpoint without tokenizer/ exports "
+          "weights only.",
           "examples:\n  bertjax export --params runs/bert_params --format hf --out runs/bert_hf\n"
           "  bertjax export --workdir runs/bert --step 5000 --format params --out runs/b5k\n"
           "  bertjax export --params runs/bert_params --format params --dtype bf16 "

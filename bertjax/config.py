@@ -97,6 +97,12 @@ def base_config(model: ConfigDict) -> ConfigDict:
       "sources": "embedded",
       # Tokenizer for that build (vocab.txt or SentencePiece dir); empty: train SentencePiece.
       "tokenizer": "",
+      # Casing of that build: "true" lower-cases (a trained SentencePiece folds case with
+      # nmt_nfkc_cf / nfkc_cf; a vocab.txt is read lower-cased with accents stripped), "false"
+      # keeps case (needed for a cased vocab.txt); "": each tokenizer's default, a trained
+      # SentencePiece cased and a vocab.txt as recorded next to it, else lower-cased. A given
+      # SentencePiece model keeps the casing it was trained with (contradicting it: an error).
+      "lowercase": "",
       # Documents held out for evaluation in that build (by a hash of the document key).
       "eval_fraction": 0.05,
       # Worker processes of that build (0: in the training process).

@@ -133,6 +133,20 @@ class FinetuneSpec:
     return labeled.Columns(self.text_a, self.text_b, self.label, self.tokens, self.tags)
 
 
+# Below this width the paper's rate (tuned for BERT-base/large) barely moves the weights in a
+# few epochs: the README's tiny BERT stays at chance with it (docs/finetuning.md).
+_SMALL_MODEL_WIDTH = 512
+
+
+def recipe_note(spec: FinetuneSpec, hidden_size: int) -> str | None:
+  """A hint when a small model is fine-tuned at BERT-base's default learning rate, else None."""
+  if hidden_size >= _SMALL_MODEL_WIDTH or spec.learning_rate != FinetuneSpec.learning_rate:
+    return None
+  return (f"learning rate {spec.learning_rate:g} is BERT-base's recipe; a {hidden_size}-wide "
+          "model may stay near chance with it: try e.g. --learning-rate 1e-3 --epochs 10 "
+          "(docs/finetuning.md)")
+
+
 # --- freezing and the optimizer ----------------------------------------------------------
 
 def parse_freeze(freeze: str) -> tuple[str, int]:
@@ -443,6 +457,8 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
     raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                      f"only {config.vocab_size}")
   model = task_model(config, spec.task)
+  if is_main and (note := recipe_note(spec, config.hidden_size)):
+    log.warning("%s", note)
 
   # Mesh, shardings, parameters.
   mesh = mesh or sharding.make_mesh(dict(spec.mesh_axes))

@@ -10,12 +10,20 @@ FLOPs, never model FLOPs. tests/test_bench.py holds the formula to the dots XLA 
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import platform
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from bertjax import paths
 from bertjax.models import ModelConfig
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 peak FLOP/s per chip (per GPU), from the vendors' data sheets.
 PEAK_FLOPS_BY_DEVICE_KIND = {
@@ -62,10 +70,24 @@ def device_peak_flops(device: jax.Device) -> float | None:
   return None
 
 
+def nominal_peak_flops() -> float | None:
+  """The data-sheet peak (bf16, dense) of all the devices together, or None where the device
+  kind has no data sheet (CPU)."""
+  nominal = device_peak_flops(jax.local_devices()[0])
+  return None if nominal is None else nominal * jax.device_count()
+
+
+def measured_peak_devices() -> int:
+  """How many times one device's measured matmul peak counts in this process's peak: once on
+  CPU, where simulated devices share the host's cores; once per local device elsewhere."""
+  return 1 if jax.default_backend() == "cpu" else jax.local_device_count()
+
+
 def measure_matmul_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -> float:
   """FLOP/s of a square matmul on the default device: the best of `repeats` timed runs.
 
-  Used as the CPU's peak (no data sheet applies) and as the in-process reference for MFU.
+  One probe of the CPU's peak (`cpu_matmul_peak`, no data sheet applies) and `bertjax bench`'s
+  in-process reference for MFU.
   """
   a = jnp.ones((size, size), dtype)
   b = jnp.ones((size, size), dtype)
@@ -79,10 +101,117 @@ def measure_matmul_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -
   return 2 * size ** 3 / best
 
 
-def peak_flops_per_device() -> tuple[float, str]:
-  """(peak FLOP/s of one device, where the number comes from)."""
-  device = jax.local_devices()[0]
-  nominal = device_peak_flops(device)
+class Peak:
+  """The peak FLOP/s that MFU is measured against, for all the devices of a run together.
+
+  Accelerators: the data sheet's. CPU: no data sheet applies, and one matmul timed at start-up
+  moves with whatever else the machine runs; so the best of several probes is cached per
+  machine (`cpu_peak_cache`) and kept from run to run, only ever raised: a step that beats it
+  proves the machine can do more. MFU is therefore never above 100%."""
+
+  def __init__(self, flops: float, dtype: str, source: str,
+               cache_key: str | None = None) -> None:
+    self.flops = flops
+    self.dtype = dtype
+    self.source = source
+    self.cache_key = cache_key  # set for a cached measured peak, which a faster step raises
+    self._clip_noted = False
+
+  def describe(self) -> str:
+    return f"peak {self.flops:.3g} FLOP/s for {self.dtype} ({self.source})"
+
+  def mfu(self, achieved: float) -> float:
+    """`achieved` FLOP/s as a fraction of the peak, at most 1: a measured peak that a step
+    beats is raised to it (and cached); a data-sheet peak is never beaten by model FLOPs, so a
+    step that does is clipped, with a warning."""
+    if achieved <= self.flops:
+      return achieved / self.flops
+    if self.cache_key is not None:
+      log.warning("a step ran at %.3g FLOP/s, above the %s; raising the cached peak (%s)",
+                  achieved, self.describe(), cpu_peak_cache())
+      self.flops = achieved
+      _store_cached_peak(self.cache_key, achieved)
+    elif not self._clip_noted:  # once: every later interval would say the same
+      self._clip_noted = True
+      log.warning("a step ran at %.3g FLOP/s, above the %s; MFU clipped to 100%%", achieved,
+                  self.describe())
+    return 1.0
+
+
+def cpu_peak_cache() -> Path:
+  """Measured CPU peaks by machine, kept from run to run (under $BERTJAX_CACHE)."""
+  return paths.cache_root() / "cpu_matmul_peaks.json"
+
+
+def _cpu_model() -> str:
+  # The model name is what identifies the hardware; platform.processor() is empty on Linux.
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def cpu_peak_key(dtype: str, size: int) -> str:
+  """What a measured CPU peak depends on: the CPU, its cores, XLA (jax's version) and the
+  matmul's dtype and size."""
+  return (f"{_cpu_model()} | {os.cpu_count()} cores | jax {jax.__version__} | "
+          f"{dtype} {size}x{size}")
+
+
+def _load_cached_peaks() -> dict[str, float]:
+  try:
+    return json.loads(cpu_peak_cache().read_text())
+  except (OSError, ValueError):
+    return {}
+
+
+def _store_cached_peak(key: str, value: float) -> None:
+  """Best effort: a cache that cannot be written only means measuring again next time."""
+  try:
+    cache = cpu_peak_cache()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    peaks = _load_cached_peaks()
+    peaks[key] = max(value, peaks.get(key, 0.0))
+    # Written whole and renamed: processes that start together never read half a file.
+    temp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(peaks, indent=2, sort_keys=True) + "\n")
+    os.replace(temp, cache)
+  except OSError as e:
+    log.warning("could not cache the measured peak in %s: %s", cpu_peak_cache(), e)
+
+
+def cpu_matmul_peak(dtype: str, size: int = 1024, probes: int = 3) -> tuple[float, str, str]:
+  """(peak FLOP/s, its source, cache key) of this machine's CPU for `dtype` matmuls: the cached
+  value, or the best of `probes` measurements, then cached."""
+  key = cpu_peak_key(dtype, size)
+  cached = _load_cached_peaks().get(key)
+  if cached:
+    # One more probe per run: a first measurement taken under load would otherwise stay the
+    # peak until steps beat it one by one.
+    reading = measure_matmul_peak(size, jnp.dtype(dtype))
+    if reading > cached:
+      _store_cached_peak(key, reading)
+    return (max(cached, reading), f"best measured {size}² matmul, cached in {cpu_peak_cache()}",
+            key)
+  readings = [measure_matmul_peak(size, jnp.dtype(dtype)) for _ in range(probes)]
+  log.info("CPU %s matmul peak probes: %s FLOP/s", dtype,
+           ", ".join(f"{r:.3g}" for r in readings))
+  _store_cached_peak(key, max(readings))
+  return max(readings), f"best of {probes} {size}² matmul probes, now cached", key
+
+
+def run_peak(dtype: str) -> Peak:
+  """The peak of all the devices a run trains on, for matmuls in `dtype` (the model's compute
+  dtype)."""
+  nominal = nominal_peak_flops()
   if nominal is not None:
-    return nominal, f"{device.device_kind} data sheet (bf16 dense)"
-  return measure_matmul_peak(), f"measured fp32 1024² matmul on {device.device_kind}"
+    note = "" if dtype == "bfloat16" else f"; the model computes in {dtype}"
+    return Peak(nominal, "bfloat16", f"{jax.device_count()} x "
+                f"{jax.local_devices()[0].device_kind}, data sheet, dense{note}")
+  # Simulated CPU devices share one host's cores: the host's peak is the run's
+  # (measured_peak_devices is 1).
+  flops, source, key = cpu_matmul_peak(dtype)
+  return Peak(flops, dtype, source, key)

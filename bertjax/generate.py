@@ -415,6 +415,15 @@ def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
   return results[0] if len(results) == 1 else results
 
 
+def continuation_text(tokenizer: Any, prompt: Sequence[int], new: Sequence[int]) -> str:
+  """The text `new` ids add after `prompt`'s, as `transformers`' text-generation pipeline
+  computes it: decode(prompt + new) minus decode(prompt). Decoding `new` alone would lose the
+  space between them: SentencePiece drops a leading "▁" at the start of what it decodes."""
+  head = tokenizer.decode(list(prompt))
+  full = tokenizer.decode(list(prompt) + list(new))
+  return full[len(head):] if full.startswith(head) else tokenizer.decode(list(new))
+
+
 class _SentencePieceNames:
   """id -> text of one SentencePiece token (what fill-mask shows for it)."""
 

@@ -27,15 +27,17 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save as save_safetensors
 
-from bertjax import paths
+from bertjax import hf_tokenizer, paths
 from bertjax.models import ModelConfig, build_model, jit_init, stack_layers, unstack_layers
 
 Flat = dict[tuple[str, ...], np.ndarray]
 
-# Files a tokenizer may consist of; copied along on import and export.
+# Files a tokenizer may consist of; copied along on import and export. spm.model, spm.vocab and
+# bertjax_tokenizer.json are bertjax's own (SentencePiece model, casing), so an exported
+# directory imports back with the tokenizer the run trained.
 TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
                    "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-                   "sentencepiece.model")
+                   "sentencepiece.model", "spm.model", "spm.vocab", "bertjax_tokenizer.json")
 
 _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
            "gelu_fast": "gelu_tanh", "relu": "relu"}
@@ -234,10 +236,19 @@ def _hf_model_type(cfg: ModelConfig) -> str:
       f" activation={cfg.activation!r} matches neither GPT2LMHeadModel nor OpenAIGPTLMHeadModel")
 
 
+def _default_generation_ids(cfg: ModelConfig) -> dict[str, int]:
+  """GPT-2's convention, its last id is <|endoftext|>: only a default for a GPT exported without
+  a bertjax tokenizer (an imported GPT-2), since a bertjax SentencePiece vocabulary puts
+  <|endoftext|> at 1 and `vocab_size - 1` is an ordinary piece there."""
+  return {"bos_token_id": cfg.vocab_size - 1, "eos_token_id": cfg.vocab_size - 1}
+
+
 def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretraining",
-                   labels: list[str] | None = None) -> dict[str, Any]:
+                   labels: list[str] | None = None,
+                   generation_ids: dict[str, int] | None = None) -> dict[str, Any]:
   """The config.json `transformers` needs to load the exported weights (`head`, `labels`: see
-  export_hf)."""
+  export_hf). `generation_ids`: a GPT's bos/eos(/pad)_token_id, where generation stops
+  (`hf_tokenizer.generation_ids`; default GPT-2's `vocab_size - 1`)."""
   _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
@@ -273,14 +284,15 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
             "initializer_range": cfg.initializer_range, "tie_word_embeddings": True,
             "torch_dtype": dtype}
   if model_type == "openai-gpt":
+    common.update(generation_ids or {})
     if cfg.mlp_dim != 4 * cfg.hidden_size:
       raise HFConversionError("OpenAIGPT requires mlp_dim == 4 * hidden_size")
     # OpenAIGPT's afn "gelu" is the tanh approximation.
     return {"architectures": ["OpenAIGPTLMHeadModel"], "model_type": "openai-gpt",
             "afn": "gelu", **common}
   return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": cfg.mlp_dim,
-          "activation_function": act, "bos_token_id": cfg.vocab_size - 1,
-          "eos_token_id": cfg.vocab_size - 1, **common}
+          "activation_function": act, **(generation_ids or _default_generation_ids(cfg)),
+          **common}
 
 
 # --- export ------------------------------------------------------------------------------
@@ -334,6 +346,11 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: paths.PathLike, dtype: str
               labels: list[str] | None = None) -> epath.Path:
   """Writes config.json + model.safetensors (+ tokenizer files) loadable by `transformers`.
 
+  With `tokenizer_dir` (a bertjax tokenizer: spm.model or vocab.txt) the directory also gets
+  tokenizer.json, tokenizer_config.json and special_tokens_map.json that AutoTokenizer reads
+  with bertjax's ids (`hf_tokenizer`), the tokenizer's own files, and a GPT's config.json names
+  its <|endoftext|> / <pad> ids for generation.
+
   `head`: "pretraining" (BertForPreTraining / the GPT LM head models), or for fine-tuned BERT
   "sequence_classification" / "token_classification" (BertForSequenceClassification /
   BertForTokenClassification), with `labels` (names in id order) written as id2label."""
@@ -346,11 +363,23 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: paths.PathLike, dtype: str
   elif dtype != "float32":
     raise ValueError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
   (out / "model.safetensors").write_bytes(save_safetensors(tensors, metadata={"format": "pt"}))
-  (out / "config.json").write_text(
-      json.dumps(hf_config_dict(cfg, dtype, head, labels), indent=2) + "\n")
+  config = hf_config_dict(cfg, dtype, head, labels, hf_tokenizer.generation_ids(tokenizer_dir))
+  (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   if tokenizer_dir is not None:
-    copy_tokenizer_files(tokenizer_dir, out)
+    export_tokenizer(tokenizer_dir, out, cfg.max_positions)
   return out
+
+
+def export_tokenizer(tokenizer_dir: str | Path, out: paths.PathLike,
+                     model_max_length: int) -> list[str]:
+  """The tokenizer files of `tokenizer_dir` plus, for a bertjax tokenizer, the Hugging Face
+  files built from it (which replace any copied ones: they must match the ids)."""
+  copied = copy_tokenizer_files(tokenizer_dir, out)
+  source = Path(tokenizer_dir)
+  if (source / "spm.model").is_file() or (source / "vocab.txt").is_file():
+    written = hf_tokenizer.write_hf_tokenizer(tokenizer_dir, out, model_max_length)
+    copied = sorted(set(copied) | set(written))
+  return copied
 
 
 def copy_tokenizer_files(src: paths.PathLike, dst: paths.PathLike) -> list[str]:

@@ -6,6 +6,7 @@ host building the next batch while the device runs this one).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -19,11 +20,12 @@ import ml_collections
 import numpy as np
 import tqdm
 from etils import epath
+from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bertjax import checkpoint, distributed, flops, paths, phases, sharding
+from bertjax import checkpoint, distributed, flops, paths, phases, plot, sharding
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
-from bertjax.metrics import MetricsWriter, check_finite
+from bertjax.metrics import MetricsWriter, check_finite, summary_lines
 from bertjax.train import Trainer, TrainState
 from bertjax.train_checkpoint import TrainCheckpoints
 from bertjax.workdir import WorkdirLock, check_resume_config
@@ -140,6 +142,7 @@ def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoin
 
 def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
            lock: WorkdirLock) -> dict[str, Any]:
+  started = time.perf_counter()
   mesh = sharding.mesh_from_config(config)
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
@@ -175,14 +178,16 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     _write_final_params(workdir, state, trainer, dataset, is_main)
     phase.batches.close()
     checkpoints.close()
+    if is_main:
+      _print_summary(workdir, int(state.step), total, trainer,
+                     plotted=(workdir / plot.PLOT_NAME).exists())
     return {}
 
-  peak, peak_source = flops.peak_flops_per_device()
-  # Simulated CPU devices share one host's cores: the measured matmul peak is the host's.
-  total_peak = peak if jax.default_backend() == "cpu" else peak * jax.device_count()
+  # MFU is against the peak of the dtype the model's matmuls run in.
+  peak = flops.run_peak(trainer.model_config.dtype)
   if is_main:
-    log.info("%s; model FLOPs/step %.3g; peak %.3g FLOP/s (%s)", phase.describe(),
-             phase.flops_per_step, total_peak, peak_source)
+    log.info("%s; model FLOPs/step %.3g; %s", phase.describe(), phase.flops_per_step,
+             peak.describe())
     log.info("%s", phase.layout.summary())
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
@@ -190,6 +195,10 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
               if is_main and sys.stdout.isatty() else None)
   writer = MetricsWriter(workdir, total, enabled=is_main,
                          stream=_TqdmStream() if progress else None)
+  # Log records too go above the progress bar while it is drawn, not into it.
+  quiet_bar = contextlib.ExitStack()
+  if progress:
+    quiet_bar.enter_context(logging_redirect_tqdm())
   watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
   profile = None  # the trace directory, mirrored to the workdir when that is remote
   tracing = False
@@ -252,7 +261,7 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
           step_time = (now - last_log_time) / steps_done
           train_metrics.update(step_time=step_time,
                                tokens_per_sec=phase.batch_size * phase.seq_length / step_time,
-                               mfu=phase.flops_per_step / step_time / total_peak)
+                               mfu=peak.mfu(phase.flops_per_step / step_time))
         check_finite(step, train_metrics)
         writer.write(step, train_metrics)
         last_log_time, last_log_step = time.perf_counter(), step
@@ -266,6 +275,7 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
                        prefix="eval")
         finally:
           eval_batches.close()
+        writer.plot()
         # Time spent evaluating is not training time: keep it out of step time and tokens/s.
         last_log_time += time.perf_counter() - eval_start
       if step < total and phases.phase_of(config, step) != phase.index:
@@ -292,12 +302,31 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     phase.batches.close()
     checkpoints.close()
     watchdog.stop()
+    # Drawn whatever ended the run: the curves of a diverged run are the ones to look at.
+    plotted = writer.plot(final=True)
     writer.close()
     if progress:
       progress.close()
+    quiet_bar.close()
   if step >= total:
     _write_final_params(workdir, state, trainer, dataset, is_main, replace=True)
+  if is_main:
+    _print_summary(workdir, step, total, trainer, plotted, time.perf_counter() - started)
   return train_metrics
+
+
+def _print_summary(workdir: epath.Path, step: int, total: int, trainer: Trainer,
+                   plotted: bool, wall_seconds: float | None = None) -> None:
+  """The end-of-run summary on stdout (process 0): never fails the run it describes."""
+  metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
+  try:
+    records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
+    lines = summary_lines(str(workdir), records, step, total, trainer.model_config.family,
+                          wall_seconds, params=(workdir / "params").exists(), plotted=plotted)
+  except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
+    log.warning("could not summarise the run from %s: %s", metrics_path, e)
+    return
+  print("\n".join(lines), flush=True)
 
 
 def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,

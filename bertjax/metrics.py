@@ -1,4 +1,5 @@
-"""Where training metrics go: JSON lines, TensorBoard event files and a console line.
+"""Where training metrics go: JSON lines, TensorBoard event files, a console line, a plot
+(WORKDIR/metrics.png) and the summary at the end of a run.
 
 Only process 0 writes; every other process gets a writer that drops everything.
 """
@@ -9,9 +10,17 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
-from bertjax import paths
+from bertjax import paths, plot
+
+# The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
+# GPT: the LM loss, accuracy and perplexity).
+HEADLINE_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "lm_loss", "lm_accuracy",
+                 "perplexity")
+# Plotting takes at most about this fraction of the run: frequent evals skip redraws.
+_PLOT_TIME_FRACTION = 0.05
 
 
 class TrainingDiverged(RuntimeError):
@@ -26,6 +35,11 @@ def check_finite(step: int, metrics: Mapping[str, float]) -> None:
         + ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()) + "). Lower the learning "
         "rate, check the data, or raise optimizer.clip_norm; checkpoints already written are "
         "intact.")
+
+
+def headline(metrics: Mapping[str, Any]) -> list[str]:
+  """"key value" for each headline metric present."""
+  return [f"{key} {float(metrics[key]):.4f}" for key in HEADLINE_KEYS if key in metrics]
 
 
 def _duration(seconds: float) -> str:
@@ -47,9 +61,13 @@ class MetricsWriter:
     self._jsonl = None
     self._tb = None
     self._mirror = None
+    self._title = paths.path(workdir).name
+    self._next_plot = 0.0  # perf_counter time before which a non-final plot is skipped
+    self._plotted = False  # the plot shows every record written so far
     if enabled:
       # On an object store the files are written locally and uploaded at every write.
-      self._mirror = paths.LocalMirror(workdir, names=("metrics.jsonl", "tensorboard"))
+      self._mirror = paths.LocalMirror(
+          workdir, names=("metrics.jsonl", "tensorboard", plot.PLOT_NAME))
       self._jsonl = open(self._mirror.local / "metrics.jsonl", "a", encoding="utf-8")
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(str(self._mirror.local / "tensorboard"))
@@ -60,6 +78,7 @@ class MetricsWriter:
     record = {"step": step, "split": prefix, **{k: float(v) for k, v in metrics.items()}}
     self._jsonl.write(json.dumps(record) + "\n")
     self._jsonl.flush()
+    self._plotted = False
     for key, value in metrics.items():
       self._tb.add_scalar(f"{prefix}/{key}", float(value), step)
     self._tb.flush()
@@ -68,10 +87,7 @@ class MetricsWriter:
     self.stream.flush()
 
   def _console_line(self, step: int, metrics: Mapping[str, Any], prefix: str) -> str:
-    parts = [f"{prefix} step {step}/{self.total_steps}"]
-    for key in ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "lm_loss", "perplexity"):
-      if key in metrics:
-        parts.append(f"{key} {float(metrics[key]):.4f}")
+    parts = [f"{prefix} step {step}/{self.total_steps}", *headline(metrics)]
     if "tokens_per_sec" in metrics:
       parts.append(f"{float(metrics['tokens_per_sec']):,.0f} tok/s")
     if "mfu" in metrics:
@@ -81,6 +97,28 @@ class MetricsWriter:
       parts.append(f"ETA {_duration(remaining)}")
     return " | ".join(parts)
 
+  @property
+  def metrics_path(self) -> Path | None:
+    """The local metrics.jsonl (on an object store, the mirror's copy), None when disabled."""
+    return self._mirror.local / "metrics.jsonl" if self._mirror else None
+
+  def plot(self, final: bool = False) -> bool:
+    """Redraws WORKDIR/metrics.png from metrics.jsonl (and uploads it); skipped when the last
+    redraw was too recent, unless `final`. True when the plot is up to date."""
+    if not self.enabled or self._plotted:
+      return self._plotted
+    if not final and time.perf_counter() < self._next_plot:
+      return False
+    start = time.perf_counter()
+    drawn = plot.plot_workdir(self.metrics_path, self._mirror.local / plot.PLOT_NAME,
+                              self._title)
+    elapsed = time.perf_counter() - start
+    self._next_plot = time.perf_counter() + elapsed / _PLOT_TIME_FRACTION
+    if drawn:
+      self._mirror.sync()
+    self._plotted = drawn
+    return drawn
+
   def close(self) -> None:
     if self._jsonl:
       self._jsonl.close()
@@ -88,3 +126,42 @@ class MetricsWriter:
       self._tb.close()
     if self._mirror:
       self._mirror.close()
+
+
+def summary_lines(workdir: str, records: plot.Records, step: int, total_steps: int,
+                  family: str, wall_seconds: float | None = None, params: bool = True,
+                  plotted: bool = True) -> list[str]:
+  """What `bertjax train` prints at the end: how far the run got (`step`), its last metrics,
+  where its files are and what to run next. `wall_seconds`: this invocation's (None: nothing
+  trained)."""
+  train, evals = records.get("train", []), records.get("eval", [])
+  state = "finished" if step >= total_steps else "stopped"
+  lines = [f"run {state} at step {step} of {total_steps}"
+           + (f" after {_duration(wall_seconds)} in this invocation" if wall_seconds else "")]
+  if train:
+    last = train[-1]
+    speed = [f"{last['tokens_per_sec']:,.0f} tok/s"] if "tokens_per_sec" in last else []
+    speed += [f"MFU {100 * last['mfu']:.1f}%"] if "mfu" in last else []
+    lines.append(f"  last train (step {last['step']}): " + " | ".join(headline(last) + speed))
+  if evals:
+    lines.append(f"  last eval (step {evals[-1]['step']}): "
+                 + " | ".join(headline(evals[-1])))
+  root = workdir.rstrip("/")
+  lines += [f"  metrics      {root}/metrics.jsonl",
+            (f"  TensorBoard  {root}/tensorboard  (pip install tensorboard && tensorboard "
+             f"--logdir {root})")]
+  if plotted:
+    lines.append(f"  plot         {root}/{plot.PLOT_NAME}  (compare runs: bertjax plot "
+                 f"{root} OTHER_WORKDIR --out runs.png)")
+  if params and state == "finished":
+    prompt = "The capital of France is [MASK]." if family == "bert" else "Once upon a time"
+    lines += [f"  parameters   {root}/params",
+              "next:",
+              f"  bertjax export --params {root}/params --format hf --out {root}/hf",
+              f"  bertjax generate --params {root}/params --prompt '{prompt}'"]
+    if family == "bert":
+      lines.append(f"  bertjax finetune --init-from {root}/params --train TRAIN.tsv --dev "
+                   f"DEV.tsv --out {root}/finetune  (docs/finetuning.md)")
+  elif state == "stopped":
+    lines += ["next:", "  the same `bertjax train` command resumes from the last checkpoint"]
+  return lines

@@ -12,11 +12,14 @@ decides, from the parameter's leaf name.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
 import ml_collections
 import optax
+
+log = logging.getLogger(__name__)
 
 # Leaves that are decayed; everything else (LayerNorm scale/bias, biases, mlm_bias) is not.
 DECAYED_LEAVES = ("kernel", "embedding")
@@ -50,7 +53,10 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
     return optax.join_schedules([first, second], [start])
   peak, warmup = float(opt.learning_rate), int(opt.warmup_steps)
   if warmup > num_train_steps:
-    raise ValueError(f"optimizer.warmup_steps={warmup} exceeds num_train_steps={num_train_steps}")
+    # A shortened run keeps its config's warmup: one override (num_train_steps) is enough.
+    log.warning("optimizer.warmup_steps=%d exceeds the %d steps scheduled: warming up over "
+                "all %d", warmup, num_train_steps, num_train_steps)
+    warmup = num_train_steps
   warmup_fn = optax.linear_schedule(0.0, peak, warmup)
   decay_steps = int(opt.decay_steps) or num_train_steps
   remaining = max(decay_steps - warmup, 1)

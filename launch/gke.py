@@ -35,8 +35,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tpu_vm import (REPO, TOPOLOGY_2D, TOPOLOGY_3D, UsageError, flag_value,  # noqa: E402
-                    parse_tpu_type, rel, show, split_command)
+from tpu_vm import (REPO, TOPOLOGY_2D, TOPOLOGY_3D, UsageError, data_note,  # noqa: E402
+                    flag_value, parse_tpu_type, rel, show, split_command)
 
 EXAMPLE = """example (BERT-base on a v4-32 slice: 16 chips on 4 hosts, Spot nodes):
   python launch/gke.py --name bert-base --tpu-type v4-32 --spot --bucket my-bucket \\
@@ -239,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
   out = sys.stdout
   head = (f"# {a.name}: {tpu.describe(a.num_slices).replace(tpu.topology, topology)}; "
           f"GKE {tpu.gke_accelerator} nodes ({tpu.gke_machine_type})")
+  if note := data_note(train):
+    head += f"\n# {note}"
   if a.xpk:
     storage = a.storage or a.bucket
     cmd = xpk_command(a, tpu, train)

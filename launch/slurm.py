@@ -24,6 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tpu_vm import data_note  # noqa: E402
+
 EXAMPLE = """example (4 nodes x 8 GPUs):
   python launch/slurm.py --nodes 4 --gpus-per-node 8 --partition gpu --time 24:00:00 \\
       --setup 'source ~/bertjax/.venv/bin/activate' --dry-run -- \\
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.print_usage(sys.stderr)
     print(f"{p.prog}: error: {problem}", file=sys.stderr)
     return 2
+  if note := data_note(train):
+    print(f"# {note}", file=sys.stderr)
   path = a.script or f"{a.job_name}.sbatch"
   text = script(a, train)
   submit = ["sbatch", path]

@@ -44,6 +44,10 @@ EXAMPLE = """example (BERT-base on a v4-16: 8 chips on 2 hosts, Spot):
       bertjax train --config configs/bert_base.py --workdir /gcs/my-bucket/bert-base \\
       --config.data.dataset=/gcs/my-bucket/data/wiki
 
+  the dataset is built once beforehand, on any machine (docs/launching.md):
+  bertjax data build --source wikipedia:enwiki-latest-pages-articles-multistream.xml.bz2 \\
+      --tokenizer vocab.txt --out gs://my-bucket/data/wiki --eval-fraction 0.01
+
   the same on 2 v5litepod-16 slices over DCN (32 chips on 8 hosts, data parallel across the
   slices, config.dcn_mesh): --tpu-type v5litepod-16 --num-slices 2 instead of --tpu-type v4-16
 
@@ -154,6 +158,18 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     elif arg.startswith(flag + "="):
       value = arg[len(flag) + 1:]
   return value
+
+
+def data_note(train: list[str]) -> str | None:
+  """What a multi-host `bertjax train` without --config.data.dataset will read, or None."""
+  if "train" not in train or any(a.startswith("--config.data.dataset") for a in train):
+    return None
+  # Process 0 then builds data.sources into the workdir while every host waits: seconds for
+  # the embedded sample, hours of a paid slice for a real corpus.
+  return ("no --config.data.dataset: process 0 builds data.sources (default: the embedded "
+          "Wikipedia sample) into WORKDIR/data on first use; for a real corpus run `bertjax "
+          "data build` beforehand onto storage every host reads and pass "
+          "--config.data.dataset= (docs/launching.md)")
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -577,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
   c = Commands(a, tpu, command)
   run.note(f"{a.name}: {tpu.describe(a.num_slices)}, zone {a.zone}, runtime "
            f"{a.runtime_version or tpu.runtime_version}" + (", Spot" if a.spot else ""))
+  if a.action in ("up", "run") and (note := data_note(command)):
+    run.note(note)
   try:
     if a.action == "up":
       return up(c, run)

@@ -1,12 +1,16 @@
 """Test setup: 8 host devices so meshes like 2x2x2 are real, strict numerics."""
 
 import os
+import tempfile
 
 # Must precede the first `import jax` anywhere in the test session.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The measured CPU matmul peak (bertjax.flops) is cached under BERTJAX_CACHE: tests neither read
+# nor write the user's.
+os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -457,3 +457,11 @@ def test_article_task_from_the_embedded_corpus(tmp_path, capsys):
     assert sorted(counts) == ["0", "1", "2", "3"] and set(counts.values()) == {per}
   texts = lambda xs: {e.text_a for e in xs}  # noqa: E731
   assert texts(small) <= texts(large) and not texts(large) & texts(dev)
+
+
+def test_recipe_note_for_small_models_at_the_paper_rate():
+  """BERT-base's 2e-5 leaves the README's tiny BERT at chance: the run says what to try."""
+  note = ft.recipe_note(ft.FinetuneSpec(), hidden_size=128)
+  assert note and "--learning-rate 1e-3" in note and "128-wide" in note
+  assert ft.recipe_note(ft.FinetuneSpec(learning_rate=1e-3), hidden_size=128) is None
+  assert ft.recipe_note(ft.FinetuneSpec(), hidden_size=768) is None

@@ -271,3 +271,21 @@ def test_generate_and_fill_mask_commands(tmp_path, capsys):
   lines = capsys.readouterr().out.splitlines()
   probs = [float(line.split()[0]) for line in lines[1:]]
   assert len(probs) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+
+
+def test_printed_continuation_keeps_the_space_after_the_prompt(tmp_path):
+  """`bertjax generate` prints prompt + continuation_text: SentencePiece drops the "▁" that
+  starts what it decodes, so the new ids decoded alone would glue "the" to "of" (issue 20)."""
+  import itertools
+  from bertjax.data import wikipedia
+  from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+  sentences = [p for a in itertools.islice(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP), 5)
+               for p in a.paragraphs]
+  tokenizer = load_tokenizer(train_sentencepiece(sentences, tmp_path, vocab_size=600,
+                                                 model_type="unigram", style="gpt"))
+  prompt = tokenizer.encode("The history of")
+  full = tokenizer.encode("The history of the river Été")
+  assert full[:len(prompt)] == prompt
+  new = full[len(prompt):]
+  assert tokenizer.decode(new) == "the river Été"
+  assert gen.continuation_text(tokenizer, prompt, new) == " the river Été"

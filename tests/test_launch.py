@@ -579,3 +579,24 @@ def test_help_prints_an_example(script, example):
   r = launch(script, "--help")
   assert r.returncode == 0
   assert "example" in r.stdout and example in r.stdout and "--dry-run" in r.stdout
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@pytest.mark.parametrize("script, args", [
+    ("tpu_vm.py", TPU_ARGS),
+    ("gke.py", None),
+    ("slurm.py", ["--nodes", "4", "--dry-run", "--"]),
+])
+def test_launchers_say_how_a_pod_run_gets_its_data(script, args):
+  """A multi-host run with no --config.data.dataset builds data.sources in process 0 first:
+  each launcher says so (a `#` line) and names `bertjax data build`; with a dataset, silence."""
+  args = GKE_ARGS if args is None else args
+  r = launch(script, *args, *TRAIN)
+  assert r.returncode == 0, r.stderr
+  note = [l for l in (r.stdout + r.stderr).splitlines()
+          if l.startswith("#") and "no --config.data.dataset" in l]
+  assert len(note) == 1 and "bertjax data build" in note[0], note
+  r = launch(script, *args, *TRAIN, "--config.data.dataset=/gcs/my-bucket/data/wiki")
+  assert r.returncode == 0 and "no --config.data.dataset" not in r.stdout + r.stderr

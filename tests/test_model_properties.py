@@ -180,3 +180,34 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
   reference = build_model(GPT).apply({"params": params}, jnp.ones((1, 8), jnp.int32))
   assert logits.dtype == jnp.float32
   np.testing.assert_allclose(np.asarray(logits), np.asarray(reference), atol=0.05)
+
+
+@pytest.mark.parametrize("cfg", [BERT, GPT], ids=["bert", "gpt"])
+def test_one_hot_embedding_lookup_equals_the_gather(cfg):
+  """embed_lookup="one_hot" reads exactly the gather's rows (fp32 and bf16), so logits agree;
+  gradients differ only by the order of the table gradient's sums."""
+  from bertjax.models import layers
+  ids = jnp.asarray(np.random.RandomState(8).randint(0, 50, (2, 8)))
+  for dtype in ("float32", "bfloat16"):
+    gather_cfg = cfg.replace(dtype=dtype)
+    one_hot_cfg = gather_cfg.replace(embed_lookup="one_hot")
+    table = layers.Embed(gather_cfg, 50, ("vocab", "embed"))
+    variables = table.init(jax.random.key(0), ids)
+    rows = jax.jit(table.apply)(variables, ids)
+    one_hot_rows = jax.jit(layers.Embed(one_hot_cfg, 50, ("vocab", "embed")).apply)(variables,
+                                                                                     ids)
+    assert one_hot_rows.dtype == rows.dtype == gather_cfg.compute_dtype
+    np.testing.assert_array_equal(np.asarray(one_hot_rows), np.asarray(rows))
+
+  params = jit_init(build_model(cfg))(jax.random.key(8))
+
+  def loss(p, c):
+    out = build_model(c).apply({"params": p}, ids)
+    return (out.mlm_logits if c.family == "bert" else out).mean()
+
+  value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+  base_loss, base = value_and_grad(params, cfg)
+  one_hot_loss, one_hot = value_and_grad(params, cfg.replace(embed_lookup="one_hot"))
+  np.testing.assert_allclose(one_hot_loss, base_loss, rtol=1e-6)
+  for x, y in zip(jax.tree.leaves(base), jax.tree.leaves(one_hot)):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(x), atol=1e-6)

@@ -36,9 +36,12 @@ def test_cosine_to_floor_then_constant():
   assert float(schedule(1900)) == pytest.approx(6e-5, rel=1e-5)
 
 
-def test_warmup_longer_than_training_is_an_error():
-  with pytest.raises(ValueError, match="warmup_steps=20 exceeds num_train_steps=10"):
-    optim.learning_rate_schedule(_opt(warmup_steps=20), 10)
+def test_warmup_longer_than_training_is_clipped_with_a_warning(caplog):
+  """Shortening a run takes one override: the warmup ends at the last step, peak reached."""
+  schedule = optim.learning_rate_schedule(_opt(learning_rate=1e-4, warmup_steps=20), 10)
+  assert "warmup_steps=20 exceeds the 10 steps scheduled" in caplog.text
+  assert float(schedule(5)) == pytest.approx(5e-5)
+  assert float(schedule(10)) == pytest.approx(1e-4)
 
 
 def test_decay_mask_excludes_layernorm_and_biases():

@@ -271,3 +271,37 @@ def test_training_errors(tmp_path, sentences):
   with pytest.raises(TypeError, match="not one string"):
     train(texts="a single string")
   assert not (tmp_path / "out").exists()  # nothing half-written on failure
+
+
+def test_wordpiece_casing_comes_from_the_vocab_directory(tmp_path):
+  """A cased vocab.txt is not silently lower-cased: `load_tokenizer` (what `bertjax generate`
+  uses) reads the casing the dataset builder or a Hugging Face directory recorded."""
+  (tmp_path / "vocab.txt").write_text("\n".join([*BERT_SPECIAL_TOKENS, "Paris", "paris"]) + "\n")
+  assert load_tokenizer(tmp_path).lowercase is True  # nothing recorded: bert-base-uncased
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+  assert load_tokenizer(tmp_path).lowercase is False
+  (tmp_path / "bertjax_tokenizer.json").write_text(json.dumps({"type": "wordpiece",
+                                                              "lowercase": False}))
+  cased = load_tokenizer(tmp_path / "vocab.txt")
+  assert cased.lowercase is False and cased.encode("Paris") == [5]
+  assert load_tokenizer(tmp_path, lowercase=True).encode("Paris") == [6]  # explicit wins
+
+
+def test_first_use_build_casing(tmp_path, model_dirs):
+  """data.lowercase of a build on first use: "" keeps each tokenizer's default, true / false
+  choose for a trained SentencePiece or a vocab.txt, and contradict a given SentencePiece
+  model (its casing was fixed when it was trained) with an error."""
+  from bertjax.data.prepare import build_lowercase
+  assert build_lowercase("", "") is False and build_lowercase("true", "") is True
+  (tmp_path / "vocab.txt").write_text("\n".join(BERT_SPECIAL_TOKENS) + "\n")
+  assert build_lowercase("", str(tmp_path / "vocab.txt")) is True  # bert-base-uncased
+  assert build_lowercase("false", str(tmp_path)) is False
+  (tmp_path / "bertjax_tokenizer.json").write_text(json.dumps({"lowercase": False}))
+  assert build_lowercase("", str(tmp_path / "vocab.txt")) is False  # as recorded
+  uncased = model_dirs("bert", "unigram", True)
+  assert build_lowercase("", str(uncased)) is True
+  assert build_lowercase("true", str(uncased / "spm.model")) is True
+  with pytest.raises(ValueError, match="lower-casing SentencePiece model"):
+    build_lowercase("false", str(uncased))
+  with pytest.raises(ValueError, match="data.lowercase"):
+    build_lowercase("maybe", "")

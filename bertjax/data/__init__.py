@@ -52,7 +52,9 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str):
       bert_instances=d.bert_instances, short_seq_prob=float(d.short_seq_prob),
       dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
-      num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights)
+      num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
+      # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
+      require_eval=int(config.eval_every) > 0)
 
 
 def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[int],

@@ -114,6 +114,8 @@ class BuildSummary:
   counts: dict  # source -> split -> {documents, sentences, tokens}
   skips: dict  # source -> {reason: count}
   seconds: float
+  # The build's eval_fraction, when these counts are the whole dataset's (0: not checked).
+  eval_fraction: float = 0.0
 
   def lines(self) -> list[str]:
     out = []
@@ -121,6 +123,10 @@ class BuildSummary:
       for split, c in splits.items():
         out.append(f"{name}/{split}: {c['documents']:,} documents, {c['sentences']:,} "
                    f"sentences, {c['tokens']:,} tokens")
+      if self.eval_fraction > 0 and not splits.get("eval", {}).get("documents"):
+        # Said here, not first at a training run's first evaluation.
+        out.append(f"{name}/eval is empty: eval_fraction {self.eval_fraction} held out no "
+                   "document; training that evaluates needs a larger --eval-fraction")
       skipped = self.skips.get(name, {})
       out.append(f"{name} skipped: " + (", ".join(f"{r}: {n:,}" for r, n in
                                                   sorted(skipped.items())) or "none"))
@@ -235,7 +241,10 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   finally:
     if pool is not None:
       pool.shutdown(cancel_futures=True)
-  summary = BuildSummary(counts, skips, time.perf_counter() - start)
+  # A process of a multi-process build sees only its shards: it cannot tell the eval split is
+  # empty.
+  summary = BuildSummary(counts, skips, time.perf_counter() - start,
+                         options.eval_fraction if options.process_count == 1 else 0.0)
   part = {"process_index": options.process_index, "counts": counts, "skips": skips,
           "seconds": summary.seconds}
   (out / "parts" / f"process-{options.process_index}.json").write_text(
@@ -256,7 +265,8 @@ def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | 
         shutil.copyfile(f, target / f.name)
   else:
     raise CorpusError(f"{tokenizer_path}: no such tokenizer")
-  if (target / "vocab.txt").is_file() and not (target / "bertjax_tokenizer.json").exists():
+  if (target / "vocab.txt").is_file():
+    # The casing this build tokenized with, whatever a copied record said.
     (target / "bertjax_tokenizer.json").write_text(json.dumps(
         {"type": "wordpiece", "lowercase": options.lowercase}) + "\n")
   meta = {

@@ -72,6 +72,9 @@ class LoaderConfig:
   prefetch: int = 2
   # "name=weight,..." overrides the mixing weights the dataset was built with.
   weights: str = ""
+  # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
+  # the run stops at start-up rather than at its first evaluation.
+  require_eval: bool = False
 
 
 class _DocumentView:
@@ -140,6 +143,23 @@ def _parse_weights(text: str, names: list[str]) -> dict[str, float]:
       raise ValueError(f"data.weights names {name!r}; the dataset's sources are {names}")
     weights[name] = float(value)
   return weights
+
+
+def split_documents(dataset: records.BuiltDataset, split: str) -> int:
+  """Documents of `split` in all sources of the dataset (from the shards themselves)."""
+  return sum(len(grain.sources.ArrayRecordDataSource([str(p) for p in
+                                                      dataset.shard_paths(name, split)]))
+             for name in dataset.source_names)
+
+
+def check_eval_split(dataset: records.BuiltDataset) -> None:
+  """Raises CorpusError (one line) when the dataset holds out no eval documents."""
+  if split_documents(dataset, "eval") == 0:
+    raise CorpusError(
+        f"{dataset.root}: no eval documents (eval_fraction {dataset.meta.get('eval_fraction')} "
+        f"of {split_documents(dataset, 'train')} documents held out none); rebuild with a "
+        "larger --eval-fraction (data.eval_fraction when built on first use) or set "
+        "eval_every=0")
 
 
 def document_stream(dataset: records.BuiltDataset, split: str, *, seed: int, num_epochs: int,
@@ -336,8 +356,10 @@ class CorpusBatches:
       raise ValueError(f"rows must be distinct, ascending and within the batch of "
                        f"{batch_size}; got {len(self._rows)} rows from {self._rows[:1]}")
     self._position = {row: i for i, row in enumerate(self._rows)}
-    self._factory = RowStreamFactory(records.BuiltDataset.open(cfg.dataset), cfg, split,
-                                     self._batch_size)
+    dataset = records.BuiltDataset.open(cfg.dataset)
+    if cfg.require_eval and split == "train":
+      check_eval_split(dataset)
+    self._factory = RowStreamFactory(dataset, cfg, split, self._batch_size)
     # Each row's stream state after the last batch handed out (None: not started).
     self._states: dict[int, Any] = {row: None for row in self._rows}
     self._workers = max(0, min(int(cfg.num_workers), len(self._rows)))

@@ -20,7 +20,8 @@ from bertjax.data.build import BuildOptions, build_dataset
 from bertjax.data.errors import SkipCounts
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SourceSpec, parse_source, read_source
-from bertjax.data.tokenizers import train_sentencepiece
+from bertjax.data.tokenizers import (MODEL_FILE, load_tokenizer, recorded_lowercase,
+                                     train_sentencepiece)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,31 @@ def corpus_sentences(sources: list[SourceSpec], language: str = "en") -> Iterato
           yield paragraph
         else:
           yield from split_sentences(paragraph, language)
+
+
+def build_lowercase(value: str | bool, tokenizer: str) -> bool:
+  """`data.lowercase` ("true", "false" or "": the default) for a build with `tokenizer` (a
+  vocab.txt or SentencePiece directory; empty: one trained for the build)."""
+  text = str(value).strip().lower()
+  if text not in ("true", "1", "yes", "false", "0", "no", "", "none"):
+    raise ValueError(f"data.lowercase={value!r}: expected true, false or empty (the default)")
+  asked = None if text in ("", "none") else text in ("true", "1", "yes")
+  if not tokenizer:
+    return bool(asked)  # a trained SentencePiece keeps case unless asked
+  local = paths.local_copy(tokenizer)
+  directory = local.parent if local.is_file() else local
+  if local.suffix == ".model" or (directory / MODEL_FILE).is_file():
+    # A SentencePiece model's casing was fixed when it was trained; a flag cannot change it.
+    folds = load_tokenizer(local).lowercase
+    if asked is not None and asked != folds:
+      raise ValueError(f"data.lowercase={value} but data.tokenizer={tokenizer} is a "
+                       f"{'lower-casing' if folds else 'cased'} SentencePiece model; train one "
+                       f"with{'' if asked else 'out'} --lowercase or leave data.lowercase empty")
+    return folds
+  if asked is not None:
+    return asked
+  recorded = recorded_lowercase(directory)
+  return True if recorded is None else recorded  # bert-base-uncased's, when nothing says
 
 
 def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
@@ -66,16 +92,18 @@ def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
   with paths.local_output(target) as local:
     sources = parse_sources(config.data.sources)
     tokenizer = config.data.tokenizer
+    lowercase = build_lowercase(config.data.get("lowercase", ""), tokenizer)
     if not tokenizer:
       style = "gpt" if config.objective == "causal_lm" else "bert"
       log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
                config.model.vocab_size, config.data.sources)
       tokenizer = str(train_sentencepiece(corpus_sentences(sources), local / "tokenizer",
                                           vocab_size=int(config.model.vocab_size),
-                                          model_type="unigram", style=style))
+                                          model_type="unigram", style=style,
+                                          lowercase=lowercase))
     log.info("building %s into %s", config.data.sources, dataset_dir)
     summary = build_dataset(sources, paths.local_copy(tokenizer), local / "dataset",
-                            BuildOptions(num_shards=4,
+                            BuildOptions(num_shards=4, lowercase=lowercase,
                                          eval_fraction=float(config.data.eval_fraction),
                                          num_workers=int(config.data.build_workers)))
     for line in summary.lines():

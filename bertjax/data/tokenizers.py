@@ -355,7 +355,8 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None, *,
                    require: Literal["bert", "gpt"] | None = None
                    ) -> WordPiece | SentencePieceTokenizer:
   """The tokenizer at `path`: a vocab.txt file, or a directory holding one -> WordPiece
-  (`lowercase` None means True, as bert-base-uncased); a SentencePiece `.model` file or a
+  (`lowercase` None: the casing recorded next to the vocab, see `recorded_lowercase`, else True
+  as bert-base-uncased); a SentencePiece `.model` file or a
   directory holding spm.model -> SentencePieceTokenizer.
 
   For SentencePiece `lowercase` is ignored: case folding is part of the trained model's
@@ -384,8 +385,27 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None, *,
     if require == "gpt":
       raise CorpusError(f"{path}: a WordPiece vocabulary has no {EOT_TOKEN} token for GPT use; "
                         "train a SentencePiece model with style='gpt'")
-    return WordPiece.from_vocab(path, lowercase=True if lowercase is None else lowercase)
+    if lowercase is None:
+      recorded = recorded_lowercase(path.parent)
+      lowercase = True if recorded is None else recorded
+    return WordPiece.from_vocab(path, lowercase=lowercase)
   raise CorpusError(f"{path}: not a known tokenizer file; {expected}")
+
+
+def recorded_lowercase(directory: str | Path) -> bool | None:
+  """The casing a WordPiece vocab.txt in `directory` was used with: bertjax_tokenizer.json's
+  "lowercase" (written by the dataset builder and export), else a Hugging Face
+  tokenizer_config.json's "do_lower_case"; None when neither says."""
+  directory = Path(directory)
+  for name, key in ((CONFIG_FILE, "lowercase"), ("tokenizer_config.json", "do_lower_case")):
+    if (directory / name).is_file():
+      try:
+        value = json.loads((directory / name).read_text(encoding="utf-8")).get(key)
+      except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise CorpusError(f"{directory / name}: not a JSON object") from None
+      if isinstance(value, bool):
+        return value
+  return None
 
 
 def special_ids(tokenizer: WordPiece | SentencePieceTokenizer) -> dict[str, int | None]:

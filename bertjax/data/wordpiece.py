@@ -68,6 +68,11 @@ class WordPiece:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
+  def to_str(self) -> str:
+    """The `tokenizers` pipeline as JSON (a tokenizer.json), casing and accent stripping as
+    loaded: what a Hugging Face export carries so that `transformers` encodes alike."""
+    return self._tokenizer.to_str()
+
   def tokens(self, text: str) -> list[str]:
     return self._tokenizer.encode(text, add_special_tokens=False).tokens
 

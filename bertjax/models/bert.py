@@ -27,7 +27,7 @@ class BertModel(nn.Module):
   def setup(self) -> None:
     cfg = self.config
     self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
-                                        "word_embeddings")
+                                        "word_embeddings", layers.ACT_BLD)
     self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
                                             "position_embeddings")
     self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),

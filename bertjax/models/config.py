@@ -18,6 +18,7 @@ NormPosition = Literal["post", "pre"]
 Activation = Literal["gelu", "gelu_tanh", "relu"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
+EmbedLookup = Literal["gather", "one_hot"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -51,6 +52,11 @@ class ModelConfig:
   # a few integer ops per element; bertjax/models/dropout.py) or "threefry"
   # (jax.random.bernoulli, following jax_default_prng_impl).
   dropout_rng: DropoutRng = "hash"
+  # How embedding tables are read: "gather" (a row gather, as flax.linen.Embed) or "one_hot"
+  # (one-hot ids times the table, T5X's `one_hot` / MaxText's `use_iota_embed`: a matmul that
+  # SPMD partitions like any other, offered for TPUs, where a gather can be the slower op; it
+  # costs a [B, L, V] operand and an all-positions LM head's FLOPs). The same rows either way.
+  embed_lookup: EmbedLookup = "gather"
   # Standard deviation of the (truncated) normal initialiser.
   initializer_range: float = 0.02
   # GPT-2: residual output projections initialised with std / sqrt(2 * num_layers).
@@ -73,6 +79,9 @@ class ModelConfig:
           f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
     if self.dropout_rng not in ("hash", "threefry"):
       raise ValueError(f"model.dropout_rng must be 'hash' or 'threefry', got {self.dropout_rng!r}")
+    if self.embed_lookup not in ("gather", "one_hot"):
+      raise ValueError(f"model.embed_lookup must be 'gather' or 'one_hot', got "
+                       f"{self.embed_lookup!r}")
     if self.family not in ("bert", "gpt"):
       raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
     for name in ("dtype", "param_dtype"):

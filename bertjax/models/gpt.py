@@ -42,7 +42,7 @@ class GPT(nn.Module):
 
   def setup(self) -> None:
     cfg = self.config
-    self.wte = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), "wte")
+    self.wte = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), "wte", layers.ACT_BLD)
     self.wpe = layers.embed(cfg, cfg.max_positions, (None, "embed"), "wpe")
     self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     self.decoder = layers.LayerStack(cfg)

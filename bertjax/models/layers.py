@@ -104,14 +104,72 @@ def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.L
       name=name)
 
 
-def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str) -> nn.Embed:
-  return nn.Embed(num_embeddings=num, features=config.hidden_size,
-                  dtype=config.compute_dtype, param_dtype=config.weight_dtype,
-                  embedding_init=nn.with_logical_partitioning(kernel_init(config), axes),
-                  name=name)
+class Embed(nn.Module):
+  """A lookup table `embedding` [num_embeddings, hidden_size] that is also the tied output
+  projection (`attend`); parameters and numerics are those of nn.Embed.
+
+  Lookups read the table with its feature axis whole. Left to propagation, the gather from a
+  table laid out [vocab: tensor, embed: fsdp] with ids laid out [batch: (data, fsdp)] yields
+  rows sharded on embed over fsdp, and no collective turns that into the activations' batch
+  sharding over the same fsdp axis: XLA replicates the whole [B, L, D] tensor and
+  re-partitions it ("Involuntary full rematerialization"), in the forward gather and in the
+  backward pass's scatter-add alike (issue 20); pinning the output's layout alone does not
+  help. With the feature axis gathered first (the all-gather FSDP does for every weight it
+  uses) each device reads, for its own batch rows, the rows in its own vocab shard, and one
+  all-reduce over the tensor axis completes them: Megatron's vocabulary-parallel embedding.
+  Position and token-type tables (rows unsharded) are looked up with [B, L] ids too and need
+  the same.
+
+  `config.embed_lookup="one_hot"` reads the rows with a matmul instead (T5X, MaxText).
+  """
+
+  config: ModelConfig
+  num_embeddings: int
+  # Logical axes of the table: (row axis, "embed").
+  axes: tuple[str | None, str]
+  # Logical axes the lookup's output is pinned to (the word tables: ACT_BLD, the layout every
+  # layer expects), or None where ids may broadcast (positions [1, L]), which a batch
+  # constraint would not fit.
+  output_axes: tuple[str, ...] | None = None
+
+  def setup(self) -> None:
+    cfg = self.config
+    self.embedding = self.param(
+        "embedding", nn.with_logical_partitioning(kernel_init(cfg), self.axes),
+        (self.num_embeddings, cfg.hidden_size), cfg.weight_dtype)
+
+  def __call__(self, ids: Array) -> Array:
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+      raise ValueError(f"embedding lookup needs integer ids, got {ids.dtype}")
+    table = self.embedding.astype(self.config.compute_dtype)
+    if self.num_embeddings == 1:
+      return jnp.broadcast_to(table, ids.shape + (table.shape[-1],))
+    # Rows keep their sharding, features are gathered: see the class docstring.
+    table = constrain(table, (self.axes[0], None))
+    if self.config.embed_lookup == "one_hot":
+      one_hot = ids[..., None] == jax.lax.iota(jnp.int32, self.num_embeddings)
+      # HIGHEST: full fp32 precision, so that each row comes out exactly (the default on TPU
+      # and GPU rounds fp32 operands to bf16 or TF32). An id outside the table reads zeros
+      # here, NaN from the gather.
+      out = jnp.dot(one_hot.astype(table.dtype), table, precision=jax.lax.Precision.HIGHEST)
+    else:
+      out = jnp.take(table, ids, axis=0)
+    if self.output_axes is not None:
+      out = constrain(out, self.output_axes)
+    return out
+
+  def attend(self, x: Array) -> Array:
+    """x @ embeddingᵀ in the compute dtype."""
+    dtype = self.config.compute_dtype
+    return jnp.dot(x.astype(dtype), self.embedding.astype(dtype).T)
 
 
-def tied_logits(config: ModelConfig, embedding: nn.Embed, x_BLD: Array) -> Array:
+def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str,
+          output_axes: tuple[str, ...] | None = None) -> Embed:
+  return Embed(config, num, axes, output_axes, name=name)
+
+
+def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
   """x @ embeddingᵀ: the output projection tied to the input embedding (BERT's MLM decoder,
   GPT's LM head).
 
