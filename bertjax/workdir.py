@@ -214,7 +214,10 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
   for key in sorted(set(a) | set(b)):
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
       line = f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
-      (harmless if _harmless(key) else meaningful).append(line)
+      # A setting added to bertjax after the checkpoint was written: its default keeps what the
+      # older version did, so it is listed but does not block the resume.
+      new_setting = key not in a
+      (harmless if new_setting or _harmless(key) else meaningful).append(line)
   return harmless, meaningful
 
 

@@ -175,3 +175,10 @@ def test_config_changes_are_sorted_into_harmless_and_meaningful():
   assert [h.split(":")[0] for h in harmless] == [
       "data.num_workers", "log_every", "mesh.data", "model.remat_policy", "seed"]
   assert meaningful == ["data.seed: 0 -> 1"]
+  # A checkpoint from before a setting existed resumes; one that loses a setting does not.
+  harmless, meaningful = config_changes({"model": {"width": 8}},
+                                        {"model": {"width": 8, "lookup": "gather"}})
+  assert harmless == ["model.lookup: '<absent>' -> 'gather'"] and not meaningful
+  harmless, meaningful = config_changes({"model": {"width": 8, "lookup": "gather"}},
+                                        {"model": {"width": 8}})
+  assert meaningful == ["model.lookup: 'gather' -> '<absent>'"] and not harmless
