@@ -26,6 +26,8 @@ import time
 import uuid
 from typing import Any, Mapping
 
+from flax import traverse_util
+
 from bertjax import paths
 
 log = logging.getLogger(__name__)
@@ -192,16 +194,6 @@ class WorkdirLock:
         pass
 
 
-def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, Mapping):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = value
-  return out
-
-
 def _harmless(key: str) -> bool:
   return any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS)
 
@@ -209,7 +201,7 @@ def _harmless(key: str) -> bool:
 def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
                    ) -> tuple[list[str], list[str]]:
   """(harmless, meaningful) differences between two resolved configs, as "key: a -> b"."""
-  a, b = _flat(saved), _flat(current)
+  a, b = (traverse_util.flatten_dict(dict(c), sep=".") for c in (saved, current))
   harmless, meaningful = [], []
   for key in sorted(set(a) | set(b)):
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
