@@ -27,7 +27,7 @@ from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
 from bertjax.metrics import MetricsWriter, check_finite, summary_lines
 from bertjax.train import Trainer, TrainState
-from bertjax.train_checkpoint import TrainCheckpoints
+from bertjax.train_checkpoint import CheckpointWriteError, TrainCheckpoints
 from bertjax.workdir import WorkdirLock, check_resume_config
 
 log = logging.getLogger(__name__)
@@ -302,8 +302,10 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     phase.batches.close()
     checkpoints.close()
     watchdog.stop()
-    # Drawn whatever ended the run: the curves of a diverged run are the ones to look at.
-    plotted = writer.plot(final=True)
+    # Drawn whatever ended the run (the curves of a diverged run are the ones to look at),
+    # except a failed checkpoint write: the store is full or gone, and its one error line says so.
+    plotted = (False if isinstance(sys.exc_info()[1], CheckpointWriteError)
+               else writer.plot(final=True))
     writer.close()
     if progress:
       progress.close()
