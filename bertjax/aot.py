@@ -59,18 +59,24 @@ class Generation:
   devices_per_chip: int
   hbm_per_chip: float        # bytes
   peak_per_chip: float       # dense bf16 FLOP/s (vendor data sheet)
+  # Bidirectional inter-chip interconnect bandwidth per chip, bytes/s (None: not published
+  # in a form used here).
+  ici_per_chip: float | None = None
 
 
 # HBM and bf16 peaks per chip from the Cloud TPU system-architecture pages (v5p's "95 GB" is
 # 96 GiB: its compiler offers programs 95.74 GiB). Programs get the HBM less a few hundred MiB
 # the runtime reserves; the compiler, which knows the exact figure, is the final judge.
+# ICI: the "bidirectional inter-chip interconnect bandwidth (per chip)" rows of the same pages
+# (v5e 400, v5p 1200, v6e 800 GB/s); v4's page gives none: 6 links of 400 Gb/s each way
+# (Jouppi et al. 2023, "TPU v4") = 600 GB/s.
 GENERATIONS: dict[str, Generation] = {
     "v2": Generation("v2", "v2", "default", 2, True, 2, 16 * GiB, 45e12),
     "v3": Generation("v3", "v3", "default", 2, True, 2, 32 * GiB, 123e12),
-    "v4": Generation("v4", "v4", "megacore", 3, True, 1, 32 * GiB, 275e12),
-    "v5p": Generation("v5p", "v5", "megacore", 3, True, 1, 96 * GiB, 459e12),
-    "v5e": Generation("v5e", "v5e", "default", 2, False, 1, 16 * GiB, 197e12),
-    "v6e": Generation("v6e", "v6e", "default", 2, False, 1, 32 * GiB, 918e12),
+    "v4": Generation("v4", "v4", "megacore", 3, True, 1, 32 * GiB, 275e12, 600e9),
+    "v5p": Generation("v5p", "v5", "megacore", 3, True, 1, 96 * GiB, 459e12, 1200e9),
+    "v5e": Generation("v5e", "v5e", "default", 2, False, 1, 16 * GiB, 197e12, 400e9),
+    "v6e": Generation("v6e", "v6e", "default", 2, False, 1, 32 * GiB, 918e12, 800e9),
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "v5": "v5p"}
 
@@ -92,6 +98,7 @@ class TopologySpec:
   chips_per_host_bounds: tuple[int, int, int]
   hbm_per_device: float          # bytes
   peak_flops_per_device: float   # bf16 FLOP/s
+  ici_per_device: float | None   # bidirectional ICI bytes/s (a chip's, shared by its devices)
   # Slices of this shape joined over the data-center network (multi-slice); chips and
   # devices above are per slice.
   num_slices: int = 1
@@ -164,7 +171,10 @@ def parse_topology(name: str, num_slices: int = 1) -> TopologySpec:
       topology_name=f"{gen.topology_prefix}:{'x'.join(map(str, grid))}",
       chip_config_name=gen.chip_config, chips_per_host_bounds=host,
       hbm_per_device=gen.hbm_per_chip / gen.devices_per_chip,
-      peak_flops_per_device=gen.peak_per_chip / gen.devices_per_chip, num_slices=num_slices)
+      peak_flops_per_device=gen.peak_per_chip / gen.devices_per_chip,
+      ici_per_device=(None if gen.ici_per_chip is None
+                      else gen.ici_per_chip / gen.devices_per_chip),
+      num_slices=num_slices)
 
 
 def libtpu_available() -> bool:
@@ -262,9 +272,14 @@ class CompileReport:
   collectives: dict[str, tuple[int, float]]
   lower_seconds: float
   compile_seconds: float
+  # The projection: matmuls at `mfu` of the bf16 peak (compute), collectives at the data
+  # sheet's ICI bandwidth (communication; None where unknown), step = the larger (overlapped).
   mfu: float
+  compute_seconds: float
+  communication_seconds: float | None
   projected_step_seconds: float
   tokens_per_second: float
+  attention: str = "xla"
   notes: list[str] = dataclasses.field(default_factory=list)
   # False: compiled_flops were counted on the program before SPMD partitioning (global shapes,
   # so duplicated compute under sharding cannot show), as when the compiler refused it.
@@ -333,8 +348,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   params = count_params(state.params)
   predictions = None if config.objective == "causal_lm" else int(config.max_predictions)
   analytic = flops_lib.train_flops_per_step(mc, batch_size, seq_length, predictions)
-  chips_peak = spec.total_devices * spec.peak_flops_per_device * mfu
-  step_seconds = analytic / chips_peak
+  compute_seconds = analytic / (spec.total_devices * spec.peak_flops_per_device * mfu)
   rules = config.sharding_rules if isinstance(config.sharding_rules, str) else "custom"
   common = {
       "topology": spec, "mesh": dict(mesh.shape),
@@ -342,9 +356,10 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       "batch_size": batch_size, "seq_length": seq_length, "grad_accum_steps": accum,
       "sharding_rules": rules, "remat_policy": mc.remat_policy,
       "dtype": f"{mc.dtype}/{mc.param_dtype}", "hbm_bytes": spec.hbm_per_device,
-      "analytic_flops": analytic, "mfu": mfu, "projected_step_seconds": step_seconds,
-      "tokens_per_second": batch_size * seq_length / step_seconds,
-      "host_layout": layout.summary()}
+      "analytic_flops": analytic, "mfu": mfu, "compute_seconds": compute_seconds,
+      "communication_seconds": None, "projected_step_seconds": compute_seconds,
+      "tokens_per_second": batch_size * seq_length / compute_seconds,
+      "attention": mc.attention, "host_layout": layout.summary()}
 
   start = time.perf_counter()
   with jax.set_mesh(mesh):
@@ -392,6 +407,14 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
                  "program's and no collectives are listed")
   if stats.unknown_trip_counts:
     notes.append(f"{stats.unknown_trip_counts} loop(s) of unknown trip count counted once")
+  compiled_flops = stats.matmul_flops * (spec.total_devices if partitioned else 1)
+  kernels = compiled.as_text().count("custom_call_target=\"tpu_custom_call\"")
+  if kernels:
+    notes.append(f"{kernels} Pallas kernel call(s) (attention={mc.attention}): their FLOPs are "
+                 "not among the compiled dots, so the ratio is below 1 by the attention core's "
+                 "share; the projection uses the larger of compiled and model FLOPs")
+  common.update(_projection(spec, max(compiled_flops, analytic), mfu, stats.wire_bytes,
+                            batch_size * seq_length))
   return CompileReport(
       **common, argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
       alias_bytes=mem.alias_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
@@ -399,11 +422,30 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       # The compiler is the judge: it fails (above) when the program cannot fit.
       fits=True, shortfall_bytes=0.0,
       compiler_error=None,
-      compiled_flops=stats.matmul_flops * (spec.total_devices if partitioned else 1),
+      compiled_flops=compiled_flops,
       xla_cost_flops_per_device=float(cost.get("flops", float("nan"))) if cost else None,
       collectives={k: (round(c), b) for k, (c, b) in sorted(stats.collectives.items())},
       lower_seconds=lower_seconds, compile_seconds=compile_seconds, notes=notes,
       flops_partitioned=partitioned)
+
+
+def _projection(spec: TopologySpec, flops: float, mfu: float, wire_bytes: float,
+                tokens: int) -> dict[str, Any]:
+  """Step time from the matmul FLOPs at `mfu` of the bf16 peak and from the bytes each device
+  sends for its collectives (ring algorithms, `hlo.HloStats.wire_bytes`) at the slice's ICI
+  bandwidth, the two overlapped (XLA schedules collectives beside compute): the step takes
+  the longer of the two."""
+  compute = flops / (spec.total_devices * spec.peak_flops_per_device * mfu)
+  communication = (None if spec.ici_per_device is None
+                   else wire_bytes / spec.ici_per_device)
+  step = max(compute, communication or 0.0)
+  return {"compute_seconds": compute, "communication_seconds": communication,
+          "projected_step_seconds": step, "tokens_per_second": tokens / step}
+
+
+def _ms(seconds: float) -> str:
+  ms = seconds * 1e3
+  return f"{ms:9.1f} ms" if ms >= 10 else f"{ms:9.4f} ms"
 
 
 def _gib(x: float | None) -> str:
@@ -422,7 +464,8 @@ def format_report(report: CompileReport) -> str:
       f"mesh            {r.mesh}  rules={r.sharding_rules}",
       f"hosts           {r.host_layout.removeprefix('hosts: ')}",
       (f"batch           {r.batch_size} x {r.seq_length} tokens, grad_accum_steps="
-      f"{r.grad_accum_steps}, remat={r.remat_policy}, dtype={r.dtype}"),
+      f"{r.grad_accum_steps}, remat={r.remat_policy}, dtype={r.dtype}, "
+      f"attention={r.attention}"),
       "memory per device",
       f"  arguments     {_gib(r.argument_bytes)}",
       f"  outputs       {_gib(r.output_bytes)}",
@@ -436,8 +479,8 @@ def format_report(report: CompileReport) -> str:
        if not r.fits else
        f"  fits          yes ({(r.hbm_bytes - r.total_bytes) / GiB:.2f} GiB free)"
        if r.total_bytes <= r.hbm_bytes else
-       f"  fits          only just: the compiler accepted it, {(r.total_bytes - r.hbm_bytes) / GiB:.2f}"
-       " GiB over the table's HBM (no headroom; prefer a setting with room)"),
+       "  fits          only just: the compiler accepted it, "
+       f"{(r.total_bytes - r.hbm_bytes) / GiB:.2f} GiB over the table's HBM (no headroom; prefer a setting with room)"),
   ]
   if r.compiler_error:
     lines.append(f"  compiler      {r.compiler_error}")
@@ -455,11 +498,28 @@ def format_report(report: CompileReport) -> str:
     lines.append("collectives per step (per device)")
     for kind, (count, size) in r.collectives.items():
       lines.append(f"  {kind:22s}{count:6d} x  {size / GiB:9.3f} GiB")
+  peak = t.total_devices * t.peak_flops_per_device
+  if r.communication_seconds is None or (r.compiler_error and not r.collectives):
+    why = ("the compiler refused the program: no collectives" if r.compiler_error
+           else f"no ICI bandwidth on record for {t.generation}")
+    communication = f"  communication         -  ({why})"
+  else:
+    dcn = "; cross-slice DCN traffic not separated" if t.num_slices > 1 else ""
+    communication = (f"  communication {_ms(r.communication_seconds)}  (bytes each device sends "
+                     f"for its collectives, ring algorithms, at {t.ici_per_device / 1e9:.0f} "
+                     f"GB/s ICI{dcn})")
+  bound = ("communication" if (r.communication_seconds or 0) > r.compute_seconds
+           else "compute")
   lines += [
       f"compile         {r.compile_seconds:.1f} s (+ {r.lower_seconds:.1f} s lowering)",
-      (f"projected step  {r.projected_step_seconds * 1e3:.1f} ms at {100 * r.mfu:.0f}% MFU of "
-      f"{t.total_devices} x {t.peak_flops_per_device / 1e12:.1f} TFLOP/s "
-      f"({r.tokens_per_second:,.0f} tokens/s)"),
+      "projected step time",
+      (f"  compute       {_ms(r.compute_seconds)}  (matmuls at {100 * r.mfu:.0f}% of "
+       f"{t.total_devices} x {t.peak_flops_per_device / 1e12:.1f} TFLOP/s bf16; float32 "
+       "matmuls run as bf16 passes at JAX's default precision)"),
+      communication,
+      (f"  step          {_ms(r.projected_step_seconds)}  ({bound}-bound, the two overlapped; "
+       f"{r.tokens_per_second:,.0f} tokens/s, MFU "
+       f"{100 * r.analytic_flops / (r.projected_step_seconds * peak):.0f}%)"),
   ]
   lines += [f"note            {n}" for n in r.notes]
   return "\n".join(lines)

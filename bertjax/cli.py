@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import textwrap
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from bertjax import config as config_lib
 from bertjax import paths
@@ -57,6 +57,8 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
   config = config_lib.load_config(args.config, overrides)
   if args.step is not None:
     config = phases.config_at(config, args.step)
+  if args.fit:
+    return _compile_fit(args, overrides)
   # The TPU compiler runs in a child process: some libtpu releases crash (SIGSEGV) on some
   # programs (0.0.42: bf16 with remat full), and a crash must be a message, not a core dump.
   import concurrent.futures
@@ -88,6 +90,37 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
           "config.model.remat_policy, config.grad_accum_steps, config.model.dtype=bfloat16)",
           file=sys.stderr)
     return EXIT_FAILED
+  return 0
+
+
+def _compile_fit(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  """`bertjax compile --fit`: search settings, one line per compile, then the winner's
+  overrides (exit 0) or why none fits (exit 1)."""
+  from bertjax import aot, fit
+  if not aot.libtpu_available():
+    print(f"bertjax compile: error: {aot.LIBTPU_MISSING}", file=sys.stderr)
+    return EXIT_USAGE
+  if args.step is not None:
+    print("bertjax compile: error: --fit searches the config as written; compile a later phase "
+          "with its overrides (e.g. --config.seq_length=512) instead of --step", file=sys.stderr)
+    return EXIT_USAGE
+  print(f"searching settings of {args.config} that fit {args.topology} (one compile each):")
+  best, trials = fit.search(args.config, overrides, args.topology, args.mfu, args.slices,
+                            report=lambda trial: print(trial.line(), flush=True))
+  if best is None:
+    print(f"bertjax compile: error: no setting searched fits {args.topology}: "
+          f"{sum(t.outcome == 'does not fit' for t in trials)} too large, "
+          f"{sum(t.outcome == 'compiler crash' for t in trials)} compiler crash(es), "
+          f"{sum(t.outcome == 'error' for t in trials)} refused (see the lines above); try a "
+          "larger slice, more fsdp or tensor ways (config.mesh), or bf16 (model.dtype)",
+          file=sys.stderr)
+    return EXIT_FAILED
+  changed = "model.attention_dropout" in best.overrides
+  print(f"fastest fitting setting (projected step {best.step_ms:.1f} ms, "
+        f"{best.total_gib:.2f} GiB per device)"
+        + (": nothing fits with the recipe's attention dropout; this drops it (the fused "
+           "attention kernel has none), a change of the recipe:" if changed else ":"))
+  print("  " + " ".join(f"--config.{k}={v}" for k, v in best.overrides.items()))
   return 0
 
 
@@ -393,7 +426,8 @@ def _parser() -> argparse.ArgumentParser:
           "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
           "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
           "  bertjax compile --config configs/gpt3_6p7b.py --topology v5p-256\n"
-          "  bertjax compile --config configs/roberta_base.py --topology v5e-16 --slices 2\n\n"
+          "  bertjax compile --config configs/roberta_base.py --topology v5e-16 --slices 2\n"
+          "  bertjax compile --config configs/gpt2_xl.py --topology v6e-16 --fit\n\n"
           + _EPILOG_OVERRIDES, cmd_compile)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--topology", required=True,
@@ -405,7 +439,11 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, default=None,
                  help="compile the phase this step trains in (e.g. BERT's phase 2 at 900000)")
   p.add_argument("--mfu", type=float, default=0.5,
-                 help="model FLOPs utilisation the step time is projected at (0.5)")
+                 help="fraction of the bf16 peak the matmuls are projected at (0.5)")
+  p.add_argument("--fit", action="store_true",
+                 help="search attention implementation, remat policy and micro-batches for "
+                 "the fastest projected setting that fits, and print its overrides (one "
+                 "compile per setting tried)")
 
   p = add("finetune", "fine-tune BERT on a labelled task",
           "Fine-tunes a pre-trained BERT (a params checkpoint, a training run's directory or a "

@@ -261,7 +261,11 @@ def gpt3_training(config: ConfigDict, batch_tokens: int, learning_rate: float) -
   tokens in all, Adam β (0.9, 0.95) ε 1e-8, clip 1.0, weight decay 0.1, linear warmup over the
   first 375M tokens, cosine decay to 10% of the peak over 260B tokens, constant after. (The
   paper's batch-size ramp over the first 4-12B tokens is not reproduced: the full batch is
-  used from the start.)"""
+  used from the start.) The paper states no dropout; none is used (common for LLM pre-training
+  on this many tokens), which also lets `model.attention=auto` pick the fused attention
+  kernel on TPU and GPU (the kernels have no attention dropout)."""
+  config.model.hidden_dropout = 0.0
+  config.model.attention_dropout = 0.0
   config.seq_length = 2048
   config.batch_size = batch_tokens // 2048
   config.num_train_steps = -(-300_000_000_000 // batch_tokens)

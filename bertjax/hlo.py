@@ -148,14 +148,42 @@ class HloStats:
   # kind -> [executions, bytes of their results]
   collectives: dict[str, list[float]] = dataclasses.field(default_factory=dict)
   unknown_trip_counts: int = 0
+  # Bytes each device sends over the interconnect for those collectives with ring algorithms
+  # (`_wire_bytes`): what a communication time is estimated from.
+  wire_bytes: float = 0.0
 
   def add(self, other: HloStats, times: float) -> None:
     self.matmul_flops += other.matmul_flops * times
+    self.wire_bytes += other.wire_bytes * times
     for kind, (count, size) in other.collectives.items():
       entry = self.collectives.setdefault(kind, [0.0, 0.0])
       entry[0] += count * times
       entry[1] += size * times
     self.unknown_trip_counts += other.unknown_trip_counts
+
+
+def _group_size(attrs: str) -> int | None:
+  """Devices per replica group: `replica_groups={{0,1,2,3},{4,5,6,7}}` (4) or the iota form
+  `replica_groups=[2,4]<=[8]` (4); None when not stated (all devices)."""
+  iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+  if iota:
+    return int(iota.group(2))
+  listed = re.search(r"replica_groups=\{\{([\d,]+)\}", attrs)
+  return len(listed.group(1).split(",")) if listed else None
+
+
+def _wire_bytes(kind: str, size: float, group: int | None, full: float | None = None) -> float:
+  """Bytes one device sends for a collective of result `size` over `group` devices, with ring
+  algorithms: an all-gather sends (n-1)/n of its result, a reduce-scatter (n-1)/n of its input
+  (`full`), an all-reduce both phases, 2 (n-1)/n of its size; a permute its whole result."""
+  share = 1.0 if not group or group < 2 else (group - 1) / group
+  if kind == "all-reduce":
+    return 2 * size * share
+  if kind == "reduce-scatter":
+    return (full if full is not None else size * (group or 1)) * share
+  if kind in ("all-gather", "all-to-all"):
+    return size * share
+  return size
 
 
 def _through(name: str, table: dict[str, _Instr]) -> _Instr | None:
@@ -245,16 +273,46 @@ def _computations(text: str) -> tuple[dict[str, list[_Instr]], str | None]:
   return computations, entry
 
 
+def _channel(ins: _Instr) -> str | None:
+  """The channel id of a collective the TPU compiler split into pieces, or None.
+
+  libtpu decomposes an asynchronous collective into an AsyncCollectiveStart fusion, continuation
+  fusions interleaved with compute and an AsyncCollectiveDone fusion. Every piece holds a copy
+  of the same collective (same channel_id, full result shape, `async_collective_fusion_config`
+  naming the steps it runs), yet together they move the data once."""
+  if "async_collective_fusion_config" not in ins.attrs:
+    return None
+  channel = re.search(r"channel_id=(\d+)", ins.attrs)
+  return channel.group(1) if channel else None
+
+
+# The backend config of libtpu's reduce-scatter fusions ("AllReduceScatterFusion",
+# "SingleInputAllReduceScatterFusion").
+_REDUCE_SCATTER_FUSION = re.compile(r'"emitter":"\w*AllReduceScatterFusion"')
+
+
 def analyze_hlo(text: str) -> HloStats:
-  """Matmul FLOPs and collectives of an optimized HLO module (one device's program)."""
+  """Matmul FLOPs and collectives of an optimized HLO module (one device's program).
+
+  A collective split into asynchronous pieces (see `_channel`) counts once per execution of
+  the computation that runs its fusions."""
   computations, entry = _computations(text)
   memo: dict[str, HloStats] = {}
 
   def visit(name: str) -> HloStats:
+    """A computation run as a unit (the entry, a loop body, a branch): its own scope."""
     if name in memo:
       return memo[name]
     stats = HloStats()
     memo[name] = stats  # guards against cycles
+    walk(name, stats, set(), {name})
+    return stats
+
+  def walk(name: str, stats: HloStats, seen: set, stack: set[str],
+           collectives: bool = True) -> None:
+    """Adds `name`'s instructions to `stats`; fusions and calls join the caller's scope
+    (`seen`: channels already counted there). `collectives=False`: a fused reduce-scatter's
+    body, counted by its fusion."""
     body = computations.get(name, [])
     table = {i.name: i for i in body}
     shapes = {i.name: i.shape for i in body}
@@ -265,10 +323,28 @@ def analyze_hlo(text: str) -> HloStats:
       elif op == "convolution":
         stats.matmul_flops += _conv_flops(ins, shapes)
       kind = op.removesuffix("-done")
-      if kind in COLLECTIVES and not op.endswith("-start"):
-        entry_ = stats.collectives.setdefault(kind, [0.0, 0.0])
+      if op == "fusion" and _REDUCE_SCATTER_FUSION.search(ins.attrs):
+        # libtpu's fused reduce-scatter: an all-reduce whose result is sliced to this device's
+        # shard inside one fusion. It is a reduce-scatter; its result is the shard.
+        entry_ = stats.collectives.setdefault("reduce-scatter", [0.0, 0.0])
         entry_[0] += 1
         entry_[1] += _bytes(ins.shape)
+        inner = [i for called in re.findall(r"calls=%?([^\s,]+)", ins.attrs)
+                 for i in computations.get(called, []) if i.opcode.startswith("all-reduce")]
+        stats.wire_bytes += (_wire_bytes("reduce-scatter", _bytes(ins.shape),
+                                         _group_size(inner[0].attrs), _bytes(inner[0].shape))
+                             if inner else _bytes(ins.shape))
+        collectives_inside = False
+      else:
+        collectives_inside = collectives
+      if collectives and kind in COLLECTIVES and not op.endswith("-start"):
+        channel = _channel(ins)
+        if channel is None or (kind, channel) not in seen:
+          seen.add((kind, channel))
+          entry_ = stats.collectives.setdefault(kind, [0.0, 0.0])
+          entry_[0] += 1
+          entry_[1] += _bytes(ins.shape)
+          stats.wire_bytes += _wire_bytes(kind, _bytes(ins.shape), _group_size(ins.attrs))
       if op == "while":
         trips = _trip_count(ins, table, computations)
         if trips is None:
@@ -285,8 +361,8 @@ def analyze_hlo(text: str) -> HloStats:
           stats.add(max((visit(n) for n in names), key=lambda s: s.matmul_flops), 1)
       elif op in ("fusion", "call", "async-start") or op.endswith("-start"):
         for called in re.findall(r"(?:calls|to_apply)=%?([^\s,]+)", ins.attrs):
-          stats.add(visit(called), 1)
-    return stats
+          if called not in stack:
+            walk(called, stats, seen, stack | {called}, collectives_inside)
 
   if entry is None:
     raise ValueError("no ENTRY computation in the HLO text")

@@ -19,10 +19,10 @@ def get_config():
   config = base_config(gpt_model(num_layers=32, hidden_size=4096, num_heads=32, mlp_dim=4 * 4096,
                                  max_positions=2048))
   gpt3_training(config, batch_tokens=2_097_152, learning_rate=0.00012)
-  # What makes it fit a v5p-256 (128 chips, 95.7 GiB usable each; `bertjax compile`): as-is,
-  # data parallel in fp32 needs 594 GiB per chip. ZeRO-3 over all chips, bf16 compute (fp32
-  # master weights), remat of everything but matmul outputs, 4 micro-batches: 49 GiB, with
-  # compiled FLOPs equal to the model FLOPs (docs/reproducing.md).
+  # What makes it fit a v5p-256 and a v4-128 (`bertjax compile`, figures in
+  # docs/reproducing.md): ZeRO-3 over all chips, bf16 compute (fp32 master weights), remat of
+  # everything but matmul outputs, the splash attention kernel (no [B, N, L, S] scores kept
+  # per layer; model.attention=auto on TPU, no attention dropout), 4 micro-batches.
   memory_saving(config, grad_accum_steps=4)
   config.reference_params = 6_700_000_000
   return config

@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import warnings
 
 # Must precede the first `import jax` anywhere in the test session.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -26,3 +27,15 @@ def devices():
     pytest.fail(f"tests need 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), "
                 f"found {len(found)}")
   return found
+
+
+@pytest.fixture(scope="module")
+def libtpu(request):
+  """Skips the module's TPU compile tests where libtpu is missing, with a warning naming them
+  (so that a run without it says what it did not check)."""
+  from bertjax import aot
+  if not aot.libtpu_available():
+    reason = (f"libtpu is not installed (pip install 'bertjax[tpu]'): the TPU compile tests of "
+              f"{request.module.__name__} did not run")
+    warnings.warn(reason)
+    pytest.skip(reason=reason)

@@ -7,7 +7,6 @@ Their models are small so that the three TPU compiles take about half a minute o
 (bert_base on v4-16 compiles in about 110 s; see the report's measurements).
 """
 
-import warnings
 
 import numpy as np
 import pytest
@@ -134,17 +133,6 @@ def test_missing_libtpu_is_a_clear_error(monkeypatch):
     aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
 
 
-LIBTPU_SKIP_REASON = ("libtpu is not installed (pip install 'bertjax[tpu]'): the TPU compile "
-                      "tests of tests/test_aot.py did not run")
-
-
-@pytest.fixture(scope="module")
-def libtpu():
-  if not aot.libtpu_available():
-    warnings.warn(LIBTPU_SKIP_REASON)
-    pytest.skip(reason=LIBTPU_SKIP_REASON)
-
-
 def test_bert_compiles_for_v4_16_fits_and_flops_match(libtpu):
   report = aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
   assert report.fits and report.shortfall_bytes == 0
@@ -238,3 +226,42 @@ def test_a_2_slice_gradient_all_reduce_crosses_slices(libtpu):
   assert report.topology.total_devices == 16 and report.fits
   assert "all-reduce" in report.collectives
   assert 0.9 < report.flops_ratio <= 1.05
+
+
+def test_splash_attention_compiles_into_the_tpu_program(libtpu):
+  """model.attention=auto without attention dropout picks the Pallas splash kernel for a TPU
+  topology (compiled, not interpreted, under shard_map); the report says so and projects
+  compute and communication time."""
+  config = load_config("gpt_tiny", [("model.attention_dropout", "0.0"),
+                                    ("mesh.data", "2"), ("mesh.fsdp", "2"), ("mesh.tensor", "2")])
+  report = aot.compile_for_topology(config, "v5e-8")
+  assert report.fits and report.attention == "splash"
+  assert any("Pallas kernel call(s)" in note for note in report.notes)
+  # The attention core is in the kernel, not among the dots: compiled < model FLOPs.
+  assert 0.8 < report.flops_ratio < 1.0
+  assert report.communication_seconds > 0 and report.compute_seconds > 0
+  assert report.projected_step_seconds == max(report.compute_seconds,
+                                               report.communication_seconds)
+  text = aot.format_report(report)
+  assert "attention=splash" in text and "at 400 GB/s ICI" in text and "-bound" in text
+
+
+@pytest.mark.parametrize("attrs,group", [
+    ("replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add", 4),
+    ("replica_groups=[2,4]<=[8], dimensions={0}", 4),
+    ("replica_groups=[16,4]<=[4,16]T(1,0)", 4),
+    ("replica_groups={}, to_apply=%add", None),
+])
+def test_replica_group_sizes_and_ring_wire_bytes(attrs, group):
+  assert hlo._group_size(attrs) == group
+  n = 8
+  # Ring algorithms: a device sends (n-1)/n of an all-gather's result, of a reduce-scatter's
+  # input, and twice that of an all-reduce.
+  assert hlo._wire_bytes("all-gather", 800.0, n) == 700.0
+  assert hlo._wire_bytes("reduce-scatter", 100.0, n, full=800.0) == 700.0
+  assert hlo._wire_bytes("all-reduce", 800.0, n) == 1400.0
+  assert hlo._wire_bytes("collective-permute", 800.0, n) == 800.0
+  # The reader's total: with no group stated the whole size counts (all devices, large n).
+  stats = hlo.analyze_hlo(HLO)
+  assert stats.wire_bytes == 2 * stats.collectives["all-reduce"][1] + stats.collectives[
+      "all-gather"][1]

@@ -136,7 +136,7 @@ def test_attention_core_recomputes_dropout_but_no_matmul_in_training():
   """Training wraps the attention core in a remat that keeps only exp(scores) and the row
   sums: same values and gradients as the plain core, the same random mask, and the backward
   pass reads the kept tensors instead of recomputing q kᵀ (2 forward + 4 backward dots)."""
-  from bertjax.models import layers
+  from bertjax.models import attention
   cfg = GPT.replace(attention_dropout=0.3)
   q, k, v = (jax.random.normal(jax.random.key(i), (2, 8, 4, 8)) for i in range(3))
   mask = jnp.tril(jnp.ones((8, 8), bool))[None, None]
@@ -147,9 +147,9 @@ def test_attention_core_recomputes_dropout_but_no_matmul_in_training():
       return (core(cfg, False).apply({}, q, k, v, mask, rngs=rngs) ** 2).sum()
     return jax.value_and_grad(loss, argnums=(0, 1, 2))
 
-  kept = nn.remat(layers.AttentionCore, policy=layers._KEEP_SOFTMAX_EXP)
+  kept = nn.remat(attention.XlaAttention, policy=attention._KEEP_SOFTMAX_EXP)
   (plain_loss, plain_grads), (kept_loss, kept_grads) = (
-      jax.jit(loss_fn(c))(q, k, v) for c in (layers.AttentionCore, kept))
+      jax.jit(loss_fn(c))(q, k, v) for c in (attention.XlaAttention, kept))
   np.testing.assert_allclose(kept_loss, plain_loss, rtol=1e-6)
   for a, b in zip(kept_grads, plain_grads):  # atol: rows of one key cancel to ~1e-7, not 0
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,

@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import layers
+from bertjax.models import attention, layers
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -55,9 +55,8 @@ class BertModel(nn.Module):
              + self.token_type_embeddings(token_type_ids_BL))
     x_BLD = self.dropout(self.embeddings_norm(x_BLD), deterministic=deterministic)
     x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
-    # Padding mask on keys only; outputs at padded query positions are unused.
-    mask_B1LS = attention_mask_BL.astype(bool)[:, None, None, :]
-    x_BLD = self.encoder(x_BLD, mask_B1LS, deterministic)
+    # Padding masked on keys only; outputs at padded query positions are unused.
+    x_BLD = self.encoder(x_BLD, attention.encoder_mask(attention_mask_BL), deterministic)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
     pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))

@@ -19,6 +19,7 @@ Activation = Literal["gelu", "gelu_tanh", "relu"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
+Attention = Literal["auto", "xla", "splash", "cudnn"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -57,6 +58,11 @@ class ModelConfig:
   # SPMD partitions like any other, offered for TPUs, where a gather can be the slower op; it
   # costs a [B, L, V] operand and an all-positions LM head's FLOPs). The same rows either way.
   embed_lookup: EmbedLookup = "gather"
+  # The attention core's implementation (bertjax/models/attention.py): "xla" (einsums, any
+  # device, attention dropout), "splash" (Pallas TPU flash kernel), "cudnn" (cuDNN flash
+  # attention on GPU), or "auto": the compiled-for platform's fused kernel where it supports
+  # the configuration (the kernels have no attention dropout), else "xla".
+  attention: Attention = "auto"
   # Standard deviation of the (truncated) normal initialiser.
   initializer_range: float = 0.02
   # GPT-2: residual output projections initialised with std / sqrt(2 * num_layers).
@@ -82,6 +88,9 @@ class ModelConfig:
     if self.embed_lookup not in ("gather", "one_hot"):
       raise ValueError(f"model.embed_lookup must be 'gather' or 'one_hot', got "
                        f"{self.embed_lookup!r}")
+    if self.attention not in ("auto", "xla", "splash", "cudnn"):
+      raise ValueError(f"model.attention must be one of auto, xla, splash, cudnn, got "
+                       f"{self.attention!r}")
     if self.family not in ("bert", "gpt"):
       raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
     for name in ("dtype", "param_dtype"):

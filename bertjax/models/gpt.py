@@ -12,27 +12,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import layers
+from bertjax.models import attention, layers
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
 Array = jax.Array
-
-
-def decoder_mask(length: int, segment_ids_BL: Array | None = None,
-                 attention_mask_BL: Array | None = None) -> Array:
-  """Boolean [B|1, 1, L, L] mask: causal, within one document, and not onto padding.
-
-  `segment_ids` number the documents packed into a row (0 = padding), so packed documents
-  never attend to each other; `attention_mask` (1 = token, 0 = padding) masks padded keys.
-  """
-  mask = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
-  if segment_ids_BL is not None:
-    same_doc = segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :]
-    mask = mask & same_doc[:, None]
-  if attention_mask_BL is not None:
-    mask = mask & attention_mask_BL.astype(bool)[:, None, None, :]
-  return mask
 
 
 class GPT(nn.Module):
@@ -74,10 +58,11 @@ class GPT(nn.Module):
     x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
     x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
     if decode:
-      mask = (jnp.ones((1, 1, 1, 1), bool) if attention_mask_BL is None
-              else attention_mask_BL.astype(bool)[:, None, None, :])
+      mask = attention.AttentionMask(
+          jnp.ones((1, 1, 1, 1), bool) if attention_mask_BL is None
+          else attention_mask_BL.astype(bool)[:, None, None, :])
     else:
-      mask = decoder_mask(length, segment_ids_BL, attention_mask_BL)
+      mask = attention.decoder_mask(length, segment_ids_BL, attention_mask_BL)
     x_BLD = self.decoder(x_BLD, mask, deterministic, decode)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)

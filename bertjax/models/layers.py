@@ -19,8 +19,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
+from bertjax.models import attention
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -181,50 +181,16 @@ def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
   return embedding.attend(x_BLD.astype(config.compute_dtype))
 
 
-# The remat policy of AttentionCore in training: save the outputs of exp (the core's only
-# exp is the softmax's; a name on its output would not do, since exp's derivative reads the
-# unnamed primitive output) and the named row sums; recompute everything else.
-_KEEP_SOFTMAX_EXP = jax.checkpoint_policies.save_from_both_policies(
-    lambda primitive, *_, **__: primitive is jax.lax.exp_p,
-    jax.checkpoint_policies.save_only_these_names("attention_row_sum"))
-
-
-class AttentionCore(nn.Module):
-  """softmax(q kᵀ / sqrt(H) + mask) with dropout, times v: the part of attention whose
-  intermediates are [B, N, L, S]."""
-
-  config: ModelConfig
-  deterministic: bool = True
-
-  @nn.compact
-  def __call__(self, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array, mask_B1LS: Array) -> Array:
-    cfg = self.config
-    # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
-    # small probabilities that carry most of the gradient signal.
-    scores_BNLS = jnp.einsum("blnh,bsnh->bnls", q_BLNH, k_BSNH,
-                             preferred_element_type=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
-    scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
-    # jax.nn.softmax written out, so that what its backward pass reads is what a remat policy
-    # keeps (SelfAttention): the output of exp (exp's derivative reads it) and the row sums.
-    row_max_BNL1 = jax.lax.stop_gradient(scores_BNLS.max(axis=-1, keepdims=True))
-    unnormalized_BNLS = jnp.exp(scores_BNLS - row_max_BNL1)
-    row_sum_BNL1 = checkpoint_name(unnormalized_BNLS.sum(axis=-1, keepdims=True),
-                                   "attention_row_sum")
-    probs_BNLS = unnormalized_BNLS / row_sum_BNL1
-    probs_BNLS = Dropout(cfg.attention_dropout, cfg.dropout_rng)(
-        probs_BNLS, deterministic=self.deterministic)
-    return jnp.einsum("bnls,bsnh->blnh", probs_BNLS.astype(cfg.compute_dtype), v_BSNH)
-
-
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with a fused QKV projection and a boolean mask.
+  """Multi-head self-attention with a fused QKV projection; the core is
+  `config.attention`'s implementation (bertjax/models/attention.py).
 
   `decode=True` (generation) keeps a key/value cache in the "cache" collection (apply with
   `mutable=["cache"]`): `cached_key`/`cached_value` [B, S, N, H] and `cache_index`, the slot
   the next token is written to. The first (init) call creates the cache with S = the input's
   length; later calls write their L keys at `cache_index`, attend causally by slot over the
-  whole cache, and advance the index by L. `mask_B1LS` then masks cache slots (key padding),
-  [B, 1, 1, S] or [B, 1, L, S].
+  whole cache, and advance the index by L. `mask.dense_B1LS` then masks cache slots (key
+  padding), [B, 1, 1, S] or [B, 1, L, S].
   """
 
   config: ModelConfig
@@ -232,7 +198,7 @@ class SelfAttention(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array) -> Array:
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask) -> Array:
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
@@ -257,16 +223,9 @@ class SelfAttention(nn.Module):
       # Causal by cache slot: the query in slot index + l sees slots <= index + l.
       query_slots_L = index + jnp.arange(x_BLD.shape[1])
       causal_LS = jnp.arange(k_BSNH.shape[1])[None, :] <= query_slots_L[:, None]
-      mask_B1LS = mask_B1LS & causal_LS[None, None]
-    core = AttentionCore
-    if not self.deterministic and cfg.attention_dropout > 0 and cfg.remat_policy == "none":
-      # Keep one [B, N, L, S] tensor (exp of the scores) for the backward pass; the
-      # probabilities, the dropout mask and the dropped probabilities are recomputed there
-      # (elementwise, cheap with the hash mask) instead of being saved per layer, and no
-      # matmul is recomputed. At 1,024 tokens this made GPT-2 small's CPU step 1.05-1.13x
-      # faster. A block remat policy, where one is set, decides alone what is kept.
-      core = nn.remat(AttentionCore, prevent_cse=not cfg.scan_layers, policy=_KEEP_SOFTMAX_EXP)
-    out_BLNH = core(cfg, self.deterministic, name="core")(q_BLNH, k_BSNH, v_BSNH, mask_B1LS)
+      mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
+    out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
+                                deterministic=self.deterministic, decode=self.decode)
     out_BLNH = constrain(out_BLNH, ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), (d,), ("embed",),
                  init=residual_init(cfg), name="out")(out_BLNH)
@@ -296,7 +255,7 @@ class Block(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array) -> tuple[Array, None]:
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask) -> tuple[Array, None]:
     cfg = self.config
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
@@ -305,17 +264,23 @@ class Block(nn.Module):
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
     if cfg.norm_position == "post":
-      x_BLD = attention_norm(x_BLD + dropout(attention(x_BLD, mask_B1LS)))
+      x_BLD = attention_norm(x_BLD + dropout(attention(x_BLD, mask)))
       x_BLD = mlp_norm(x_BLD + dropout(mlp(x_BLD)))
     else:
-      x_BLD = x_BLD + dropout(attention(attention_norm(x_BLD), mask_B1LS))
+      x_BLD = x_BLD + dropout(attention(attention_norm(x_BLD), mask))
       x_BLD = x_BLD + dropout(mlp(mlp_norm(x_BLD)))
     return constrain(x_BLD, ACT_BLD), None
 
 
 _REMAT_POLICIES: dict[str, Any] = {
     "full": None,  # save nothing: recompute the whole block in the backward pass
-    "dots": jax.checkpoint_policies.checkpoint_dots,
+    # Every matmul's output (with the XLA attention core that includes its [B, N, L, S]
+    # scores: recomputing them instead crashes libtpu 0.0.42 in bf16, as do "full" and
+    # "dots_no_batch"), and the splash kernel's named residuals, so that its forward pass
+    # is not run again in the backward one.
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots,
+        jax.checkpoint_policies.save_only_these_names(attention.CONTEXT_NAME)),
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 
@@ -326,7 +291,7 @@ class LayerStack(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask_B1LS: Array, deterministic: bool = True,
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, deterministic: bool = True,
                decode: bool = False) -> Array:
     """`decode=True`: attention reads and writes the "cache" collection (generation)."""
     cfg = self.config
@@ -340,8 +305,8 @@ class LayerStack(nn.Module):
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(x_BLD, mask_B1LS)
+      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(x_BLD, mask)
     else:
       for i in range(cfg.num_layers):
-        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask_B1LS)
+        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask)
     return x_BLD

@@ -1,0 +1,268 @@
+"""The attention core, softmax(q kᵀ / sqrt(H) + mask) v, in three implementations behind one
+config key (`model.attention`):
+
+- "xla": einsums and a written-out softmax in fp32, with attention dropout; every device, and
+  the only one with dropout or a KV cache (generation).
+- "splash": the Pallas TPU splash-attention kernel (flash attention with block-sparse masks:
+  causal and document-segment masks skip whole blocks), run per device through `shard_map`
+  over the ambient mesh (`jax.set_mesh`), since Mosaic kernels cannot be partitioned
+  automatically. No [B, N, L, S] tensor exists, forward or backward. On CPU it runs in Pallas
+  interpret mode (tests).
+- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash
+  attention on NVIDIA GPUs (bf16/fp16 inputs).
+- "auto": the fused kernel of the platform the program is compiled for when it supports the
+  configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype), else "xla"
+  (`resolve`).
+
+Masks travel as an `AttentionMask`: the boolean [B|1, 1, L|1, S] mask the XLA path applies,
+and the structured form fused kernels read (document segment ids and a causal flag), built
+together by the model so that both say the same thing on every position that is not padding.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
+
+from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
+
+Array = jax.Array
+Implementation = Literal["auto", "xla", "splash", "cudnn"]
+IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
+# The name of the attention output (and the splash kernel's residuals), kept by the "dots"
+# remat policy.
+CONTEXT_NAME = "attention_context"
+
+
+@flax.struct.dataclass
+class AttentionMask:
+  """Who may attend to whom.
+
+  `dense_B1LS`: True where query l may read key s (the XLA path). `segment_ids_BL`: int ids,
+  a query reads only keys with its own id (packed documents; padding is its own id 0), or None
+  when every key is in one segment. `causal`: keys after the query are masked too. BERT's
+  padding is segment 0 against 1 for tokens: the fused kernels then let padded queries read
+  padded keys where the dense mask lets them read tokens; outputs at padded positions are
+  never used.
+  """
+  dense_B1LS: Array
+  segment_ids_BL: Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def encoder_mask(attention_mask_BL: Array) -> AttentionMask:
+  """BERT: every token reads every non-padding key (1 = token, 0 = padding)."""
+  valid_BL = attention_mask_BL.astype(bool)
+  return AttentionMask(valid_BL[:, None, None, :], valid_BL.astype(jnp.int32))
+
+
+def decoder_mask(length: int, segment_ids_BL: Array | None = None,
+                 attention_mask_BL: Array | None = None) -> AttentionMask:
+  """GPT: causal, within one document, and not onto padding.
+
+  `segment_ids` number the documents packed into a row (0 = padding), so packed documents
+  never attend to each other; `attention_mask` (1 = token, 0 = padding) masks padded keys.
+  """
+  dense = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+  segments = None
+  if segment_ids_BL is not None:
+    dense = dense & (segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :])[:, None]
+    segments = segment_ids_BL.astype(jnp.int32)
+  if attention_mask_BL is not None:
+    valid_BL = attention_mask_BL.astype(bool)
+    dense = dense & valid_BL[:, None, None, :]
+    # Padding becomes its own segment; a causal query always reads itself, so no row of the
+    # structured mask is empty.
+    segments = jnp.where(valid_BL, 1 if segments is None else segments + 1, 0).astype(
+        jnp.int32)
+  return AttentionMask(dense, segments, causal=True)
+
+
+def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
+  """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
+  "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration."""
+  if config.attention != "auto":
+    return config
+  dropout = training and config.attention_dropout > 0
+  choice = "xla"
+  if platform == "tpu" and not dropout:
+    choice = "splash"
+  elif platform in ("gpu", "cuda") and not dropout and config.dtype in ("bfloat16", "float16"):
+    choice = "cudnn"
+  return config.replace(attention=choice)
+
+
+# The remat policy of the XLA core in training: save the outputs of exp (the core's only exp
+# is the softmax's; a name on its output would not do, since exp's derivative reads the
+# unnamed primitive output) and the named row sums; recompute everything else.
+_KEEP_SOFTMAX_EXP = jax.checkpoint_policies.save_from_both_policies(
+    lambda primitive, *_, **__: primitive is jax.lax.exp_p,
+    jax.checkpoint_policies.save_only_these_names("attention_row_sum"))
+
+
+class XlaAttention(nn.Module):
+  """softmax(q kᵀ / sqrt(H) + mask) with dropout, times v, as einsums: the implementation
+  whose intermediates are [B, N, L, S]."""
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array, mask_B1LS: Array) -> Array:
+    cfg = self.config
+    # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
+    # small probabilities that carry most of the gradient signal.
+    scores_BNLS = jnp.einsum("blnh,bsnh->bnls", q_BLNH, k_BSNH,
+                             preferred_element_type=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
+    scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
+    # jax.nn.softmax written out, so that what its backward pass reads is what a remat policy
+    # keeps: the output of exp (exp's derivative reads it) and the row sums.
+    row_max_BNL1 = jax.lax.stop_gradient(scores_BNLS.max(axis=-1, keepdims=True))
+    unnormalized_BNLS = jnp.exp(scores_BNLS - row_max_BNL1)
+    row_sum_BNL1 = checkpoint_name(unnormalized_BNLS.sum(axis=-1, keepdims=True),
+                                   "attention_row_sum")
+    probs_BNLS = unnormalized_BNLS / row_sum_BNL1
+    probs_BNLS = Dropout(cfg.attention_dropout, cfg.dropout_rng)(
+        probs_BNLS, deterministic=self.deterministic)
+    return checkpoint_name(
+        jnp.einsum("bnls,bsnh->blnh", probs_BNLS.astype(cfg.compute_dtype), v_BSNH),
+        CONTEXT_NAME)
+
+
+# The splash kernel's tiles along the sequence are multiples of the TPU's 128 lanes.
+_LANES = 128
+
+
+def _block_size(length: int) -> int:
+  """The splash kernel's tile along the sequence: the largest of 512/256/128 dividing the
+  (lane-padded) length."""
+  return next(block for block in (512, 256, 128) if length % block == 0)
+
+
+def _splash_per_device(q_BNLH: Array, k_BNSH: Array, v_BNSH: Array,
+                       segment_ids_BL: Array | None, *, causal: bool,
+                       interpret: bool) -> Array:
+  """The splash kernel on one device's rows and heads (all of the sequence)."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+  _, heads, length, _ = q_BNLH.shape
+  shape = (length, k_BNSH.shape[2])
+  mask = masks.CausalMask(shape) if causal else masks.FullMask(shape)
+  b = _block_size(length)
+  blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                             block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
+                             block_kv_dq=b)
+  # Its residuals (output and row log-sum-exp) carry the name the "dots" remat policy saves,
+  # so the backward pass does not run the forward kernel again.
+  kernel = splash.make_splash_mha(masks.MultiHeadMask([mask] * heads), head_shards=1,
+                                  q_seq_shards=1, block_sizes=blocks, interpret=interpret,
+                                  residual_checkpoint_name=CONTEXT_NAME)
+  if segment_ids_BL is None:
+    return jax.vmap(kernel)(q_BNLH, k_BNSH, v_BNSH)
+  segments = splash.SegmentIds(q=segment_ids_BL, kv=segment_ids_BL)
+  return jax.vmap(kernel)(q_BNLH, k_BNSH, v_BNSH, segment_ids=segments)
+
+
+def splash_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
+                     mask: AttentionMask) -> Array:
+  """The Pallas splash kernel, per device through `shard_map` over the ambient mesh: rows and
+  heads stay where the logical rules put them; the sequence must not be sharded."""
+  interpret = _platform() != "tpu"
+  q_BNLH = jnp.swapaxes(q_BLNH / jnp.sqrt(float(config.head_dim)).astype(q_BLNH.dtype), 1, 2)
+  k_BNSH, v_BNSH = jnp.swapaxes(k_BSNH, 1, 2), jnp.swapaxes(v_BSNH, 1, 2)
+  run = functools.partial(_splash_per_device, causal=mask.causal, interpret=interpret)
+  segments = mask.segment_ids_BL
+  length = q_BNLH.shape[2]
+  pad = -length % _LANES
+  if pad:
+    # Tiles are whole lanes: pad the sequence with positions of their own segment (-1),
+    # which no real query reads, and drop their outputs.
+    widths = ((0, 0), (0, 0), (0, pad), (0, 0))
+    q_BNLH, k_BNSH, v_BNSH = (jnp.pad(x, widths) for x in (q_BNLH, k_BNSH, v_BNSH))
+    if segments is None:
+      segments = jnp.ones(q_BNLH.shape[:1] + (length,), jnp.int32)
+    segments = jnp.pad(segments, ((0, 0), (0, pad)), constant_values=-1)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    out_BNLH = run(q_BNLH, k_BNSH, v_BNSH, segments)
+  else:
+    batch, sequence, heads, _ = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    if sequence is not None:
+      raise ValueError("model.attention=splash needs the sequence unsharded (logical axis "
+                       f"'length' maps to {sequence!r} in the sharding rules)")
+    # An axis that does not divide its dimension (model init traces a batch of 1) stays whole.
+    batch, heads = _dividing(batch, q_BNLH.shape[0], mesh), _dividing(heads, q_BNLH.shape[1], mesh)
+    spec_BNLH = PartitionSpec(batch, heads, None, None)
+    spec_BL = PartitionSpec(batch, None)
+    if segments is None:
+      sharded = jax.shard_map(lambda q, k, v: run(q, k, v, None), mesh=mesh,
+                              in_specs=(spec_BNLH,) * 3, out_specs=spec_BNLH,
+                              check_vma=False)
+      out_BNLH = sharded(q_BNLH, k_BNSH, v_BNSH)
+    else:
+      sharded = jax.shard_map(run, mesh=mesh, in_specs=(spec_BNLH,) * 3 + (spec_BL,),
+                              out_specs=spec_BNLH, check_vma=False)
+      out_BNLH = sharded(q_BNLH, k_BNSH, v_BNSH, segments)
+  return jnp.swapaxes(out_BNLH[:, :, :length], 1, 2).astype(config.compute_dtype)
+
+
+def _dividing(axes: str | tuple[str, ...] | None, size: int,
+              mesh: jax.sharding.AbstractMesh) -> str | tuple[str, ...] | None:
+  """`axes` where the mesh's ways along them divide `size`, else None (unsharded)."""
+  if axes is None:
+    return None
+  ways = 1
+  for axis in (axes,) if isinstance(axes, str) else axes:
+    ways *= mesh.shape[axis]
+  return axes if size % ways == 0 else None
+
+
+def _platform() -> str:
+  """The platform the program is compiled for: the ambient mesh's devices (a TPU topology's
+  when compiling ahead of time from a CPU host), else the default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return device.platform if device is not None else jax.default_backend()
+
+
+def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
+                    mask: AttentionMask, implementation: str = "cudnn") -> Array:
+  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking is the
+  kernel's own; padding and document segments are passed as the boolean mask. Tests run the
+  same call with implementation="xla" on CPU."""
+  causal_only = mask.causal and mask.segment_ids_BL is None
+  out_BLNH = jax.nn.dot_product_attention(
+      q_BLNH, k_BSNH, v_BSNH, mask=None if causal_only else mask.dense_B1LS,
+      is_causal=mask.causal, implementation=implementation)
+  return out_BLNH.astype(config.compute_dtype)
+
+
+def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
+           mask: AttentionMask, *, deterministic: bool, decode: bool = False) -> Array:
+  """softmax(q kᵀ / sqrt(H) + mask) v with `config.attention`'s implementation; generation
+  (`decode`) always takes the XLA path, which reads the KV cache's dense mask."""
+  implementation = "xla" if decode or config.attention == "auto" else config.attention
+  if implementation != "xla" and not deterministic and config.attention_dropout > 0:
+    raise ValueError(f"model.attention={implementation} has no attention dropout: set "
+                     "model.attention_dropout=0 or model.attention=xla (or auto)")
+  if implementation == "splash":
+    return splash_attention(config, q_BLNH, k_BSNH, v_BSNH, mask)
+  if implementation == "cudnn":
+    return cudnn_attention(config, q_BLNH, k_BSNH, v_BSNH, mask)
+  core = XlaAttention
+  if not deterministic and config.attention_dropout > 0 and config.remat_policy == "none":
+    # Keep one [B, N, L, S] tensor (exp of the scores) for the backward pass; the
+    # probabilities, the dropout mask and the dropped probabilities are recomputed there
+    # (elementwise, cheap with the hash mask) instead of being saved per layer, and no
+    # matmul is recomputed (docs/performance.md). A block remat policy, where one is set,
+    # decides alone what is kept.
+    core = nn.remat(XlaAttention, prevent_cse=not config.scan_layers, policy=_KEEP_SOFTMAX_EXP)
+  return core(config, deterministic, name="core")(q_BLNH, k_BSNH, v_BSNH, mask.dense_B1LS)
