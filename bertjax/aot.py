@@ -348,7 +348,6 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   params = count_params(state.params)
   predictions = None if config.objective == "causal_lm" else int(config.max_predictions)
   analytic = flops_lib.train_flops_per_step(mc, batch_size, seq_length, predictions)
-  compute_seconds = analytic / (spec.total_devices * spec.peak_flops_per_device * mfu)
   rules = config.sharding_rules if isinstance(config.sharding_rules, str) else "custom"
   common = {
       "topology": spec, "mesh": dict(mesh.shape),
@@ -356,10 +355,10 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       "batch_size": batch_size, "seq_length": seq_length, "grad_accum_steps": accum,
       "sharding_rules": rules, "remat_policy": mc.remat_policy,
       "dtype": f"{mc.dtype}/{mc.param_dtype}", "hbm_bytes": spec.hbm_per_device,
-      "analytic_flops": analytic, "mfu": mfu, "compute_seconds": compute_seconds,
-      "communication_seconds": None, "projected_step_seconds": compute_seconds,
-      "tokens_per_second": batch_size * seq_length / compute_seconds,
-      "attention": mc.attention, "host_layout": layout.summary()}
+      "analytic_flops": analytic, "mfu": mfu, "attention": mc.attention,
+      "host_layout": layout.summary(),
+      # Until the program is compiled: the model FLOPs, no collectives known.
+      **_projection(spec, analytic, mfu, None, batch_size * seq_length)}
 
   start = time.perf_counter()
   with jax.set_mesh(mesh):
@@ -429,14 +428,36 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
       flops_partitioned=partitioned)
 
 
-def _projection(spec: TopologySpec, flops: float, mfu: float, wire_bytes: float,
+def _silence_stderr() -> None:
+  """In a compiling child: libtpu's start-up warnings and a crash's stack dump go nowhere."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  os.close(devnull)
+
+
+def compile_in_child(config: ml_collections.ConfigDict, topology: str, mfu: float = 0.5,
+                     num_slices: int = 1, quiet: bool = False) -> CompileReport:
+  """`compile_for_topology` in a fresh child process: some libtpu releases crash (SIGSEGV)
+  on some programs (0.0.42: bf16 with remat full), and a crash must be a message, not a core
+  dump. Raises concurrent.futures.process.BrokenProcessPool when the compiler crashed (a
+  RuntimeError subclass: catch it first), and what `compile_for_topology` raises. `quiet`:
+  the child's stderr is discarded."""
+  import concurrent.futures
+  import multiprocessing
+  with concurrent.futures.ProcessPoolExecutor(
+      max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+      initializer=_silence_stderr if quiet else None) as pool:
+    return pool.submit(compile_for_topology, config, topology, mfu, num_slices).result()
+
+
+def _projection(spec: TopologySpec, flops: float, mfu: float, wire_bytes: float | None,
                 tokens: int) -> dict[str, Any]:
   """Step time from the matmul FLOPs at `mfu` of the bf16 peak and from the bytes each device
   sends for its collectives (ring algorithms, `hlo.HloStats.wire_bytes`) at the slice's ICI
   bandwidth, the two overlapped (XLA schedules collectives beside compute): the step takes
   the longer of the two."""
   compute = flops / (spec.total_devices * spec.peak_flops_per_device * mfu)
-  communication = (None if spec.ici_per_device is None
+  communication = (None if spec.ici_per_device is None or wire_bytes is None
                    else wire_bytes / spec.ici_per_device)
   step = max(compute, communication or 0.0)
   return {"compute_seconds": compute, "communication_seconds": communication,

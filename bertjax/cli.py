@@ -59,25 +59,19 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
     config = phases.config_at(config, args.step)
   if args.fit:
     return _compile_fit(args, overrides)
-  # The TPU compiler runs in a child process: some libtpu releases crash (SIGSEGV) on some
-  # programs (0.0.42: bf16 with remat full), and a crash must be a message, not a core dump.
   import concurrent.futures
-  import multiprocessing
-  with concurrent.futures.ProcessPoolExecutor(
-      max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-    try:
-      report = pool.submit(aot.compile_for_topology, config, args.topology, args.mfu,
-                           args.slices).result()
-    # BrokenProcessPool is a RuntimeError subclass: it must come first.
-    except concurrent.futures.process.BrokenProcessPool:
-      print(f"bertjax compile: error: the TPU compiler (libtpu) crashed compiling "
-            f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
-            "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
-            "float32)", file=sys.stderr)
-      return EXIT_COMPILER_CRASH
-    except RuntimeError as e:  # libtpu missing: say what to install
-      print(f"bertjax compile: error: {e}", file=sys.stderr)
-      return EXIT_USAGE
+  try:
+    report = aot.compile_in_child(config, args.topology, args.mfu, args.slices)
+  # BrokenProcessPool is a RuntimeError subclass: it must come first.
+  except concurrent.futures.process.BrokenProcessPool:
+    print(f"bertjax compile: error: the TPU compiler (libtpu) crashed compiling "
+          f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
+          "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
+          "float32)", file=sys.stderr)
+    return EXIT_COMPILER_CRASH
+  except RuntimeError as e:  # libtpu missing: say what to install
+    print(f"bertjax compile: error: {e}", file=sys.stderr)
+    return EXIT_USAGE
   print(f"config         {args.config}"
         + (f" (phase {phases.phase_of(config, args.step) + 1} at step {args.step})"
            if args.step is not None else ""))

@@ -18,8 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import itertools
-import multiprocessing
-import os
 from collections.abc import Callable
 
 import ml_collections
@@ -70,13 +68,6 @@ def search_space(config: ml_collections.ConfigDict, without_attention_dropout: b
            for k in accums] for a, r in itertools.product(attentions, remats)]
 
 
-def _compile(config_name: str, overrides: list[tuple[str, str]], topology: str, mfu: float,
-             slices: int):
-  from bertjax import aot
-  return aot.compile_for_topology(config_lib.load_config(config_name, overrides), topology,
-                                  mfu, slices)
-
-
 def search(config_name: str, overrides: list[tuple[str, str]], topology: str, mfu: float,
            slices: int, report: Callable[[Trial], None] = lambda t: None
            ) -> tuple[Trial | None, list[Trial]]:
@@ -100,26 +91,17 @@ def search(config_name: str, overrides: list[tuple[str, str]], topology: str, mf
   return best, trials
 
 
-def _quiet() -> None:
-  """In the compiling child: libtpu's start-up warnings and a crash's stack dump go nowhere;
-  the search reports the outcome on its own line."""
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  os.close(devnull)
-
-
 def _run_one(config_name: str, overrides: list[tuple[str, str]], setting: dict[str, str],
              topology: str, mfu: float, slices: int) -> Trial:
-  with concurrent.futures.ProcessPoolExecutor(
-      max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-      initializer=_quiet) as pool:
-    try:
-      result = pool.submit(_compile, config_name, list(overrides) + list(setting.items()),
-                           topology, mfu, slices).result()
-    except concurrent.futures.process.BrokenProcessPool:
-      return Trial(setting, "compiler crash", detail="libtpu crashed compiling this setting")
-    except ValueError as e:
-      return Trial(setting, "error", detail=str(e).splitlines()[0][:200])
+  from bertjax import aot
+  config = config_lib.load_config(config_name, list(overrides) + list(setting.items()))
+  try:
+    # The search reports each outcome on its own line: the child's libtpu noise is dropped.
+    result = aot.compile_in_child(config, topology, mfu, slices, quiet=True)
+  except concurrent.futures.process.BrokenProcessPool:
+    return Trial(setting, "compiler crash", detail="libtpu crashed compiling this setting")
+  except ValueError as e:
+    return Trial(setting, "error", detail=str(e).splitlines()[0][:200])
   outcome = "fits" if result.fits else "does not fit"
   tight = result.fits and result.total_bytes > result.hbm_bytes
   return Trial(setting, outcome, result.total_bytes / 2 ** 30,

@@ -22,7 +22,6 @@ together by the model so that both say the same thing on every position that is 
 from __future__ import annotations
 
 import functools
-from typing import Literal
 
 import flax.linen as nn
 import flax.struct
@@ -35,8 +34,6 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
 Array = jax.Array
-Implementation = Literal["auto", "xla", "splash", "cudnn"]
-IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
 # The name of the attention output (and the splash kernel's residuals), kept by the "dots"
 # remat policy.
 CONTEXT_NAME = "attention_context"
