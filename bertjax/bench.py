@@ -9,16 +9,18 @@ For one config, in one process:
   to the FLOPs XLA compiled (dots counted through loop trips, `bertjax.hlo`) and XLA's own
   `cost_analysis`; MFU against each peak; memory.
 - `compare="hf"`: the same shape, batch, optimizer and dropout in Hugging Face `transformers`
-  (PyTorch; bertjax/bench_hf.py), run alternately with ours, block by block; the ratio of
-  throughputs of each pair and their median. Machines drift (the project's CPU by up to 1.5x
-  over minutes): only ratios taken side by side mean anything.
+  (PyTorch; bertjax/bench_hf.py) in the same precision (bf16: `torch.autocast`), run
+  alternately with ours, block by block; the ratio of throughputs of each pair and their
+  median. Machines drift (the project's CPU by up to 1.5x over minutes): only ratios taken
+  side by side mean anything.
+- `best=True`: ours and the reference each in float32 and in bfloat16, all interleaved; the
+  fastest of ours against the fastest of the reference, and our bf16 step against our fp32.
 
 A benchmark, never a test: the tests run it once at toy size for its plumbing only.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -33,8 +35,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax import bench_hf, hlo, sharding
 from bertjax import flops as flops_lib
-from bertjax import hlo, sharding
 from bertjax.models import count_params
 
 
@@ -71,7 +73,7 @@ def predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
   return None if config.objective == "causal_lm" else int(config.max_predictions)
 
 
-def _median_step(run_one: Callable[[], None], steps: int) -> list[float]:
+def _step_times(run_one: Callable[[], None], steps: int) -> list[float]:
   times = []
   for _ in range(steps):
     start = time.perf_counter()
@@ -103,7 +105,7 @@ class OurStep:
     def one():
       self.state, metrics = self.compiled(self.state, self.batch)
       jax.block_until_ready(metrics["loss"])
-    return _median_step(one, steps)
+    return _step_times(one, steps)
 
   def compiled_flops(self) -> tuple[float, float | None]:
     """(dot FLOPs of the optimized program through loop trips, all devices; cost_analysis)."""
@@ -123,17 +125,6 @@ class OurStep:
             "temp_bytes_per_device": float(mem.temp_size_in_bytes),
             "device_peak_bytes_in_use": (float(stats["peak_bytes_in_use"])
                                          if "peak_bytes_in_use" in stats else None)}
-
-
-@dataclasses.dataclass
-class Pair:
-  ours_seconds: float   # median step time of our block
-  hf_seconds: float     # median step time of the reference block that followed it
-
-  @property
-  def ratio(self) -> float:
-    """Our throughput over the reference's."""
-    return self.hf_seconds / self.ours_seconds
 
 
 def profile_step(step: OurStep, directory: str, steps: int = 2) -> dict[str, Any]:
@@ -190,16 +181,36 @@ def machine() -> dict[str, Any]:
           "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
+PRECISIONS = ("float32", "bfloat16")
+
+
+def _with_dtype(config: ml_collections.ConfigDict, dtype: str) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.dtype = dtype
+  return config
+
+
+def _block_times(run: Callable[[int], list[float]], steps: int) -> list[float]:
+  run(1)  # one untimed step: the previous block's runner may have left caches cold
+  return run(steps)
+
+
 def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: int = 3,
-                  compare: str | None = None, peak_size: int = 2048,
+                  compare: str | None = None, best: bool = False, peak_size: int = 2048,
                   profile_dir: str | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
   """Benchmarks `config`'s train step (and the reference, alternately); returns the record.
-  `profile_dir`: also profile our step there after the timed steps (`profile_step`)."""
+
+  `best`: both ours and the reference run in each precision (`PRECISIONS`: float32, and
+  bfloat16 — ours with model.dtype=bfloat16, the reference under `torch.autocast`), and the
+  fastest of ours is compared with the fastest of the reference, pair by pair.
+  `profile_dir`: also profile our step (the config's dtype) there after the timed steps."""
   from bertjax.config import model_config
   model = model_config(config)
   b, l = int(config.batch_size), int(config.seq_length)
-  dtype = jnp.dtype(model.dtype)
+  dtypes = list(PRECISIONS) if best else [model.dtype]
+  if model.dtype not in dtypes:
+    dtypes.insert(0, model.dtype)
   record: dict[str, Any] = {
       "config": {"model": f"{model.family} {model.num_layers}x{model.hidden_size}, "
                           f"{model.num_heads} heads, vocab {model.vocab_size}",
@@ -209,87 +220,125 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
                  "predictions_per_seq": predictions_per_seq(config),
                  "dropout": [model.hidden_dropout, model.attention_dropout],
                  "remat": model.remat_policy, "scan_layers": model.scan_layers},
-      "machine": machine(), "steps_per_block": steps, "pairs": pairs}
+      "machine": machine(), "steps_per_block": steps, "pairs": pairs, "best": best}
 
-  log(f"measuring the matmul peak ({peak_size}² {dtype.name}, XLA)")
-  xla_peak = flops_lib.measure_matmul_peak(peak_size, dtype) * flops_lib.measured_peak_devices()
-  record["peak"] = {"xla_matmul_flops": xla_peak, "nominal_flops": flops_lib.nominal_peak_flops()}
+  def xla_peaks() -> dict[str, float]:
+    return {d: flops_lib.measure_matmul_peak(peak_size, jnp.dtype(d))
+            * flops_lib.measured_peak_devices() for d in dtypes}
+
+  log(f"measuring the matmul peak ({peak_size}², {', '.join(dtypes)}, XLA, fastest form)")
+  first_peaks = xla_peaks()
+  record["peak"] = {"nominal_flops": flops_lib.nominal_peak_flops()}
 
   batch = synthetic_batch(config)
-  log("compiling our train step")
-  ours = OurStep(config, batch)
-  compiled, xla_cost = ours.compiled_flops()
+  ours: dict[str, OurStep] = {}
+  for dtype in dtypes:
+    log(f"compiling our train step ({dtype})")
+    ours[dtype] = OurStep(_with_dtype(config, dtype), batch)
   model_flops = flops_lib.train_flops_per_step(model, b, l, predictions_per_seq(config))
-  record["ours"] = {"params": ours.params, "lower_seconds": ours.lower_seconds,
-                    "compile_seconds": ours.compile_seconds, "model_flops": model_flops,
-                    "compiled_dot_flops": compiled, "xla_cost_analysis_flops": xla_cost,
-                    **ours.memory()}
-  reference = None
+  references: dict[str, Any] = {}
+  first_torch_peaks: dict[str, float] = {}
   if compare == "hf":
-    from bertjax import bench_hf
-    log("building the Hugging Face reference")
-    reference = bench_hf.ReferenceStep(config, batch)
-    record["peak"]["torch_matmul_flops"] = bench_hf.measure_matmul_peak(peak_size, dtype)
-    record["hf"] = {"model": reference.describe(), "params": reference.params,
-                    "torch": reference.torch_version, "threads": reference.threads,
-                    "model_flops": reference.model_flops(model, b, l)}
+    for dtype in dtypes:
+      log(f"building the Hugging Face reference ({bench_hf.PRECISION_NAMES[dtype]})")
+      references[dtype] = bench_hf.ReferenceStep(config, batch, precision=dtype)
+      first_torch_peaks[dtype] = bench_hf.measure_matmul_peak(peak_size, dtype)
   elif compare is not None:
     raise ValueError(f"compare must be 'hf' or None, got {compare!r}")
 
-  ours.run(2)  # warm: first executions allocate
-  if reference is not None:
-    reference.run(2)
-  ours_times, hf_times, results = [], [], []
+  for runner in [*ours.values(), *references.values()]:
+    runner.run(2)  # warm: first executions allocate
+  ours_times: dict[str, list[float]] = {d: [] for d in ours}
+  hf_times: dict[str, list[float]] = {d: [] for d in references}
+  pair_medians: list[tuple[dict[str, float], dict[str, float]]] = []
   for i in range(pairs):
-    ours.run(1)
-    block = ours.run(steps)
-    ours_times += block
-    line = f"pair {i + 1}/{pairs}: ours {statistics.median(block) * 1e3:.1f} ms/step"
-    if reference is not None:
-      reference.run(1)
-      ref_block = reference.run(steps)
-      hf_times += ref_block
-      results.append(Pair(statistics.median(block), statistics.median(ref_block)))
-      line += (f", hf {statistics.median(ref_block) * 1e3:.1f} ms/step, "
-               f"ratio {results[-1].ratio:.3f}")
-    log(line)
+    ours_block = {d: _block_times(step.run, steps) for d, step in ours.items()}
+    hf_block = {d: _block_times(ref.run, steps) for d, ref in references.items()}
+    for d in ours_block:
+      ours_times[d] += ours_block[d]
+    for d in hf_block:
+      hf_times[d] += hf_block[d]
+    medians = ({d: statistics.median(t) for d, t in ours_block.items()},
+               {d: statistics.median(t) for d, t in hf_block.items()})
+    pair_medians.append(medians)
+    log(f"pair {i + 1}/{pairs}: " + ", ".join(
+        [f"ours {d} {t * 1e3:.1f}" for d, t in medians[0].items()]
+        + [f"hf {bench_hf.PRECISION_NAMES[d]} {t * 1e3:.1f}" for d, t in medians[1].items()])
+        + " ms/step")
 
-  # The machine drifts (a shared CPU's peak moved 1.5x within an hour): read the peak again
+  # The machine drifts (a shared CPU's peak moved 1.5x within an hour): read the peaks again
   # after the timed steps and take the higher reading, so that MFU is never flattered by a
   # slow phase at the start.
-  xla_peak = max(xla_peak, flops_lib.measure_matmul_peak(peak_size, dtype)
-                 * flops_lib.measured_peak_devices())
-  record["peak"]["xla_matmul_flops_readings"] = [record["peak"]["xla_matmul_flops"], xla_peak]
-  record["peak"]["xla_matmul_flops"] = xla_peak
-  if reference is not None:
-    torch_peak = bench_hf.measure_matmul_peak(peak_size, dtype)
-    record["peak"]["torch_matmul_flops_readings"] = [record["peak"]["torch_matmul_flops"],
-                                                     torch_peak]
-    record["peak"]["torch_matmul_flops"] = max(torch_peak, record["peak"]["torch_matmul_flops"])
+  last_peaks = xla_peaks()
+  record["peak"]["xla_matmul_flops_by_dtype"] = {
+      d: max(first_peaks[d], last_peaks[d]) for d in dtypes}
+  record["peak"]["xla_matmul_flops_readings_by_dtype"] = {
+      d: [first_peaks[d], last_peaks[d]] for d in dtypes}
+  record["peak"]["xla_matmul_flops"] = record["peak"]["xla_matmul_flops_by_dtype"][model.dtype]
+  if references:
+    torch_last = {d: bench_hf.measure_matmul_peak(peak_size, d) for d in references}
+    record["peak"]["torch_matmul_flops_by_dtype"] = {
+        d: max(first_torch_peaks[d], torch_last[d]) for d in references}
+    record["peak"]["torch_matmul_flops_readings_by_dtype"] = {
+        d: [first_torch_peaks[d], torch_last[d]] for d in references}
+    record["peak"]["torch_matmul_flops"] = record["peak"]["torch_matmul_flops_by_dtype"][
+        model.dtype]
   if profile_dir:
     log(f"profiling 2 steps into {profile_dir}")
-    record["profile"] = profile_step(ours, profile_dir)
-  step_seconds = statistics.median(ours_times)
-  achieved = model_flops / step_seconds
-  record["ours"].update({
-      "step_seconds_median": step_seconds, "step_seconds": ours_times,
-      "tokens_per_second": b * l / step_seconds, "sequences_per_second": b / step_seconds,
-      "model_flops_per_second": achieved,
-      "mfu_vs_xla_matmul_peak": achieved / xla_peak,
-      "mfu_vs_nominal_peak": (achieved / record["peak"]["nominal_flops"]
-                              if record["peak"]["nominal_flops"] else None),
-      "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0})
-  if reference is not None:
-    torch_peak = record["peak"]["torch_matmul_flops"]
-    hf_step = statistics.median(hf_times)
-    record["ours"]["mfu_vs_torch_matmul_peak"] = achieved / torch_peak
-    record["hf"].update({
-        "step_seconds_median": hf_step, "step_seconds": hf_times,
-        "tokens_per_second": b * l / hf_step, "sequences_per_second": b / hf_step,
-        "mfu_vs_torch_matmul_peak": record["hf"]["model_flops"] / hf_step / torch_peak,
-        "peak_memory_bytes": reference.peak_memory()})
-    record["pairs_ratio"] = [p.ratio for p in results]
-    record["median_ratio"] = statistics.median(p.ratio for p in results)
+    record["profile"] = profile_step(ours[model.dtype], profile_dir)
+
+  nominal = record["peak"]["nominal_flops"]
+  runs: dict[str, dict[str, Any]] = {}
+  for d, step in ours.items():
+    seconds = statistics.median(ours_times[d])
+    achieved = model_flops / seconds
+    compiled, xla_cost = step.compiled_flops()
+    runs[d] = {
+        "params": step.params, "lower_seconds": step.lower_seconds,
+        "compile_seconds": step.compile_seconds, "model_flops": model_flops,
+        "compiled_dot_flops": compiled, "xla_cost_analysis_flops": xla_cost, **step.memory(),
+        "step_seconds_median": seconds, "step_seconds": ours_times[d],
+        "tokens_per_second": b * l / seconds, "sequences_per_second": b / seconds,
+        "model_flops_per_second": achieved,
+        # MFU against the peak of the dtype the matmuls run in.
+        "mfu_vs_xla_matmul_peak": achieved / record["peak"]["xla_matmul_flops_by_dtype"][d],
+        "mfu_vs_nominal_peak": achieved / nominal if nominal else None}
+    if references:
+      runs[d]["mfu_vs_torch_matmul_peak"] = (
+          achieved / record["peak"]["torch_matmul_flops_by_dtype"][d])
+  record["ours"] = runs[model.dtype]
+  record["ours"]["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+  if best:
+    record["ours_by_dtype"] = runs
+  if references:
+    hf_runs = {}
+    for d, ref in references.items():
+      seconds = statistics.median(hf_times[d])
+      hf_runs[d] = {
+          "model": ref.describe(), "params": ref.params, "torch": ref.torch_version,
+          "threads": ref.threads, "precision": bench_hf.PRECISION_NAMES[d],
+          "model_flops": ref.model_flops(model, b, l), "step_seconds_median": seconds,
+          "step_seconds": hf_times[d], "tokens_per_second": b * l / seconds,
+          "sequences_per_second": b / seconds,
+          "mfu_vs_torch_matmul_peak": (ref.model_flops(model, b, l) / seconds
+                                       / record["peak"]["torch_matmul_flops_by_dtype"][d]),
+          "peak_memory_bytes": ref.peak_memory()}
+    record["hf"] = hf_runs[model.dtype]
+    if best:
+      record["hf_by_precision"] = hf_runs
+    # Our throughput over the reference's, each pair: same precision...
+    record["pairs_ratio"] = [h[model.dtype] / o[model.dtype] for o, h in pair_medians]
+    record["median_ratio"] = statistics.median(record["pairs_ratio"])
+    if best:
+      # ...and the fastest of ours over the fastest of the reference.
+      record["best_pairs_ratio"] = [min(h.values()) / min(o.values()) for o, h in pair_medians]
+      record["best_median_ratio"] = statistics.median(record["best_pairs_ratio"])
+      record["fastest"] = {
+          "ours": min(runs, key=lambda d: runs[d]["step_seconds_median"]),
+          "hf": min(hf_runs, key=lambda d: hf_runs[d]["step_seconds_median"])}
+  if best:
+    record["ours_bf16_over_fp32_pairs"] = [o["float32"] / o["bfloat16"] for o, _ in pair_medians]
+    record["ours_bf16_over_fp32"] = statistics.median(record["ours_bf16_over_fp32_pairs"])
   return record
 
 
@@ -320,47 +369,71 @@ def _readings(values: list[float] | None) -> str:
   return " (higher of " + " and ".join(f"{v / 1e9:,.1f}" for v in values) + ", before and after)"
 
 
+def _peaks_line(peak: dict[str, Any]) -> str:
+  parts = []
+  for name, key in (("XLA", "xla_matmul_flops"), ("torch", "torch_matmul_flops")):
+    for dtype, value in peak.get(f"{key}_by_dtype", {}).items():
+      readings = peak.get(f"{key}_readings_by_dtype", {}).get(dtype)
+      parts.append(f"{name} {dtype} {value / 1e9:,.1f} GFLOP/s{_readings(readings)}")
+  nominal = peak.get("nominal_flops")
+  parts.append(f"nominal {nominal / 1e12:,.1f} TFLOP/s" if nominal
+               else "no nominal peak for this device kind")
+  return "; ".join(parts)
+
+
 def format_record(r: dict[str, Any]) -> str:
   c, m, o, peak = r["config"], r["machine"], r["ours"], r["peak"]
+  ours_runs = r.get("ours_by_dtype", {c["dtype"]: o})
+  hf_runs = r.get("hf_by_precision", {c["dtype"]: r["hf"]} if "hf" in r else {})
   lines = [
       f"model          {c['model']}; batch {c['batch_size']} x {c['seq_length']}, {c['dtype']}, "
       f"mesh {c['mesh']}, dropout {c['dropout'][0]:g}/{c['dropout'][1]:g}, "
       f"remat {c['remat']}, scan_layers={c['scan_layers']}",
       f"machine        {m['cpu']}, {m['cores']} cores; {m['devices']} x {m['device_kind']}; "
       f"jax {m['jax']}",
-      f"peak           XLA matmul {peak['xla_matmul_flops'] / 1e9:,.1f} GFLOP/s"
-      f"{_readings(peak.get('xla_matmul_flops_readings'))}"
-      + (f"; torch matmul {peak['torch_matmul_flops'] / 1e9:,.1f} GFLOP/s"
-         f"{_readings(peak.get('torch_matmul_flops_readings'))}"
-         if "torch_matmul_flops" in peak else "")
-      + (f"; nominal {peak['nominal_flops'] / 1e12:,.1f} TFLOP/s" if peak["nominal_flops"]
-         else "; no nominal peak for this device kind"),
-      f"compile        {o['lower_seconds']:.1f} s trace+lower, {o['compile_seconds']:.1f} s "
-      "XLA compile",
-      f"FLOPs/step     model {_fmt_flops(o['model_flops'])} (6·N·tokens + attention + "
-      f"computed vocab projection); compiled dots {_fmt_flops(o['compiled_dot_flops'])} "
-      f"({o['compiled_dot_flops'] / o['model_flops']:.3f}x); XLA cost_analysis "
-      f"{_fmt_flops(o['xla_cost_analysis_flops'])} (loop bodies counted once)",
-      f"memory         {o['compiled_peak_bytes_per_device'] / 2**20:,.0f} MiB per device "
-      f"(compiled: arguments + outputs - donated + temporaries); process max RSS "
-      f"{o['max_rss_bytes'] / 2**20:,.0f} MiB",
-      "",
-      f"{'':12s}{'ms/step':>10s}{'tokens/s':>11s}{'seq/s':>9s}{'MFU (own peak)':>16s}"
-      f"{'MFU (torch peak)':>18s}",
-      f"{'bertjax':12s}{o['step_seconds_median'] * 1e3:10.1f}{o['tokens_per_second']:11.1f}"
-      f"{o['sequences_per_second']:9.2f}{_pct(o['mfu_vs_xla_matmul_peak']):>16s}"
-      f"{_pct(o.get('mfu_vs_torch_matmul_peak')):>18s}"]
-  if "hf" in r:
-    h = r["hf"]
+      f"peak           {_peaks_line(peak)} (matmuls in each dtype's fastest form)"]
+  for dtype, run in ours_runs.items():
+    lines += [
+        f"compile        {dtype}: {run['lower_seconds']:.1f} s trace+lower, "
+        f"{run['compile_seconds']:.1f} s XLA compile",
+        f"FLOPs/step     {dtype}: model {_fmt_flops(run['model_flops'])} (6·N·tokens + "
+        f"attention + computed vocab projection); compiled dots "
+        f"{_fmt_flops(run['compiled_dot_flops'])} "
+        f"({run['compiled_dot_flops'] / run['model_flops']:.3f}x); XLA cost_analysis "
+        f"{_fmt_flops(run['xla_cost_analysis_flops'])} (loop bodies counted once)",
+        f"memory         {dtype}: {run['compiled_peak_bytes_per_device'] / 2**20:,.0f} MiB per "
+        "device (compiled: arguments + outputs - donated + temporaries)"]
+  lines += [f"process        max RSS {o['max_rss_bytes'] / 2**20:,.0f} MiB", "",
+            f"{'':26s}{'ms/step':>10s}{'tokens/s':>11s}{'seq/s':>9s}{'MFU (own peak)':>16s}"
+            f"{'MFU (torch peak)':>18s}"]
+  for dtype, run in ours_runs.items():
     lines.append(
-        f"{'hf torch':12s}{h['step_seconds_median'] * 1e3:10.1f}{h['tokens_per_second']:11.1f}"
-        f"{h['sequences_per_second']:9.2f}{'':>16s}{_pct(h['mfu_vs_torch_matmul_peak']):>18s}")
+        f"{'bertjax ' + dtype:26s}{run['step_seconds_median'] * 1e3:10.1f}"
+        f"{run['tokens_per_second']:11.1f}{run['sequences_per_second']:9.2f}"
+        f"{_pct(run['mfu_vs_xla_matmul_peak']):>16s}"
+        f"{_pct(run.get('mfu_vs_torch_matmul_peak')):>18s}")
+  for h in hf_runs.values():
+    lines.append(
+        f"{'hf torch ' + h['precision']:26s}{h['step_seconds_median'] * 1e3:10.1f}"
+        f"{h['tokens_per_second']:11.1f}{h['sequences_per_second']:9.2f}{'':>16s}"
+        f"{_pct(h['mfu_vs_torch_matmul_peak']):>18s}")
+  if hf_runs:
+    h = r["hf"]
     lines.append("")
     lines.append(f"reference      {h['model']}, torch {h['torch']}, {h['threads']} threads; "
                  f"its model FLOPs {_fmt_flops(h['model_flops'])}/step")
-    lines.append("ratio          ours/hf throughput per pair: "
+    lines.append(f"ratio          ours/hf throughput per pair, both {c['dtype']}: "
                  + ", ".join(f"{x:.3f}" for x in r["pairs_ratio"])
                  + f"; median {r['median_ratio']:.3f}")
+    if "best_median_ratio" in r:
+      lines.append(f"best vs best   fastest of ours ({r['fastest']['ours']}) over fastest of the "
+                   f"reference ({hf_runs[r['fastest']['hf']]['precision']}) per pair: "
+                   + ", ".join(f"{x:.3f}" for x in r["best_pairs_ratio"])
+                   + f"; median {r['best_median_ratio']:.3f}")
+  if "ours_bf16_over_fp32" in r:
+    lines.append("bf16 vs fp32   our bfloat16 step over our float32 step per pair: "
+                 + ", ".join(f"{x:.3f}" for x in r["ours_bf16_over_fp32_pairs"])
+                 + f"; median {r['ours_bf16_over_fp32']:.3f}")
   if o.get("mfu_vs_nominal_peak") is not None:
     lines.append(f"MFU nominal    {_pct(o['mfu_vs_nominal_peak'])} of the data-sheet peak")
   if "profile" in r:

@@ -35,11 +35,17 @@ def _torch():
   return torch, transformers
 
 
-def measure_matmul_peak(size: int = 2048, dtype: Any = np.float32, repeats: int = 5) -> float:
-  """FLOP/s of a square matmul in PyTorch on the reference's device: the best of `repeats`."""
+# How the reference runs each of our compute dtypes: float32 as is, 16-bit under autocast
+# (float32 weights, matmuls in the 16-bit type): what a PyTorch user turns on for speed.
+PRECISION_NAMES = {"float32": "float32", "bfloat16": "bf16 autocast", "float16": "fp16 autocast"}
+
+
+def measure_matmul_peak(size: int = 2048, dtype: str = "float32", repeats: int = 5) -> float:
+  """FLOP/s of a square matmul in PyTorch on the reference's device, operands in `dtype` (its
+  16-bit matmuls write 16-bit results at full speed): the best of `repeats`."""
   torch, _ = _torch()
   device = "cuda" if torch.cuda.is_available() else "cpu"
-  torch_dtype = getattr(torch, np.dtype(dtype).name, torch.float32)
+  torch_dtype = getattr(torch, str(dtype))
   a = torch.ones((size, size), dtype=torch_dtype, device=device)
   b = torch.ones((size, size), dtype=torch_dtype, device=device)
   (a @ b).sum().item()
@@ -57,7 +63,10 @@ def measure_matmul_peak(size: int = 2048, dtype: Any = np.float32, repeats: int 
 class ReferenceStep:
   """One `transformers` training step (forward, loss, backward, AdamW) on a fixed batch."""
 
-  def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
+  def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray],
+               precision: str | None = None) -> None:
+    """`precision`: "float32", or a 16-bit dtype run under `torch.autocast` on the reference's
+    device (CPU or CUDA); default: the config's model.dtype."""
     torch, transformers = _torch()
     from bertjax.config import model_config
     self._torch = torch
@@ -75,10 +84,13 @@ class ReferenceStep:
     cls = getattr(transformers, hf_dict["architectures"][0])
     torch.manual_seed(int(config.seed))
     self.model = cls(hf_config).to(self.device)
-    if cfg.dtype == "bfloat16" and self.device == "cuda":
-      self.autocast = torch.autocast("cuda", dtype=torch.bfloat16)
-    else:
-      self.autocast = None
+    self.precision = cfg.dtype if precision is None else precision
+    if self.precision not in PRECISION_NAMES:
+      raise ValueError(f"precision must be one of {', '.join(PRECISION_NAMES)}, got "
+                       f"{self.precision!r}")
+    self.autocast = None
+    if self.precision != "float32":
+      self.autocast = torch.autocast(self.device, dtype=getattr(torch, self.precision))
     self.model.train()
     self.params = sum(p.numel() for p in self.model.parameters())
     opt = config.optimizer
@@ -110,7 +122,8 @@ class ReferenceStep:
     return inputs
 
   def describe(self) -> str:
-    return f"transformers {self.name} ({self.device}, {self.model.config._attn_implementation})"
+    return (f"transformers {self.name} ({self.device}, {self.model.config._attn_implementation}, "
+            f"{PRECISION_NAMES[self.precision]})")
 
   def model_flops(self, cfg: ModelConfig, batch_size: int, seq_length: int) -> float:
     """The library's own computed FLOPs: the vocabulary projection at every position."""

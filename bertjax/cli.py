@@ -355,8 +355,11 @@ def cmd_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
     print(generate.format_decode_benchmark(rows))
     return 0
   log = (lambda line: print(line, file=sys.stderr, flush=True))
+  if args.best and not args.compare:
+    print("error: --best compares with a reference: add --compare hf", file=sys.stderr)
+    return 2
   record = bench.run_benchmark(config, steps=args.steps, pairs=args.pairs,
-                               compare=args.compare or None,
+                               compare=args.compare or None, best=args.best,
                                profile_dir=args.profile or None, log=log)
   print(bench.format_record(record))
   if args.json:
@@ -647,18 +650,25 @@ def _parser() -> argparse.ArgumentParser:
           "time and median step time on a synthetic batch of the config's shape, tokens/s, "
           "model FLOPs per step (6·N·tokens + attention + the vocabulary projection actually "
           "computed) next to the FLOPs XLA compiled, MFU and memory. --compare hf runs the "
-          "same model, batch, AdamW and dropout in Hugging Face transformers (PyTorch) "
-          "alternately with ours and prints the throughput ratio of each pair and their median. "
+          "same model, batch, AdamW and dropout in Hugging Face transformers (PyTorch), in the "
+          "same precision (bf16: under torch.autocast), alternately with ours and prints the "
+          "throughput ratio of each pair and their median; with --best both run in float32 "
+          "and in bf16 and the fastest of each are compared. "
           "--decode measures generation instead: milliseconds per new token with the KV cache "
           "at each cache size, against recomputing the whole sequence.",
           "examples:\n  bertjax bench --config configs/bert_base.py --config.batch_size=8 "
-          "--compare hf --json bert_base.json\n  bertjax bench --config configs/gpt2_small.py "
+          "--compare hf --json bert_base.json\n  bertjax bench --config configs/bert_base.py "
+          "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2_small.py "
           "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
           "  bertjax bench --config configs/gpt2_small.py --decode 128,512,1024\n\n"
           + _EPILOG_OVERRIDES, cmd_bench)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--compare", choices=["hf"], default="",
                  help="also run the Hugging Face transformers (PyTorch) reference")
+  p.add_argument("--best", action="store_true",
+                 help="with --compare hf: time ours and the reference each in float32 and in "
+                      "bf16 (the reference under torch.autocast) and compare the fastest of "
+                      "each, and our bf16 step with our fp32 step")
   p.add_argument("--steps", type=int, default=5, help="timed steps per block (5)")
   p.add_argument("--pairs", type=int, default=3,
                  help="blocks of ours (each followed by one of the reference's) (3)")

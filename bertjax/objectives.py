@@ -15,6 +15,7 @@ Batches (dicts of arrays) by objective:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -22,12 +23,97 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.models import precision
+from bertjax.models.config import ModelConfig
+
 Array = jax.Array
 Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
 OBJECTIVES = ("mlm_nsp", "mlm", "mlm_sop", "causal_lm")
+
+
+def chunked_lm_loss(config: ModelConfig, hidden_BLD: Array, table_VD: Array, targets_BL: Array,
+                    weights_BL: Array, chunk: int) -> tuple[Array, Array]:
+  """(Σ w·NLL, Σ w·correct) of the tied LM head `hidden @ tableᵀ`, `chunk` positions at a
+  time: no [B, L, V] logits tensor exists, forward or backward (at GPT-2's 50,257-word
+  vocabulary they outweigh every other activation).
+
+  The derivative is computed in the same pass as the loss (a custom VJP): each chunk's
+  logits give softmax − one-hot at once, and from it the gradients of the hidden states and
+  of the table; the backward pass only scales them by the loss's cotangent. Nothing is
+  recomputed: three products of 2·tokens·V·D each, the model FLOPs of the head. Without a
+  derivative (evaluation) only the loss is computed.
+  """
+  length = hidden_BLD.shape[1]
+  if length % chunk:
+    raise ValueError(f"model.loss_chunk={chunk} does not divide the sequence length {length}")
+  return _chunked_lm_loss(config, chunk, hidden_BLD, table_VD, targets_BL,
+                          weights_BL.astype(jnp.float32))
+
+
+def _chunk_terms(config: ModelConfig, h_BTD: Array, table_VD: Array, targets_BT: Array,
+                 weights_BT: Array) -> tuple[Array, Array, Array]:
+  """One chunk's weighted NLL and correct sums, and its weighted softmax − one-hot."""
+  logits_BTV = precision.product(config, "btd,vd->btv", h_BTD, table_VD)
+  log_probs_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+  nll_BT = -jnp.take_along_axis(log_probs_BTV, targets_BT[..., None], axis=-1)[..., 0]
+  correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT).astype(jnp.float32)
+  one_hot_BTV = jax.nn.one_hot(targets_BT, logits_BTV.shape[-1], dtype=jnp.float32)
+  dlogits_BTV = weights_BT[..., None] * (jnp.exp(log_probs_BTV) - one_hot_BTV)
+  return (weights_BT * nll_BT).sum(), (weights_BT * correct_BT).sum(), dlogits_BTV
+
+
+def _chunks(chunk: int, *arrays: Array):
+  """A function of the chunk index returning each array's slice of `chunk` positions."""
+  return lambda c: tuple(jax.lax.dynamic_slice_in_dim(a, c * chunk, chunk, axis=1)
+                         for a in arrays)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _chunked_lm_loss(config, chunk, hidden_BLD, table_VD, targets_BL, weights_BL):
+  take = _chunks(chunk, hidden_BLD, targets_BL, weights_BL)
+
+  def body(c, sums):
+    h_BTD, t_BT, w_BT = take(c)
+    nll, correct, _ = _chunk_terms(config, h_BTD, table_VD, t_BT, w_BT)
+    return sums[0] + nll, sums[1] + correct
+  zero = jnp.zeros((), jnp.float32)
+  return jax.lax.fori_loop(0, hidden_BLD.shape[1] // chunk, body, (zero, zero))
+
+
+def _chunked_lm_loss_fwd(config, chunk, hidden_BLD, table_VD, targets_BL, weights_BL):
+  take = _chunks(chunk, hidden_BLD, targets_BL, weights_BL)
+
+  def body(c, carry):
+    nll, correct, grad_hidden_BLD, grad_table_DV = carry
+    h_BTD, t_BT, w_BT = take(c)
+    chunk_nll, chunk_correct, dlogits_BTV = _chunk_terms(config, h_BTD, table_VD, t_BT, w_BT)
+    grad_h_BTD = precision.product(config, "btv,vd->btd", dlogits_BTV, table_VD)
+    grad_hidden_BLD = jax.lax.dynamic_update_slice_in_dim(
+        grad_hidden_BLD, grad_h_BTD.astype(grad_hidden_BLD.dtype), c * chunk, axis=1)
+    # Accumulated as [D, V]: the product's natural order, transposed once at the end.
+    grad_table_DV = grad_table_DV + precision.product(config, "btd,btv->dv", h_BTD,
+                                                      dlogits_BTV)
+    return nll + chunk_nll, correct + chunk_correct, grad_hidden_BLD, grad_table_DV
+  zero = jnp.zeros((), jnp.float32)
+  init = (zero, zero, jnp.zeros(hidden_BLD.shape, hidden_BLD.dtype),
+          jnp.zeros(table_VD.shape[::-1], jnp.float32))
+  nll, correct, grad_hidden_BLD, grad_table_DV = jax.lax.fori_loop(
+      0, hidden_BLD.shape[1] // chunk, body, init)
+  grad_table_VD = grad_table_DV.T.astype(table_VD.dtype)
+  return (nll, correct), (grad_hidden_BLD, grad_table_VD)
+
+
+def _chunked_lm_loss_bwd(config, chunk, residuals, cotangents):
+  grad_hidden_BLD, grad_table_VD = residuals
+  g_nll = cotangents[0]  # the correct count has no derivative
+  return ((g_nll * grad_hidden_BLD).astype(grad_hidden_BLD.dtype),
+          (g_nll * grad_table_VD).astype(grad_table_VD.dtype), None, None)
+
+
+_chunked_lm_loss.defvjp(_chunked_lm_loss_fwd, _chunked_lm_loss_bwd)
 
 
 def _weighted_nll(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array]:
@@ -83,12 +169,20 @@ class CausalLM:
 
   def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
                rng: Array | None) -> tuple[Array, dict[str, Array]]:
-    logits = self.model.apply(
-        {"params": params}, batch["input_ids"], batch.get("positions"),
-        batch.get("segment_ids"), deterministic=rng is None,
-        rngs={"dropout": rng} if rng is not None else {})
+    cfg = self.model.config
+    inputs = (batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
+    rngs = {"dropout": rng} if rng is not None else {}
     weights = batch["loss_mask"].astype(jnp.float32)
-    nll, correct = _weighted_nll(logits, batch["target_ids"], weights)
+    if cfg.loss_chunk:
+      hidden_BLD, table_VD = self.model.apply({"params": params}, *inputs,
+                                              deterministic=rng is None, rngs=rngs,
+                                              method="features")
+      nll, correct = chunked_lm_loss(cfg, hidden_BLD, table_VD, batch["target_ids"], weights,
+                                     cfg.loss_chunk)
+    else:
+      logits = self.model.apply({"params": params}, *inputs, deterministic=rng is None,
+                                rngs=rngs)
+      nll, correct = _weighted_nll(logits, batch["target_ids"], weights)
     loss = nll / norm["tokens"]
     return loss, {"lm_loss": loss, "lm_accuracy": correct / norm["tokens"]}
 

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax import objectives, optim, sharding
 from bertjax.config import model_config
-from bertjax.models import attention, build_model, init_compiler_options, init_params
+from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
 
 Batch = dict[str, jax.Array]
 
@@ -129,8 +129,11 @@ class Trainer:
     self.config = config
     self.mesh = mesh
     self.rules = sharding.resolve_rules(config.sharding_rules)
-    # model.attention=auto becomes the fused kernel of the platform the step is compiled for.
-    self.model_config = attention.resolve(model_config(config), mesh.devices.flat[0].platform)
+    # model.attention=auto becomes the fused kernel of the platform the step is compiled for,
+    # model.matmul_output=auto its fast mixed-precision form.
+    platform = mesh.devices.flat[0].platform
+    self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
+                                          platform)
     self.model = build_model(self.model_config)
     self.loss_fn = objectives.build_objective(config.objective, self.model)
     self.optimizer, self.schedule = optim.build_optimizer(

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
+from bertjax.models import precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -117,8 +118,9 @@ class XlaAttention(nn.Module):
     cfg = self.config
     # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
     # small probabilities that carry most of the gradient signal.
-    scores_BNLS = jnp.einsum("blnh,bsnh->bnls", q_BLNH, k_BSNH,
-                             preferred_element_type=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
+    # relayout=False: this core runs rematerialised (see `attend`).
+    scores_BNLS = precision.einsum(cfg, "blnh,bsnh->bnls", q_BLNH, k_BSNH, relayout=False,
+                                   out_dtype=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
     scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
     # jax.nn.softmax written out, so that what its backward pass reads is what a remat policy
     # keeps: the output of exp (exp's derivative reads it) and the row sums.
@@ -130,7 +132,7 @@ class XlaAttention(nn.Module):
     probs_BNLS = Dropout(cfg.attention_dropout, cfg.dropout_rng)(
         probs_BNLS, deterministic=self.deterministic)
     return checkpoint_name(
-        jnp.einsum("bnls,bsnh->blnh", probs_BNLS.astype(cfg.compute_dtype), v_BSNH),
+        precision.einsum(cfg, "bnls,bsnh->blnh", probs_BNLS, v_BSNH, relayout=False),
         CONTEXT_NAME)
 
 
@@ -172,7 +174,7 @@ def splash_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: 
                      mask: AttentionMask) -> Array:
   """The Pallas splash kernel, per device through `shard_map` over the ambient mesh: rows and
   heads stay where the logical rules put them; the sequence must not be sharded."""
-  interpret = _platform() != "tpu"
+  interpret = precision.platform() != "tpu"
   q_BNLH = jnp.swapaxes(q_BLNH / jnp.sqrt(float(config.head_dim)).astype(q_BLNH.dtype), 1, 2)
   k_BNSH, v_BNSH = jnp.swapaxes(k_BSNH, 1, 2), jnp.swapaxes(v_BSNH, 1, 2)
   run = functools.partial(_splash_per_device, causal=mask.causal, interpret=interpret)
@@ -208,7 +210,7 @@ def splash_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: 
       sharded = jax.shard_map(run, mesh=mesh, in_specs=(spec_BNLH,) * 3 + (spec_BL,),
                               out_specs=spec_BNLH, check_vma=False)
       out_BNLH = sharded(q_BNLH, k_BNSH, v_BNSH, segments)
-  return jnp.swapaxes(out_BNLH[:, :, :length], 1, 2).astype(config.compute_dtype)
+  return jnp.swapaxes(out_BNLH[:, :, :length], 1, 2).astype(precision.activation_dtype(config))
 
 
 def _dividing(axes: str | tuple[str, ...] | None, size: int,
@@ -222,24 +224,18 @@ def _dividing(axes: str | tuple[str, ...] | None, size: int,
   return axes if size % ways == 0 else None
 
 
-def _platform() -> str:
-  """The platform the program is compiled for: the ambient mesh's devices (a TPU topology's
-  when compiling ahead of time from a CPU host), else the default backend."""
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else mesh.abstract_device
-  return device.platform if device is not None else jax.default_backend()
-
-
 def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
                     mask: AttentionMask, implementation: str = "cudnn") -> Array:
   """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking is the
   kernel's own; padding and document segments are passed as the boolean mask. Tests run the
   same call with implementation="xla" on CPU."""
   causal_only = mask.causal and mask.segment_ids_BL is None
+  dtype = config.compute_dtype
   out_BLNH = jax.nn.dot_product_attention(
-      q_BLNH, k_BSNH, v_BSNH, mask=None if causal_only else mask.dense_B1LS,
-      is_causal=mask.causal, implementation=implementation)
-  return out_BLNH.astype(config.compute_dtype)
+      q_BLNH.astype(dtype), k_BSNH.astype(dtype), v_BSNH.astype(dtype),
+      mask=None if causal_only else mask.dense_B1LS, is_causal=mask.causal,
+      implementation=implementation)
+  return out_BLNH.astype(precision.activation_dtype(config))
 
 
 def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,

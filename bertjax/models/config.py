@@ -20,6 +20,7 @@ RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
 Attention = Literal["auto", "xla", "splash", "cudnn"]
+MatmulOutput = Literal["auto", "compute", "float32"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -69,9 +70,18 @@ class ModelConfig:
   scale_residual_init: bool = False
   # Whether a pre-LN model ends with a final LayerNorm (GPT-2: yes).
   final_layer_norm: bool = True
-  # Compute dtype of matmuls; parameters are kept in param_dtype (fp32 master weights).
+  # Compute dtype: what matmuls and einsums read ("bfloat16" for mixed precision); layer
+  # norms, softmax and losses stay float32 (bertjax/models/precision.py).
   dtype: str = "float32"
+  # Dtype of the stored parameters (float32 master weights under mixed precision).
   param_dtype: str = "float32"
+  # What matmuls write: "compute" (the compute dtype: TPU, GPU), "float32" (the float32
+  # accumulator: the fast bf16 path of XLA's CPU backend), or "auto" (per platform).
+  matmul_output: MatmulOutput = "auto"
+  # GPT: sequence positions per chunk of the LM head and its loss (bertjax/objectives.py's
+  # chunked_lm_loss): the [B, L, V] logits are never materialised. 0: the whole logits at
+  # once. Must divide the sequence length.
+  loss_chunk: int = 0
   # Activation checkpointing of each block: what the backward pass may keep.
   remat_policy: RematPolicy = "none"
   # Stack layers with nn.scan: compile time stays flat in depth.
@@ -91,6 +101,12 @@ class ModelConfig:
     if self.attention not in ("auto", "xla", "splash", "cudnn"):
       raise ValueError(f"model.attention must be one of auto, xla, splash, cudnn, got "
                        f"{self.attention!r}")
+    if self.matmul_output not in ("auto", "compute", "float32"):
+      raise ValueError(f"model.matmul_output must be one of auto, compute, float32, got "
+                       f"{self.matmul_output!r}")
+    if self.loss_chunk < 0 or (self.loss_chunk and self.family != "gpt"):
+      raise ValueError(f"model.loss_chunk must be 0 or, for a GPT model, a positive number of "
+                       f"positions, got {self.loss_chunk!r} (family {self.family!r})")
     if self.family not in ("bert", "gpt"):
       raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
     for name in ("dtype", "param_dtype"):

@@ -68,3 +68,20 @@ class GPT(nn.Module):
       x_BLD = self.final_norm(x_BLD)
     logits_BLV = layers.tied_logits(cfg, self.wte, x_BLD)
     return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
+
+  def features(self, input_ids_BL: Array, positions_BL: Array | None = None,
+               segment_ids_BL: Array | None = None,
+               deterministic: bool = True) -> tuple[Array, Array]:
+    """(final hidden states [B, L, D], the tied token table [V, D]): what the LM head
+    multiplies, for a loss that projects onto the vocabulary itself in chunks
+    (`model.loss_chunk`, bertjax/objectives.py)."""
+    cfg = self.config
+    _, length = input_ids_BL.shape
+    if positions_BL is None:
+      positions_BL = jnp.arange(length)[None, :]
+    x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
+    x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
+    x_BLD = self.decoder(x_BLD, attention.decoder_mask(length, segment_ids_BL), deterministic)
+    if cfg.norm_position == "pre" and cfg.final_layer_norm:
+      x_BLD = self.final_norm(x_BLD)
+    return layers.constrain(x_BLD, layers.ACT_BLD), self.wte.embedding

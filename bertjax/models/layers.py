@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention
+from bertjax.models import attention, precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -84,20 +84,22 @@ class Dense(nn.Module):
     init = self.init or kernel_init(cfg)
     kernel = self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes),
                         self.kernel_shape, cfg.weight_dtype)
-    y = jnp.einsum(self.equation, x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+    y = precision.einsum(cfg, self.equation, x, kernel)
     if self.bias_shape is not None:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.bias_axes),
                         self.bias_shape, cfg.weight_dtype)
-      y = y + bias.astype(cfg.compute_dtype)
+      y = y + bias.astype(y.dtype)
     return y
 
 
 def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.LayerNorm:
+  # Statistics and normalisation in float32 whatever the input (flax promotes); the output
+  # in the activation dtype (bertjax/models/precision.py).
   # use_fast_variance=False: E[(x-mean)^2] like PyTorch, not E[x^2]-mean^2, so parity holds
   # and bf16 inputs do not cancel catastrophically.
   return nn.LayerNorm(
-      epsilon=config.layer_norm_eps, dtype=config.compute_dtype,
+      epsilon=config.layer_norm_eps, dtype=precision.activation_dtype(config),
       param_dtype=config.weight_dtype, use_fast_variance=False,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)),
@@ -141,7 +143,7 @@ class Embed(nn.Module):
   def __call__(self, ids: Array) -> Array:
     if not jnp.issubdtype(ids.dtype, jnp.integer):
       raise ValueError(f"embedding lookup needs integer ids, got {ids.dtype}")
-    table = self.embedding.astype(self.config.compute_dtype)
+    table = self.embedding.astype(precision.activation_dtype(self.config))
     if self.num_embeddings == 1:
       return jnp.broadcast_to(table, ids.shape + (table.shape[-1],))
     # Rows keep their sharding, features are gathered: see the class docstring.
@@ -159,9 +161,9 @@ class Embed(nn.Module):
     return out
 
   def attend(self, x: Array) -> Array:
-    """x @ embeddingᵀ in the compute dtype."""
-    dtype = self.config.compute_dtype
-    return jnp.dot(x.astype(dtype), self.embedding.astype(dtype).T)
+    """x @ embeddingᵀ under the precision policy."""
+    rows = "abc"[:x.ndim - 1]
+    return precision.einsum(self.config, f"{rows}d,vd->{rows}v", x, self.embedding)
 
 
 def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str,
@@ -178,7 +180,7 @@ def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
   50% while the loss is right (tests/test_train_sharding.py compares gradient norms).
   """
   x_BLD = constrain(x_BLD, ACT_BLD)
-  return embedding.attend(x_BLD.astype(config.compute_dtype))
+  return embedding.attend(x_BLD)
 
 
 class SelfAttention(nn.Module):

@@ -1,0 +1,187 @@
+"""Mixed precision: the dtype of each kind of computation, decided here and nowhere else.
+
+- **Weights** are stored in `model.param_dtype` (float32 master weights; the optimizer updates
+  them in float32).
+- **Matmuls and einsums** (`einsum`) read their inputs in `model.dtype`, the compute dtype
+  (bfloat16 for mixed precision), and accumulate in float32. What they *write* is
+  `model.matmul_output`:
+  - "compute": the compute dtype. TPU and GPU matrix units accumulate in float32 internally
+    and round once on the way out, at full speed; activations then travel in bf16 (half the
+    memory and bandwidth).
+  - "float32": the float32 accumulator itself. This is the fast path of XLA's CPU backend,
+    whose bf16 kernel (YNNPACK) takes bf16 operands and writes float32; asking it for a bf16
+    result, or giving it an operand whose contracting dimension is not the minor one in
+    memory (every weight gradient `xᵀ·g`), falls back to an upcast float32 GEMM at a third of
+    the speed. So in this mode the matmuls of layers run under a custom VJP (`_mixed_einsum`)
+    that hands every product, forward and backward, to the kernel in its fast form: operands
+    are copied into row-major order where needed (a transpose of an activation, a small cost
+    next to the GEMM), and the weight gradients come out in float32, unrounded. Activations
+    between matmuls are float32.
+  - "auto" (the default): "float32" on CPU with a 16-bit compute dtype, else "compute";
+    resolved by the Trainer for the platform the step is compiled for (`resolve`).
+- **Layer norms** compute mean, variance and the normalisation in float32 and write the
+  activation dtype; **attention scores and softmax** are float32 (bertjax/models/attention.py);
+  **losses** are computed on float32 logits (bertjax/objectives.py).
+
+With `model.dtype=float32` every mode computes in float32 and nothing here changes the program.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.config import ModelConfig
+
+Array = jax.Array
+
+
+def platform() -> str:
+  """The platform the program being traced is compiled for: the ambient mesh's devices (a TPU
+  topology's when compiling ahead of time from a CPU host), else the default backend."""
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else mesh.abstract_device
+  return device.platform if device is not None else jax.default_backend()
+
+
+def resolve(config: ModelConfig, platform_name: str) -> ModelConfig:
+  """`model.matmul_output="auto"` made concrete for programs compiled for `platform_name`."""
+  if config.matmul_output != "auto":
+    return config
+  fast_cpu = platform_name == "cpu" and config.dtype != "float32"
+  return config.replace(matmul_output="float32" if fast_cpu else "compute")
+
+
+def matmul_output(config: ModelConfig) -> str:
+  """"compute" or "float32": the config's mode, "auto" resolved for the traced program."""
+  if config.matmul_output == "auto":
+    return resolve(config, platform()).matmul_output
+  return config.matmul_output
+
+
+def activation_dtype(config: ModelConfig) -> Any:
+  """The dtype matmuls write and activations travel in."""
+  return jnp.float32 if matmul_output(config) == "float32" else config.compute_dtype
+
+
+def einsum(config: ModelConfig, equation: str, x: Array, y: Array, *, relayout: bool = True,
+           out_dtype: Any = None) -> Array:
+  """`jnp.einsum(equation, x, y)` under the policy: inputs in the compute dtype, float32
+  accumulation, output in the activation dtype (or `out_dtype`). Each index of an operand
+  appears in the other operand or in the output (the contractions of layers and attention).
+
+  `relayout=False` keeps JAX's own derivative (no custom VJP): for the products inside a
+  rematerialised attention core, where a custom VJP's forward would be re-run, product
+  included, to recover its residuals."""
+  dtype = config.compute_dtype
+  out_dtype = activation_dtype(config) if out_dtype is None else out_dtype
+  if relayout and matmul_output(config) == "float32" and config.dtype != "float32":
+    return _mixed_einsum(equation, x, y, dtype).astype(out_dtype)
+  return jnp.einsum(equation, x.astype(dtype), y.astype(dtype), preferred_element_type=out_dtype)
+
+
+def product(config: ModelConfig, equation: str, x: Array, y: Array) -> Array:
+  """`einsum(equation, x, y)` with inputs in the compute dtype and the float32 accumulator as
+  output, as a plain function (no custom VJP): for code that writes its own derivative, such
+  as the chunked vocabulary loss. In the CPU mixed mode the operands are laid out for the fast
+  kernel; there the output order should be [left's free axes, right's free axes], which XLA
+  then need not transpose (it would do so by relaying out an operand)."""
+  dtype = config.compute_dtype
+  x, y = x.astype(dtype), y.astype(dtype)
+  if matmul_output(config) == "float32" and config.dtype != "float32":
+    xs, ys, out = _terms(equation)
+    return _fast_product(x, xs, y, ys, out)
+  return jnp.einsum(equation, x, y, preferred_element_type=jnp.float32)
+
+
+def _terms(equation: str) -> tuple[str, str, str]:
+  inputs, out = equation.replace(" ", "").split("->")
+  x, y = inputs.split(",")
+  return x, y, out
+
+
+def _row_major(x: Array, subscripts: str, order: str) -> Array:
+  """`x` (indexed by `subscripts`) with its axes in `order`, as a real copy.
+
+  A plain transpose would be folded into the consumer's dot as dimension numbers or a
+  non-default layout, which is what sends the dot down the slow path; going through a
+  transpose with an extra unit axis and a reshape makes XLA write the permuted array out in
+  row-major order."""
+  if subscripts == order:
+    return x
+  # Its own buffer first: fused with its producer (a slice of the scan's saved activations),
+  # the transpose becomes a strided loop many times slower than the copy itself.
+  x = jax.lax.optimization_barrier(x)
+  perm = tuple(subscripts.index(c) for c in order)
+  # The unit axis sits after the first permuted axis, so the final reshape is not a bitcast
+  # of the transposed layout.
+  expanded = jnp.expand_dims(x, x.ndim)
+  moved = jnp.transpose(expanded, (perm[0], x.ndim) + perm[1:])
+  return jax.lax.optimization_barrier(moved).reshape(tuple(x.shape[p] for p in perm))
+
+
+def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
+  """einsum(xs,ys->out) with the left operand laid out [batch, free, contracted] and the
+  right one [batch, contracted, free] or [batch, free, contracted]: the forms XLA's CPU bf16
+  kernel runs, output in float32."""
+  batch = [c for c in xs if c in ys and c in out]
+  contracted = [c for c in xs if c in ys and c not in out]
+  x_free = [c for c in xs if c not in ys]
+  y_free = [c for c in ys if c not in xs]
+  x_order = "".join(batch + x_free + contracted)
+  y_orders = ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted))
+  y_order = ys if ys in y_orders else y_orders[0]
+  x, y = _row_major(x, xs, x_order), _row_major(y, ys, y_order)
+  return jnp.einsum(f"{x_order},{y_order}->{out}", x, y, preferred_element_type=jnp.float32)
+
+
+def _relayout_cost(xs: str, ys: str, out: str, x_size: int, y_size: int) -> int:
+  """Elements copied by `_fast_product(x, xs, y, ys, out)` to lay its operands out."""
+  batch = [c for c in xs if c in ys and c in out]
+  contracted = [c for c in xs if c in ys and c not in out]
+  x_free = [c for c in xs if c not in ys]
+  y_free = [c for c in ys if c not in xs]
+  cost = 0 if xs == "".join(batch + x_free + contracted) else x_size
+  if ys not in ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted)):
+    cost += y_size
+  return cost
+
+
+def _product(a: Array, a_s: str, b: Array, b_s: str, out: str) -> Array:
+  """`_fast_product` with the operand order (either may be the left one) that copies less."""
+  if _relayout_cost(b_s, a_s, out, b.size, a.size) < _relayout_cost(a_s, b_s, out, a.size,
+                                                                     b.size):
+    return _fast_product(b, b_s, a, a_s, out)
+  return _fast_product(a, a_s, b, b_s, out)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
+def _mixed_einsum(equation: str, x: Array, y: Array, dtype: Any) -> Array:
+  xs, ys, out = _terms(equation)
+  return _product(x.astype(dtype), xs, y.astype(dtype), ys, out)
+
+
+def _mixed_einsum_fwd(equation: str, x: Array, y: Array, dtype: Any):
+  xs, ys, out = _terms(equation)
+  x16, y16 = x.astype(dtype), y.astype(dtype)
+  # The 16-bit copies are the residuals (half the bytes of float32 ones), with the original
+  # dtypes the cotangents must have. The barrier keeps them 16-bit: left alone, XLA saves the
+  # float32 input and converts it in the backward pass, fused into a slow transposing loop.
+  x16, y16 = jax.lax.optimization_barrier((x16, y16))
+  return _product(x16, xs, y16, ys, out), (x16, y16, jnp.zeros((), x.dtype),
+                                           jnp.zeros((), y.dtype))
+
+
+def _mixed_einsum_bwd(equation: str, dtype: Any, residuals, g: Array):
+  xs, ys, out = _terms(equation)
+  x16, y16, x_like, y_like = residuals
+  g16 = g.astype(dtype)
+  gx = _product(g16, out, y16, ys, xs).astype(x_like.dtype)
+  gy = _product(x16, xs, g16, out, ys).astype(y_like.dtype)
+  return gx, gy
+
+
+_mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
