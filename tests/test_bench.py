@@ -78,6 +78,59 @@ def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices,
       assert record["hf"]["model_flops"] == record["ours"]["model_flops"]
 
 
+def test_bench_best_compares_the_fastest_precision_of_each(tmp_path, devices, capsys):
+  """--best: ours and the reference each in float32 and bf16 (autocast), per-dtype peaks, the
+  fastest of each compared; without --compare it is a user error."""
+  pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
+  from bertjax import cli
+  out = tmp_path / "best.json"
+  overrides = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
+               "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+               "--config.model.vocab_size=512", "--config.batch_size=8",
+               "--config.seq_length=32", "--config.max_predictions=5"]
+  assert cli.main(["bench", "--config", "bert_tiny", "--best"] + overrides) == 2
+  assert "--compare hf" in capsys.readouterr().err
+  assert cli.main(["bench", "--config", "bert_tiny", "--compare", "hf", "--best", "--steps", "1",
+                   "--pairs", "2", "--json", str(out)] + overrides) == 0
+  text = capsys.readouterr().out
+  assert "hf torch bf16 autocast" in text and "best vs best" in text and "bf16 vs fp32" in text
+  record = json.loads(out.read_text())
+  assert set(record["ours_by_dtype"]) == set(record["hf_by_precision"]) == {"float32",
+                                                                             "bfloat16"}
+  assert record["hf_by_precision"]["bfloat16"]["precision"] == "bf16 autocast"
+  peaks = record["peak"]
+  assert set(peaks["xla_matmul_flops_by_dtype"]) == set(peaks["torch_matmul_flops_by_dtype"]) \
+      == {"float32", "bfloat16"}
+  assert len(record["best_pairs_ratio"]) == 2 and record["best_median_ratio"] > 0
+  assert len(record["ours_bf16_over_fp32_pairs"]) == 2
+  fastest_ours = min(r["step_seconds_median"] for r in record["ours_by_dtype"].values())
+  fastest_hf = min(r["step_seconds_median"] for r in record["hf_by_precision"].values())
+  assert record["ours"]["step_seconds_median"] >= fastest_ours
+  assert fastest_hf > 0
+  # Each dtype's MFU is against that dtype's own peak.
+  for dtype, run in record["ours_by_dtype"].items():
+    assert run["mfu_vs_xla_matmul_peak"] == pytest.approx(
+        run["model_flops_per_second"] / peaks["xla_matmul_flops_by_dtype"][dtype])
+
+
+def test_bf16_matmul_peak_is_timed_in_its_fastest_form(monkeypatch):
+  """A 16-bit peak times the 16-bit and the float32 output and keeps the faster; float32
+  times one form."""
+  import jax.numpy as jnp
+  seen = []
+  real_matmul = jnp.matmul
+
+  def spy(x, y, preferred_element_type=None):
+    seen.append((str(x.dtype), str(jnp.dtype(preferred_element_type))))
+    return real_matmul(x, y, preferred_element_type=preferred_element_type)
+  monkeypatch.setattr(jnp, "matmul", spy)
+  assert flops.measure_matmul_peak(64, jnp.bfloat16, repeats=1) > 0
+  assert set(seen) == {("bfloat16", "bfloat16"), ("bfloat16", "float32")}
+  seen.clear()
+  assert flops.measure_matmul_peak(64, jnp.float32, repeats=1) > 0
+  assert set(seen) == {("float32", "float32")}
+
+
 def test_decode_bench_reports_each_cache_size(capsys):
   from bertjax import cli
   assert cli.main(["bench", "--config", "gpt_tiny", "--decode", "24,40", "--new-tokens", "8",
