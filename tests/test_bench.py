@@ -10,6 +10,11 @@ from bertjax import bench, flops
 from bertjax import config as config_lib
 from bertjax.config import model_config
 
+# A one-layer, 32-wide model: the bench's plumbing, not its speed.
+TOY_OVERRIDES = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
+                 "--config.model.num_heads=2", "--config.model.mlp_dim=64",
+                 "--config.model.vocab_size=512", "--config.batch_size=8",
+                 "--config.seq_length=32", "--config.max_predictions=5"]
 SMALL = [("model.hidden_size", "256"), ("model.mlp_dim", "1024"), ("model.num_heads", "4"),
          ("model.vocab_size", "2048"), ("batch_size", "16")]
 
@@ -56,10 +61,7 @@ def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices,
   pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
   from bertjax import cli
   out = tmp_path / "bench.json"
-  overrides = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
-               "--config.model.num_heads=2", "--config.model.mlp_dim=64",
-               "--config.model.vocab_size=512", "--config.batch_size=8",
-               "--config.seq_length=32", "--config.max_predictions=5"]
+  overrides = TOY_OVERRIDES
   for name in ("bert_tiny", "gpt_tiny"):
     assert cli.main(["bench", "--config", name, "--compare", "hf", "--steps", "2", "--pairs",
                      "2", "--json", str(out)] + overrides) == 0
@@ -84,10 +86,7 @@ def test_bench_best_compares_the_fastest_precision_of_each(tmp_path, devices, ca
   pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
   from bertjax import cli
   out = tmp_path / "best.json"
-  overrides = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
-               "--config.model.num_heads=2", "--config.model.mlp_dim=64",
-               "--config.model.vocab_size=512", "--config.batch_size=8",
-               "--config.seq_length=32", "--config.max_predictions=5"]
+  overrides = TOY_OVERRIDES
   assert cli.main(["bench", "--config", "bert_tiny", "--best"] + overrides) == 2
   assert "--compare hf" in capsys.readouterr().err
   assert cli.main(["bench", "--config", "bert_tiny", "--compare", "hf", "--best", "--steps", "1",
