@@ -314,13 +314,14 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
     hf_runs = {}
     for d, ref in references.items():
       seconds = statistics.median(hf_times[d])
+      hf_flops = ref.model_flops(model, b, l)
       hf_runs[d] = {
           "model": ref.describe(), "params": ref.params, "torch": ref.torch_version,
           "threads": ref.threads, "precision": bench_hf.PRECISION_NAMES[d],
-          "model_flops": ref.model_flops(model, b, l), "step_seconds_median": seconds,
+          "model_flops": hf_flops, "step_seconds_median": seconds,
           "step_seconds": hf_times[d], "tokens_per_second": b * l / seconds,
           "sequences_per_second": b / seconds,
-          "mfu_vs_torch_matmul_peak": (ref.model_flops(model, b, l) / seconds
+          "mfu_vs_torch_matmul_peak": (hf_flops / seconds
                                        / record["peak"]["torch_matmul_flops_by_dtype"][d]),
           "peak_memory_bytes": ref.peak_memory()}
     record["hf"] = hf_runs[model.dtype]

@@ -53,19 +53,12 @@ class GPT(nn.Module):
         raise ValueError("decode=True needs positions_BL (each row's token positions)")
       if segment_ids_BL is not None:
         raise ValueError("decode=True does not take segment_ids_BL")
-    if positions_BL is None:
-      positions_BL = jnp.arange(length)[None, :]
-    x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
-    x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
-    if decode:
       mask = attention.AttentionMask(
           jnp.ones((1, 1, 1, 1), bool) if attention_mask_BL is None
           else attention_mask_BL.astype(bool)[:, None, None, :])
     else:
       mask = attention.decoder_mask(length, segment_ids_BL, attention_mask_BL)
-    x_BLD = self.decoder(x_BLD, mask, deterministic, decode)
-    if cfg.norm_position == "pre" and cfg.final_layer_norm:
-      x_BLD = self.final_norm(x_BLD)
+    x_BLD = self._hidden(input_ids_BL, positions_BL, mask, deterministic, decode)
     logits_BLV = layers.tied_logits(cfg, self.wte, x_BLD)
     return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
 
@@ -75,13 +68,21 @@ class GPT(nn.Module):
     """(final hidden states [B, L, D], the tied token table [V, D]): what the LM head
     multiplies, for a loss that projects onto the vocabulary itself in chunks
     (`model.loss_chunk`, bertjax/objectives.py)."""
+    mask = attention.decoder_mask(input_ids_BL.shape[1], segment_ids_BL)
+    x_BLD = self._hidden(input_ids_BL, positions_BL, mask, deterministic)
+    return layers.constrain(x_BLD, layers.ACT_BLD), self.wte.embedding
+
+  def _hidden(self, input_ids_BL: Array, positions_BL: Array | None,
+              mask: attention.AttentionMask, deterministic: bool,
+              decode: bool = False) -> Array:
+    """Embeddings, the layer stack and the final LayerNorm: the hidden states the LM head
+    reads."""
     cfg = self.config
-    _, length = input_ids_BL.shape
     if positions_BL is None:
-      positions_BL = jnp.arange(length)[None, :]
+      positions_BL = jnp.arange(input_ids_BL.shape[1])[None, :]
     x_BLD = self.wte(input_ids_BL) + self.wpe(positions_BL)
     x_BLD = layers.constrain(self.dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
-    x_BLD = self.decoder(x_BLD, attention.decoder_mask(length, segment_ids_BL), deterministic)
+    x_BLD = self.decoder(x_BLD, mask, deterministic, decode)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
-    return layers.constrain(x_BLD, layers.ACT_BLD), self.wte.embedding
+    return x_BLD

@@ -62,6 +62,12 @@ def matmul_output(config: ModelConfig) -> str:
   return config.matmul_output
 
 
+def _relaid_out(config: ModelConfig) -> bool:
+  """Whether products run in the CPU mixed mode: 16-bit operands laid out for XLA's fast
+  kernel, float32 results."""
+  return matmul_output(config) == "float32" and config.dtype != "float32"
+
+
 def activation_dtype(config: ModelConfig) -> Any:
   """The dtype matmuls write and activations travel in."""
   return jnp.float32 if matmul_output(config) == "float32" else config.compute_dtype
@@ -78,7 +84,7 @@ def einsum(config: ModelConfig, equation: str, x: Array, y: Array, *, relayout: 
   included, to recover its residuals."""
   dtype = config.compute_dtype
   out_dtype = activation_dtype(config) if out_dtype is None else out_dtype
-  if relayout and matmul_output(config) == "float32" and config.dtype != "float32":
+  if relayout and _relaid_out(config):
     return _mixed_einsum(equation, x, y, dtype).astype(out_dtype)
   return jnp.einsum(equation, x.astype(dtype), y.astype(dtype), preferred_element_type=out_dtype)
 
@@ -91,7 +97,7 @@ def product(config: ModelConfig, equation: str, x: Array, y: Array) -> Array:
   then need not transpose (it would do so by relaying out an operand)."""
   dtype = config.compute_dtype
   x, y = x.astype(dtype), y.astype(dtype)
-  if matmul_output(config) == "float32" and config.dtype != "float32":
+  if _relaid_out(config):
     xs, ys, out = _terms(equation)
     return _fast_product(x, xs, y, ys, out)
   return jnp.einsum(equation, x, y, preferred_element_type=jnp.float32)
@@ -123,16 +129,22 @@ def _row_major(x: Array, subscripts: str, order: str) -> Array:
   return jax.lax.optimization_barrier(moved).reshape(tuple(x.shape[p] for p in perm))
 
 
-def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
-  """einsum(xs,ys->out) with the left operand laid out [batch, free, contracted] and the
-  right one [batch, contracted, free] or [batch, free, contracted]: the forms XLA's CPU bf16
-  kernel runs, output in float32."""
+def _fast_layouts(xs: str, ys: str, out: str) -> tuple[str, tuple[str, str]]:
+  """The axis orders XLA's CPU bf16 kernel runs einsum(xs,ys->out) in: the left operand
+  [batch, free, contracted]; the right one [batch, contracted, free] or [batch, free,
+  contracted]."""
   batch = [c for c in xs if c in ys and c in out]
   contracted = [c for c in xs if c in ys and c not in out]
   x_free = [c for c in xs if c not in ys]
   y_free = [c for c in ys if c not in xs]
-  x_order = "".join(batch + x_free + contracted)
-  y_orders = ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted))
+  return ("".join(batch + x_free + contracted),
+          ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted)))
+
+
+def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
+  """einsum(xs,ys->out) with its operands copied into `_fast_layouts` where they are not,
+  output in float32."""
+  x_order, y_orders = _fast_layouts(xs, ys, out)
   y_order = ys if ys in y_orders else y_orders[0]
   x, y = _row_major(x, xs, x_order), _row_major(y, ys, y_order)
   return jnp.einsum(f"{x_order},{y_order}->{out}", x, y, preferred_element_type=jnp.float32)
@@ -140,14 +152,8 @@ def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
 
 def _relayout_cost(xs: str, ys: str, out: str, x_size: int, y_size: int) -> int:
   """Elements copied by `_fast_product(x, xs, y, ys, out)` to lay its operands out."""
-  batch = [c for c in xs if c in ys and c in out]
-  contracted = [c for c in xs if c in ys and c not in out]
-  x_free = [c for c in xs if c not in ys]
-  y_free = [c for c in ys if c not in xs]
-  cost = 0 if xs == "".join(batch + x_free + contracted) else x_size
-  if ys not in ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted)):
-    cost += y_size
-  return cost
+  x_order, y_orders = _fast_layouts(xs, ys, out)
+  return (0 if xs == x_order else x_size) + (0 if ys in y_orders else y_size)
 
 
 def _product(a: Array, a_s: str, b: Array, b_s: str, out: str) -> Array:
