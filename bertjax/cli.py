@@ -311,14 +311,14 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
 
 def cmd_data_build(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax.data.build import BuildOptions, build_dataset
-  from bertjax.data.prepare import parse_sources
+  from bertjax.data.sources import parse_sources
   logging.getLogger("bertjax").setLevel(logging.INFO)
   options = BuildOptions(num_shards=args.num_shards, num_workers=args.workers,
                          eval_fraction=args.eval_fraction, process_index=args.process_index,
                          process_count=args.process_count, max_documents=args.max_documents,
-                         language=args.language, lowercase=not args.cased)
-  summary = build_dataset(parse_sources(",".join(args.source)), args.tokenizer, args.out,
-                          options)
+                         language=args.language, lowercase=not args.cased,
+                         dedup=not args.keep_duplicates)
+  summary = build_dataset(parse_sources(args.source), args.tokenizer, args.out, options)
   print(f"built {args.out} (process {args.process_index} of {args.process_count})")
   for line in summary.lines():
     print("  " + line)
@@ -328,7 +328,7 @@ def cmd_data_build(args: argparse.Namespace, overrides: list[tuple[str, str]]) -
 def cmd_data_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax.data.bench import run_bench
   logging.getLogger("bertjax").setLevel(logging.INFO)
-  for line in run_bench(",".join(args.source), tokenizer=args.tokenizer,
+  for line in run_bench(args.source or ["embedded"], tokenizer=args.tokenizer,
                         objective=args.objective, seq_length=args.seq_length,
                         batch_size=args.batch_size, workers=args.workers,
                         out=args.out):
@@ -369,13 +369,15 @@ def cmd_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
 
 
 def cmd_tokenizer_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.data.prepare import corpus_sentences, parse_sources
+  from bertjax.data.prepare import corpus_sentences
+  from bertjax.data.sources import parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
   logging.getLogger("bertjax").setLevel(logging.INFO)
   with paths.local_output(args.out) as local:  # SentencePiece writes local files
-    train_sentencepiece(corpus_sentences(parse_sources(",".join(args.source))), local,
+    train_sentencepiece(corpus_sentences(parse_sources(args.source), args.language), local,
                         vocab_size=args.vocab_size, model_type=args.model_type,
                         style=args.style, lowercase=args.lowercase,
+                        character_coverage=args.character_coverage,
                         max_sentences=args.max_sentences)
   print(f"wrote a {args.style}-style {args.model_type} SentencePiece tokenizer "
         f"({args.vocab_size} pieces) to {paths.path(args.out)}")
@@ -564,9 +566,11 @@ def _parser() -> argparse.ArgumentParser:
                  help="dtype of the exported weights")
   p.add_argument("--out", required=True, help="output directory")
 
-  source_help = ("a corpus: kind:path[@weight][?key=value...], kinds wikipedia, "
-                 "wikiextractor, text, bert_lines, jsonl, parquet, tfds; `embedded` is the "
-                 "packaged Wikipedia sample (repeatable)")
+  source_help = ("a corpus: kind:path[@weight][?key=value&...], kinds wikipedia, "
+                 "wikiextractor, text, bert_lines, lines, jsonl, parquet, tfds; options "
+                 "name, language, encoding, text_field, id_field, id_separator, keep_lists, "
+                 "max_line_bytes, split, data_dir (docs/data.md); `embedded` is the packaged "
+                 "Wikipedia sample (repeatable)")
   data = add("data", "build and benchmark training data",
              "Data commands: `build` turns raw corpora into a dataset of tokenized documents; "
              "`bench` measures the pipeline's throughput.",
@@ -596,9 +600,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--process-count", type=int, default=1, help="build processes (1)")
   p.add_argument("--max-documents", type=int, default=0,
                  help="stop after this many documents per source (0: all)")
-  p.add_argument("--language", default="en", help="sentence segmentation language (en)")
+  p.add_argument("--language", default="en",
+                 help="sentence segmentation language of sources without ?language= (en)")
   p.add_argument("--cased", action="store_true",
                  help="a vocab.txt of a cased model (no lower-casing)")
+  p.add_argument("--keep-duplicates", action="store_true",
+                 help="keep exact duplicate documents (dropped and counted by default)")
 
   p = data_sub.add_parser(
       "task", help="a labelled article-classification task from a corpus",
@@ -707,6 +714,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--lowercase", action="store_true", help="lower-case the text")
   p.add_argument("--max-sentences", type=int, default=2_000_000,
                  help="train on at most this many sentences (2M)")
+  p.add_argument("--language", default="en",
+                 help="sentence segmentation language of sources without ?language= (en)")
+  p.add_argument("--character-coverage", type=float, default=0.9995,
+                 help="share of characters the vocabulary must cover; rarer ones become "
+                 "[UNK] (BERT style) or bytes (GPT style); 1.0 for small alphabets mixed "
+                 "with a large one (0.9995)")
   return parser
 
 

@@ -14,7 +14,8 @@ import tokenizers
 
 from bertjax import checkpoint, cli
 from bertjax import generate as gen
-from bertjax.data.prepare import corpus_sentences, parse_sources
+from bertjax.data.prepare import corpus_sentences
+from bertjax.data.sources import parse_sources
 from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS
 from bertjax.models import ModelConfig, build_model, jit_init

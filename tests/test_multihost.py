@@ -106,7 +106,8 @@ CORPUS_MODEL = ["--config.model.vocab_size=1024", "--config.model.hidden_size=64
 def wiki(tmp_path_factory):
   """The embedded Wikipedia sample built twice (BERT and GPT SentencePiece, 1,024 pieces)."""
   from bertjax.data.build import BuildOptions, build_dataset
-  from bertjax.data.prepare import corpus_sentences, parse_sources
+  from bertjax.data.prepare import corpus_sentences
+  from bertjax.data.sources import parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
   root = tmp_path_factory.mktemp("wiki")
   sources = parse_sources("embedded")

@@ -187,8 +187,9 @@ def test_readme_commands_run(tmp_path):
 
 def test_empty_eval_split_is_caught_at_start_up(tmp_path):
   """The README's `data build` then `train --config.data.dataset=` once built a dataset whose
-  eval split came out empty and died at the first evaluation; now the build says so and the
-  train loader of a run that evaluates refuses it before the first step."""
+  eval split came out empty and died at the first evaluation; now such a build fails with the
+  counts, and the train loader of a run that evaluates refuses a dataset built without an
+  eval split before the first step."""
   from bertjax.data.build import BuildOptions, build_dataset
   from bertjax.data.errors import CorpusError
   from bertjax.data.pipeline import CorpusBatches, LoaderConfig
@@ -200,10 +201,14 @@ def test_empty_eval_split_is_caught_at_start_up(tmp_path):
       for d in range(8)) + "\n")
   (tmp_path / "vocab.txt").write_text(
       "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + words) + "\n")
-  summary = build_dataset([parse_source(f"bert_lines:{tmp_path / 'a.txt'}")],
-                          tmp_path / "vocab.txt", tmp_path / "built",
-                          BuildOptions(num_shards=2, eval_fraction=1e-9))
-  assert any("eval is empty" in line for line in summary.lines()), summary.lines()
+  source = [parse_source(f"bert_lines:{tmp_path / 'a.txt'}")]
+  with pytest.raises(CorpusError, match=r"eval_fraction 1e-09 held out no document of 8 .*"
+                                        r"--eval-fraction 0 to hold out nothing"):
+    build_dataset(source, tmp_path / "vocab.txt", tmp_path / "held_out_none",
+                  BuildOptions(num_shards=2, eval_fraction=1e-9))
+  # Built with no eval split on purpose: a run that evaluates refuses it at start-up.
+  build_dataset(source, tmp_path / "vocab.txt", tmp_path / "built",
+                BuildOptions(num_shards=2, eval_fraction=0.0))
   cfg = LoaderConfig(dataset=str(tmp_path / "built"), objective="mlm_nsp", seq_length=32)
   CorpusBatches(cfg, "train", [0], 2).close()  # a run that does not evaluate is fine
   with pytest.raises(CorpusError, match=r"no eval documents .* larger --eval-fraction"):

@@ -301,6 +301,12 @@ def test_tfds_data_source(tfds_dir, caplog):
     ("embedded@0.5", SourceSpec("wikipedia", "embedded", weight=0.5, name="embedded")),
     ("bert_lines:corpus/?weight=3&name=google", SourceSpec("bert_lines", "corpus/", 3.0,
                                                            name="google")),
+    ("lines:/news/*.tsv.gz?id_separator=tab&encoding=latin-1&language=de",
+     SourceSpec("lines", "/news/*.tsv.gz", id_separator="\t", encoding="latin-1",
+                language="de", name="news/*.tsv.gz")),
+    ("embedded?keep_lists=true&language=en",
+     SourceSpec("wikipedia", "embedded", keep_lists=True, language="en")),
+    ("text:/data/books, 2nd ed/@0.5", SourceSpec("text", "/data/books, 2nd ed/", weight=0.5)),
 ])
 def test_parse_source_and_round_trip(text, expected):
   spec = parse_source(text)
@@ -310,18 +316,94 @@ def test_parse_source_and_round_trip(text, expected):
 
 def test_bad_specs():
   with pytest.raises(ValueError, match=r"unknown source kind 'csv'; kinds: wikipedia, "
-                                       r"wikiextractor, text, bert_lines, jsonl, parquet, tfds"):
+                                       r"wikiextractor, text, bert_lines, lines, jsonl, "
+                                       r"parquet, tfds"):
     SourceSpec("csv", "/x")
   with pytest.raises(ValueError, match=r"KIND one of wikipedia, wikiextractor"):
     parse_source("csv:/x.csv")
-  with pytest.raises(ValueError, match=r"bad option 'textfield=a'; options: weight"):
+  with pytest.raises(ValueError, match=r"unknown option 'textfield'; options: weight"):
     parse_source("jsonl:/x?text_field=a&textfield=a")
+  # An unknown first option once became part of the path ("no such file /b?encodng=...").
+  with pytest.raises(ValueError, match=r"unknown option 'encodng'"):
+    parse_source("text:/books?encodng=latin-1")
+  with pytest.raises(ValueError, match=r"unknown encoding 'latin-9x'"):
+    parse_source("text:/books?encoding=latin-9x")
+  with pytest.raises(ValueError, match=r"option encoding does not apply to parquet sources"):
+    parse_source("parquet:/x?encoding=latin-1")
+  with pytest.raises(ValueError, match=r"option keep_lists does not apply to text sources"):
+    parse_source("text:/x?keep_lists=true")
+  with pytest.raises(ValueError, match=r"keep_lists must be true or false"):
+    parse_source("embedded?keep_lists=maybe")
   with pytest.raises(ValueError, match=r"option text_field does not apply to text sources"):
     parse_source("text:/books?text_field=body")
   with pytest.raises(ValueError, match=r"weight must be positive"):
     parse_source("text:/books@0")
   with pytest.raises(ValueError, match=r"weight given twice"):
     parse_source("text:/books@1?weight=2")
+
+
+def test_parse_sources_splits_only_before_a_kind():
+  """A comma inside a path (a directory named "books, 2nd ed") no longer splits the spec; a
+  list (repeated --source flags) gives one spec per item, each item split the same way."""
+  specs = sources.parse_sources("text:/d/books, 2nd ed/@0.25,jsonl:/x.jsonl, embedded@2")
+  assert [(s.kind, s.path, s.weight) for s in specs] == [
+      ("text", "/d/books, 2nd ed/", 0.25), ("jsonl", "/x.jsonl", None),
+      ("wikipedia", "embedded", 2.0)]
+  assert sources.parse_sources(["text:/a,b", "embedded"]) == [
+      SourceSpec("text", "/a,b"), SourceSpec("wikipedia", "embedded")]
+  with pytest.raises(ValueError, match=r"no sources given"):
+    sources.parse_sources("  ")
+
+
+# --------------------------------------------------------------------------- new kinds/options
+
+
+def test_lines_one_document_per_line_with_and_without_ids(tmp_path, caplog):
+  """News-crawl style: each line is a document (the text reader made the whole file one
+  document of thousands of sentences); an id column when asked for."""
+  plain = _write(tmp_path / "news" / "2024.txt",
+                 "First story. It has two sentences.\n\nSecond story.\n  Third story.  \n")
+  docs = _read(f"lines:{plain}")
+  assert [(d.id, d.paragraphs) for d in docs] == [
+      ("2024.txt:1", ("First story. It has two sentences.",)),
+      ("2024.txt:3", ("Second story.",)), ("2024.txt:4", ("Third story.",))]
+  assert not any(d.sentences_given for d in docs)
+  tsv = _write(tmp_path / "ids.tsv.gz", gzip.compress(
+      "n-17\tA story with an id.\nno separator here\nn-18\t\nn-19\tLast one.\n".encode()))
+  skips = SkipCounts()
+  with caplog.at_level(logging.WARNING):
+    docs = _read(f"lines:{tsv}?id_separator=tab", skips)
+  assert [(d.id, d.paragraphs) for d in docs] == [("n-17", ("A story with an id.",)),
+                                                  ("n-19", ("Last one.",))]
+  assert skips.counts == {"missing id field": 1, "empty document": 1}
+  assert f"{tsv}:2: missing id field" in caplog.text
+
+
+def test_encoding_option_reads_latin1_and_utf16(tmp_path):
+  """Without ?encoding= a latin-1 file's accented lines are skipped as invalid UTF-8; with
+  it they are read. UTF-16 (NUL bytes: otherwise taken for binary) reads line by line."""
+  text = "Café au lait.\nNaïve façade.\nplain ascii\n"
+  latin = _write(tmp_path / "latin.txt", text.encode("latin-1"))
+  skips = SkipCounts()
+  assert [d.paragraphs for d in _read(f"lines:{latin}", skips)] == [("plain ascii",)]
+  assert skips.counts == {"invalid UTF-8 line": 2}
+  assert [d.paragraphs[0] for d in _read(f"lines:{latin}?encoding=latin-1")] == [
+      "Café au lait.", "Naïve façade.", "plain ascii"]
+  assert _read(f"text:{latin}?encoding=cp1252")[0].paragraphs == (
+      "Café au lait. Naïve façade. plain ascii",)
+  wide = _write(tmp_path / "bg.txt", "Здравей, свят.\n\nВтори ред.\n".encode("utf-16"))
+  docs = _read(f"lines:{wide}?encoding=utf-16")
+  assert [(d.id, d.paragraphs) for d in docs] == [("bg.txt:1", ("Здравей, свят.",)),
+                                                  ("bg.txt:3", ("Втори ред.",))]
+  # Bytes a codec cannot decode: the line is skipped and counted, the rest read.
+  broken = _write(tmp_path / "broken.txt", "ok\n".encode("utf-16-le") + b"\x00\xd8\n\x00"
+                  + "fine\n".encode("utf-16-le"))
+  skips = SkipCounts()
+  assert [d.paragraphs for d in _read(f"lines:{broken}?encoding=utf-16-le", skips)] == [
+      ("ok",), ("fine",)]
+  assert skips.counts == {"undecodable line": 1}
+  cyrillic = _write(tmp_path / "ru.txt", "Привет, мир.\n".encode("cp1251"))
+  assert _read(f"lines:{cyrillic}?encoding=cp1251")[0].paragraphs == ("Привет, мир.",)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -464,7 +546,7 @@ def test_binary_files_are_skipped_or_rejected(tmp_path, caplog):
     assert [d.id for d in _read(f"text:{tmp_path / 'mixed'}", skips)] == ["mixed/a.txt"]
   assert skips.counts == {"binary file": 4}
   assert f"{tmp_path / 'mixed' / 'image.txt'}: binary file (NUL bytes" in caplog.text
-  assert "utf16.txt: binary file (UTF-16 text? convert it to UTF-8)" in caplog.text
+  assert "utf16.txt: binary file (UTF-16 text? read it with ?encoding=utf-16)" in caplog.text
   only = _write(tmp_path / "photo.jsonl", PNG)
   with pytest.raises(CorpusError, match=r"photo\.jsonl: binary, not text"):
     _read(f"jsonl:{only}")

@@ -15,9 +15,8 @@ import random
 from pathlib import Path
 from typing import Sequence
 
-from bertjax.data.prepare import parse_sources
 from bertjax.data.sentences import split_sentences
-from bertjax.data.sources import SkipCounts, read_source
+from bertjax.data.sources import SkipCounts, parse_sources, read_source
 
 
 def make_article_task(source: str, out_dir: str | Path, num_articles: int = 4,

@@ -21,7 +21,8 @@ import numpy as np
 
 from bertjax.data.build import BuildOptions, build_dataset
 from bertjax.data.pipeline import CorpusBatches, LoaderConfig
-from bertjax.data.prepare import corpus_sentences, parse_sources
+from bertjax.data.prepare import corpus_sentences
+from bertjax.data.sources import parse_sources
 from bertjax.data.tokenizers import train_sentencepiece
 
 
@@ -50,7 +51,7 @@ def loader_run(cfg: LoaderConfig, batch_size: int, num_batches: int
   return tokens, time.perf_counter() - start, startup
 
 
-def run_bench(sources: str, *, tokenizer: str = "", objective: str = "mlm_nsp",
+def run_bench(sources: str | list[str], *, tokenizer: str = "", objective: str = "mlm_nsp",
               seq_length: int = 128, batch_size: int = 32, workers: int = 0,
               out: str = "", epochs: int = 3) -> Iterator[str]:
   """Runs the benchmark, yielding report lines as results come in."""

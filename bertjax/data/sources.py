@@ -3,8 +3,12 @@
 
 Kinds (`SOURCE_KINDS`): MediaWiki XML dumps (`wikipedia`), WikiExtractor output
 (`wikiextractor`, JSON lines or `<doc>` text), plain-text books (`text`, BooksCorpus style),
-google-research/bert's one-sentence-per-line files (`bert_lines`), JSON lines (`jsonl`),
-Parquet (`parquet`) and TFDS datasets in array_record format (`tfds`, no TensorFlow needed).
+google-research/bert's one-sentence-per-line files (`bert_lines`), one document per line
+(`lines`, news-crawl style, optionally with an id column), JSON lines (`jsonl`), Parquet
+(`parquet`) and TFDS datasets in array_record format (`tfds`, no TensorFlow needed).
+
+Line-oriented kinds read UTF-8 unless the spec says `?encoding=` (any Python codec: latin-1,
+cp1251, utf-16, ...); lines the codec cannot decode are skipped and counted.
 
 Every reader is a generator that streams with bounded memory: lines are read from binary
 handles with a bounded `readline`, Parquet by record batches, TFDS by index. A document larger
@@ -17,7 +21,8 @@ naming the file and the position; anything skipped is counted by reason in `Skip
 the first few of each reason are logged with file:line. The reasons counted here are:
 "empty file", "empty document", "binary file", "invalid UTF-8 line", "line too long",
 "malformed JSON line", "missing text field", "missing id field", "unterminated document",
-"line outside <doc>", "invalid UTF-8 record" (plus `read_dump`'s own for `wikipedia`).
+"line outside <doc>", "invalid UTF-8 record", "undecodable line" (a line a non-UTF-8 `encoding`
+cannot decode), plus `read_dump`'s own for `wikipedia`.
 
 A binary file (NUL bytes in its first 8 KiB, after decompression) among text files is skipped
 and counted "binary file"; when no file of a source holds text and at least one was binary
@@ -28,11 +33,13 @@ Line-oriented files may be gzip or bzip2 compressed (recognised by their magic b
 from __future__ import annotations
 
 import bz2
+import codecs
 import collections
 import dataclasses
 import glob
 import gzip
 import html
+import io
 import json
 import logging
 import math
@@ -47,7 +54,8 @@ from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, read_dump, read_pages
 
 log = logging.getLogger(__name__)
 
-SOURCE_KINDS = ("wikipedia", "wikiextractor", "text", "bert_lines", "jsonl", "parquet", "tfds")
+SOURCE_KINDS = ("wikipedia", "wikiextractor", "text", "bert_lines", "lines", "jsonl", "parquet",
+                "tfds")
 
 # A line longer than this is skipped (and counted), never built in memory.
 MAX_LINE_BYTES = 1 << 20
@@ -73,16 +81,23 @@ class TextDocument:
 
 
 # Spec fields that only some kinds read; any other non-default value is a mistake in the spec.
+_LINE_OPTIONS = ("max_line_bytes", "encoding")
 _KIND_OPTIONS = {
-    "wikipedia": (),
-    "wikiextractor": ("max_line_bytes",),
-    "text": ("max_line_bytes",),
-    "bert_lines": ("max_line_bytes",),
-    "jsonl": ("text_field", "id_field", "max_line_bytes"),
+    "wikipedia": ("keep_lists",),
+    "wikiextractor": _LINE_OPTIONS,
+    "text": _LINE_OPTIONS,
+    "bert_lines": _LINE_OPTIONS,
+    "lines": _LINE_OPTIONS + ("id_separator",),
+    "jsonl": ("text_field", "id_field") + _LINE_OPTIONS,
     "parquet": ("text_field", "id_field"),
     "tfds": ("text_field", "id_field", "split", "data_dir"),
 }
-_QUERY_KEYS = ("weight", "text_field", "id_field", "split", "data_dir", "name", "max_line_bytes")
+# Options every kind takes.
+_COMMON_KEYS = ("weight", "name", "language")
+_KIND_SPECIFIC_KEYS = ("text_field", "id_field", "split", "data_dir", "max_line_bytes",
+                       "encoding", "id_separator", "keep_lists")
+_QUERY_KEYS = _COMMON_KEYS + _KIND_SPECIFIC_KEYS
+_BOOLEANS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,26 +106,45 @@ class SourceSpec:
 
   kind: str  # one of SOURCE_KINDS
   path: str  # file, directory, glob; tfds: dataset name; wikipedia: "embedded" = EMBEDDED_DUMP
-  weight: float = 1.0  # mixing weight (used by the loader)
+  # Mixing weight (used by the loader); None = unstated: sources mix by their sizes, so an
+  # epoch holds every document once (docs/data.md, "Mixtures").
+  weight: float | None = None
   text_field: str = "text"  # jsonl, parquet, tfds
   id_field: str = ""  # jsonl, parquet, tfds; "" = ids from the position
   split: str = "train"  # tfds
   data_dir: str = ""  # tfds; "" = TFDS's default
   name: str = ""  # short name for summaries; "" = derived from kind and path
   max_line_bytes: int = MAX_LINE_BYTES  # line-oriented kinds
+  encoding: str = "utf-8"  # line-oriented kinds: the files' text encoding (a Python codec)
+  # lines: the separator between an id column and the text ("tab" = a tab); "" = no id column,
+  # ids from the position.
+  id_separator: str = ""
+  # wikipedia: keep list items and ':'-indented quotations as paragraphs (dropped by default,
+  # as most of them are navigation and fragments).
+  keep_lists: bool = False
+  # Sentence-splitting language of this source (an ISO code sentencex knows); "" = the build's
+  # --language.
+  language: str = ""
 
   def __post_init__(self):
     if self.kind not in SOURCE_KINDS:
       raise ValueError(f"unknown source kind {self.kind!r}; kinds: {', '.join(SOURCE_KINDS)}")
     if not self.path:
       raise ValueError(f"{self.kind} source without a path")
-    if not (math.isfinite(self.weight) and self.weight > 0):
+    if self.weight is not None and not (math.isfinite(self.weight) and self.weight > 0):
       raise ValueError(f"source {self.kind}:{self.path}: weight must be positive, got "
                        f"{self.weight}")
     if self.max_line_bytes < 1:
       raise ValueError(f"source {self.kind}:{self.path}: max_line_bytes must be positive")
+    try:
+      codecs.lookup(self.encoding)
+    except LookupError:
+      raise ValueError(f"source {self.kind}:{self.path}: unknown encoding {self.encoding!r} "
+                       "(a Python codec name such as utf-8, latin-1, cp1251, utf-16)") from None
+    if self.id_separator == "tab":
+      object.__setattr__(self, "id_separator", "\t")
     defaults = SourceSpec.__dataclass_fields__
-    for field in ("text_field", "id_field", "split", "data_dir", "max_line_bytes"):
+    for field in _KIND_SPECIFIC_KEYS:
       if getattr(self, field) != defaults[field].default and field not in _KIND_OPTIONS[self.kind]:
         raise ValueError(f"source {self.kind}:{self.path}: option {field} does not apply to "
                          f"{self.kind} sources (they take: "
@@ -130,8 +164,12 @@ def _default_name(kind: str, path: str) -> str:
 
 def parse_source(text: str) -> SourceSpec:
   """`KIND:PATH[@WEIGHT][?key=value&...]`, e.g. "text:/books@0.25",
-  "jsonl:/x/*.jsonl?text_field=content", "tfds:wikipedia/20230601.en?split=train";
-  "embedded" (or "wikipedia:embedded") is the embedded Wikipedia sample."""
+  "jsonl:/x/*.jsonl?text_field=content", "tfds:wikipedia/20230601.en?split=train",
+  "lines:/news/*.txt.gz?id_separator=tab&encoding=latin-1&language=de";
+  "embedded" (or "wikipedia:embedded") is the embedded Wikipedia sample.
+
+  The options start at the first "?" followed by `word=` (so "?" stays usable as a glob
+  wildcard, "doc?.jsonl"); an option this reader does not know is an error naming it."""
   text = text.strip()
   kind, sep, rest = text.partition(":")
   if not sep and re.match(r"embedded(?:$|[@?])", text):
@@ -140,14 +178,16 @@ def parse_source(text: str) -> SourceSpec:
     raise ValueError(f"source {text!r}: expected KIND:PATH[@WEIGHT][?key=value&...] with KIND "
                      f"one of {', '.join(SOURCE_KINDS)} (or 'embedded')")
   options: dict[str, str] = {}
-  # The query starts at a "?" followed by a known key, so "?" stays usable as a glob wildcard.
-  query = re.search(r"\?(?=(?:%s)=)" % "|".join(_QUERY_KEYS), rest)
+  query = re.search(r"\?(?=[A-Za-z_][A-Za-z0-9_]*=)", rest)
   if query:
     rest, query_text = rest[:query.start()], rest[query.end():]
     for item in query_text.split("&"):
       key, eq, value = item.partition("=")
-      if not eq or key not in _QUERY_KEYS:
-        raise ValueError(f"source {text!r}: bad option {item!r}; options: "
+      if not eq:
+        raise ValueError(f"source {text!r}: bad option {item!r} (expected key=value); "
+                         f"options: {', '.join(_QUERY_KEYS)}")
+      if key not in _QUERY_KEYS:
+        raise ValueError(f"source {text!r}: unknown option {key!r}; options: "
                          f"{', '.join(_QUERY_KEYS)}")
       if key in options:
         raise ValueError(f"source {text!r}: option {key} given twice")
@@ -166,16 +206,35 @@ def parse_source(text: str) -> SourceSpec:
   except ValueError:
     raise ValueError(f"source {text!r}: weight must be a number and max_line_bytes an "
                      f"integer") from None
+  if "keep_lists" in options:
+    if options["keep_lists"].lower() not in _BOOLEANS:
+      raise ValueError(f"source {text!r}: keep_lists must be true or false")
+    fields["keep_lists"] = _BOOLEANS[options["keep_lists"].lower()]
   return SourceSpec(kind=kind, path=rest, **fields)
+
+
+def parse_sources(text: str | list[str]) -> list[SourceSpec]:
+  """Source specs from a comma-separated string ("wikipedia:/d/enwiki.xml.bz2@0.75,text:/books")
+  or a list of them (repeated --source flags). A comma starts a new spec only where a `KIND:`
+  (or `embedded`) follows, so paths may hold commas."""
+  boundary = r",(?=\s*(?:(?:%s):|embedded\s*(?:$|[@?,])))" % "|".join(SOURCE_KINDS)
+  items = [part for item in ([text] if isinstance(text, str) else text)
+           for part in re.split(boundary, item)]
+  specs = [parse_source(item.strip()) for item in items if item.strip()]
+  if not specs:
+    raise ValueError("no sources given; e.g. --source embedded (data.sources=embedded)")
+  return specs
 
 
 def format_source(spec: SourceSpec) -> str:
   """The `parse_source` form of a spec: `parse_source(format_source(s)) == s`."""
   text = f"{spec.kind}:{spec.path}"
-  if spec.weight != 1.0:
+  if spec.weight is not None:
     text += f"@{spec.weight!r}"
   defaults = SourceSpec.__dataclass_fields__
-  options = [f"{key}={getattr(spec, key)}" for key in _QUERY_KEYS
+  shown = {"id_separator": "tab" if spec.id_separator == "\t" else spec.id_separator,
+           "keep_lists": str(spec.keep_lists).lower()}
+  options = [f"{key}={shown.get(key, getattr(spec, key))}" for key in _QUERY_KEYS
              if key not in ("weight", "name") and getattr(spec, key) != defaults[key].default]
   if spec.name != _default_name(spec.kind, spec.path):
     options.append(f"name={spec.name}")
@@ -187,17 +246,20 @@ def read_source(spec: SourceSpec, skips: SkipCounts,
   """The documents of one source, in a deterministic order. `raw_pages`: a MediaWiki source
   yields uncleaned `wikipedia.Page`s instead (a build cleans them in its worker processes,
   and only those of its own shards); other kinds ignore it."""
+  lines = {"max_line_bytes": spec.max_line_bytes, "encoding": spec.encoding}
   if spec.kind == "wikipedia":
-    return read_wikipedia(spec.path, skips, raw_pages=raw_pages)
+    return read_wikipedia(spec.path, skips, raw_pages=raw_pages, keep_lists=spec.keep_lists)
   if spec.kind == "wikiextractor":
-    return read_wikiextractor(spec.path, skips, max_line_bytes=spec.max_line_bytes)
+    return read_wikiextractor(spec.path, skips, **lines)
   if spec.kind == "text":
-    return read_text(spec.path, skips, max_line_bytes=spec.max_line_bytes)
+    return read_text(spec.path, skips, **lines)
   if spec.kind == "bert_lines":
-    return read_bert_lines(spec.path, skips, max_line_bytes=spec.max_line_bytes)
+    return read_bert_lines(spec.path, skips, **lines)
+  if spec.kind == "lines":
+    return read_lines(spec.path, skips, id_separator=spec.id_separator, **lines)
   if spec.kind == "jsonl":
     return read_jsonl(spec.path, skips, text_field=spec.text_field, id_field=spec.id_field,
-                      max_line_bytes=spec.max_line_bytes)
+                      **lines)
   if spec.kind == "parquet":
     return read_parquet(spec.path, skips, text_field=spec.text_field, id_field=spec.id_field)
   if spec.kind == "tfds":
@@ -317,7 +379,14 @@ def _read(stream: IO[bytes], size: int, path: Path, line: int, readline: bool = 
     raise CorpusError(f"{path}: cannot be read at line {line} ({e})") from None
 
 
-def _text_files(files: list[tuple[Path, str]], skip: _Skipper) -> Iterator[tuple[Path, str]]:
+def _ascii_compatible(encoding: str) -> bool:
+  """Whether the codec writes ASCII as ASCII bytes (latin-1, cp1251, utf-8: lines split on
+  b"\\n" and NUL bytes mean binary) rather than in wider units (utf-16, utf-32)."""
+  return "a\n".encode(encoding) == b"a\n"
+
+
+def _text_files(files: list[tuple[Path, str]], skip: _Skipper,
+                encoding: str = "utf-8") -> Iterator[tuple[Path, str]]:
   """The files that hold text; empty and binary ones are counted and left out."""
   binary, texts = [], 0
   for path, label in files:
@@ -325,10 +394,10 @@ def _text_files(files: list[tuple[Path, str]], skip: _Skipper) -> Iterator[tuple
       head = _read(stream, BINARY_PROBE_BYTES, path, 1, readline=False)
     if not head:
       skip("empty file", str(path))
-    elif b"\0" in head:
+    elif b"\0" in head and _ascii_compatible(encoding):
       utf16 = head[:2] in (b"\xff\xfe", b"\xfe\xff")
-      skip("binary file", str(path), "UTF-16 text? convert it to UTF-8" if utf16 else
-           f"NUL bytes in its first {BINARY_PROBE_BYTES} bytes")
+      skip("binary file", str(path), "UTF-16 text? read it with ?encoding=utf-16" if utf16
+           else f"NUL bytes in its first {BINARY_PROBE_BYTES} bytes")
       binary.append(str(path))
     else:
       texts += 1
@@ -339,8 +408,13 @@ def _text_files(files: list[tuple[Path, str]], skip: _Skipper) -> Iterator[tuple
                       f"of this source holds text")
 
 
-def _lines(path: Path, skip: _Skipper, max_line_bytes: int) -> Iterator[tuple[int, str]]:
+def _lines(path: Path, skip: _Skipper, max_line_bytes: int,
+           encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
   """(line number from 1, text without its newline); invalid and over-long lines are skipped."""
+  if not _ascii_compatible(encoding):
+    yield from _wide_lines(path, skip, max_line_bytes, encoding)
+    return
+  utf8 = codecs.lookup(encoding).name == "utf-8"
   with _open_binary(path) as stream:
     number = 0
     while True:
@@ -354,13 +428,44 @@ def _lines(path: Path, skip: _Skipper, max_line_bytes: int) -> Iterator[tuple[in
         skip("line too long", f"{path}:{number}", f"over {max_line_bytes} bytes")
         continue
       try:
-        text = line.decode("utf-8")
+        text = line.decode(encoding)
       except UnicodeDecodeError as e:
-        skip("invalid UTF-8 line", f"{path}:{number}", f"byte {e.start}")
+        skip("invalid UTF-8 line" if utf8 else "undecodable line", f"{path}:{number}",
+             f"byte {e.start}" if utf8 else f"byte {e.start} is not {encoding}")
         continue
       if number == 1:
         text = text.removeprefix("\ufeff")  # a byte order mark is not text
       yield number, text.rstrip("\r\n")
+
+
+def _wide_lines(path: Path, skip: _Skipper, max_line_bytes: int,
+                encoding: str) -> Iterator[tuple[int, str]]:
+  """`_lines` for codecs with multi-byte units (UTF-16/32): decoded incrementally, so lines
+  split on decoded newlines; an undecodable stretch makes its line skipped."""
+  with _open_binary(path) as raw:
+    stream = io.TextIOWrapper(raw, encoding=encoding, errors="replace", newline="")
+    number = 0
+    # A character is at least one byte: a line of max_line_bytes characters may be longer in
+    # bytes, which only loosens the bound by the codec's width.
+    while True:
+      try:
+        line = stream.readline(max_line_bytes + 1)
+      except (EOFError, OSError, zlib.error) as e:
+        raise CorpusError(f"{path}: cannot be read at line {number + 1} ({e})") from None
+      if not line:
+        return
+      number += 1
+      if len(line) > max_line_bytes and not line.endswith("\n"):
+        while line and not line.endswith("\n"):
+          line = stream.readline(_DRAIN_BYTES)
+        skip("line too long", f"{path}:{number}", f"over {max_line_bytes} characters")
+        continue
+      if "\ufffd" in line:
+        skip("undecodable line", f"{path}:{number}", f"not {encoding}")
+        continue
+      if number == 1:
+        line = line.removeprefix("\ufeff")
+      yield number, line.rstrip("\r\n")
 
 
 class _Document:
@@ -415,10 +520,11 @@ def _paragraphs(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- readers
 
 
-def read_wikipedia(path: str | Path, skips: SkipCounts,
-                   raw_pages: bool = False) -> Iterator[TextDocument | Page]:
+def read_wikipedia(path: str | Path, skips: SkipCounts, raw_pages: bool = False,
+                   keep_lists: bool = False) -> Iterator[TextDocument | Page]:
   """Articles of MediaWiki XML dumps (a file, plain or .bz2, a directory or glob of dump
-  parts); id = page id, paragraphs as `read_dump` cleans them (the title is not one)."""
+  parts); id = page id, paragraphs as `read_dump` cleans them (the title is not one;
+  `keep_lists`: list items stay, see `wikitext.clean_wikitext`)."""
   if str(path) == "embedded":
     path = EMBEDDED_DUMP
   skip = _Skipper(skips)
@@ -433,12 +539,12 @@ def read_wikipedia(path: str | Path, skips: SkipCounts,
     if raw_pages:
       yield from read_pages(file, skips)
       continue
-    for article in read_dump(file, skips):
+    for article in read_dump(file, skips, keep_lists=keep_lists):
       yield TextDocument(id=article.id, paragraphs=tuple(article.paragraphs))
 
 
 def read_wikiextractor(path: str | Path, skips: SkipCounts, *,
-                       max_line_bytes: int = MAX_LINE_BYTES,
+                       max_line_bytes: int = MAX_LINE_BYTES, encoding: str = "utf-8",
                        max_document_bytes: int = MAX_DOCUMENT_BYTES) -> Iterator[TextDocument]:
   """WikiExtractor output, a file or its AA/wiki_00 tree (optionally .bz2), in either form:
   `--json` lines {"id", "url", "title", "text"}, or `<doc id=.. url=.. title=..>` blocks whose
@@ -446,11 +552,11 @@ def read_wikiextractor(path: str | Path, skips: SkipCounts, *,
   unescaped (WikiExtractor escapes &, <, > by default)."""
   skip = _Skipper(skips)
   files = _input_files(path, lambda name: True, "WikiExtractor output")
-  for file, label in _text_files(files, skip):
+  for file, label in _text_files(files, skip, encoding):
     doc: _Document | None = None
     doc_line = 0
     json_form: bool | None = None
-    for number, line in _lines(file, skip, max_line_bytes):
+    for number, line in _lines(file, skip, max_line_bytes, encoding):
       stripped = line.strip()
       if json_form is None:  # the first non-blank line tells the form
         if not stripped:
@@ -511,15 +617,16 @@ def _wikiextractor_json(line: str, where: str, skip: _Skipper) -> TextDocument |
 
 
 def read_text(path: str | Path, skips: SkipCounts, *, max_line_bytes: int = MAX_LINE_BYTES,
+              encoding: str = "utf-8",
               max_document_bytes: int = MAX_DOCUMENT_BYTES) -> Iterator[TextDocument]:
   """Plain-text books (BooksCorpus style): a file, or a directory tree / glob of .txt files
   (.txt.gz, .txt.bz2 too); one document per file, id = its label ("books/foo.txt");
   paragraphs split on blank lines, the lines of a paragraph joined with a space."""
   skip = _Skipper(skips)
   files = _input_files(path, _suffixes(".txt"), ".txt")
-  for file, label in _text_files(files, skip):
+  for file, label in _text_files(files, skip, encoding):
     doc = _Document(label, max_document_bytes)
-    for _, line in _lines(file, skip, max_line_bytes):
+    for _, line in _lines(file, skip, max_line_bytes, encoding):
       stripped = line.strip()
       if not stripped:
         doc.end_paragraph()
@@ -531,16 +638,16 @@ def read_text(path: str | Path, skips: SkipCounts, *, max_line_bytes: int = MAX_
 
 
 def read_bert_lines(path: str | Path, skips: SkipCounts, *,
-                    max_line_bytes: int = MAX_LINE_BYTES,
+                    max_line_bytes: int = MAX_LINE_BYTES, encoding: str = "utf-8",
                     max_document_bytes: int = MAX_DOCUMENT_BYTES) -> Iterator[TextDocument]:
   """google-research/bert's input: one sentence per line, blank lines between documents (a
   file, or a tree / glob of .txt files). id = "label:first line"; sentences_given."""
   skip = _Skipper(skips)
   files = _input_files(path, _suffixes(".txt"), ".txt")
-  for file, label in _text_files(files, skip):
+  for file, label in _text_files(files, skip, encoding):
     doc: _Document | None = None
     documents = 0
-    for number, line in _lines(file, skip, max_line_bytes):
+    for number, line in _lines(file, skip, max_line_bytes, encoding):
       stripped = line.strip()
       if not stripped:
         if doc is not None:
@@ -561,6 +668,34 @@ def read_bert_lines(path: str | Path, skips: SkipCounts, *,
       skip("empty document", str(file), "only blank lines")
 
 
+def read_lines(path: str | Path, skips: SkipCounts, *, id_separator: str = "",
+               max_line_bytes: int = MAX_LINE_BYTES, encoding: str = "utf-8"
+               ) -> Iterator[TextDocument]:
+  """One document per line (news-crawl and most web-text dumps; a file, or a tree / glob of
+  .txt, .tsv or .lines files, optionally .gz/.bz2): the line is the document's one paragraph,
+  blank lines hold no document. id = "label:line", or with `id_separator` ("\\t" for a TSV
+  of id and text) the text before the first separator (a line without one is skipped and
+  counted "missing id field")."""
+  skip = _Skipper(skips)
+  files = _input_files(path, _suffixes(".txt", ".tsv", ".lines"), ".txt/.tsv/.lines")
+  for file, label in _text_files(files, skip, encoding):
+    for number, line in _lines(file, skip, max_line_bytes, encoding):
+      doc_id, text = f"{label}:{number}", line
+      if id_separator:
+        found, sep, rest = line.partition(id_separator)
+        if not sep:
+          if line.strip():
+            skip("missing id field", f"{file}:{number}", f"no {id_separator!r} separator")
+          continue
+        doc_id, text = found.strip(), rest
+      text = text.strip()
+      if not text:
+        if id_separator:
+          skip("empty document", f"{file}:{number}")
+        continue  # a blank line holds no document
+      yield TextDocument(id=doc_id or f"{label}:{number}", paragraphs=(text,))
+
+
 def _json_object(line: str, where: str, skip: _Skipper) -> dict | None:
   try:
     record = json.loads(line)
@@ -574,15 +709,15 @@ def _json_object(line: str, where: str, skip: _Skipper) -> dict | None:
 
 
 def read_jsonl(path: str | Path, skips: SkipCounts, *, text_field: str = "text",
-               id_field: str = "", max_line_bytes: int = MAX_LINE_BYTES
-               ) -> Iterator[TextDocument]:
+               id_field: str = "", max_line_bytes: int = MAX_LINE_BYTES,
+               encoding: str = "utf-8") -> Iterator[TextDocument]:
   """JSON lines (a file, or a tree / glob of .jsonl, .json, .ndjson, optionally .gz/.bz2): one
   document per object; paragraphs = the non-empty lines of `text_field`; id = `id_field`'s
   value, else "label:line"."""
   skip = _Skipper(skips)
   files = _input_files(path, _suffixes(".jsonl", ".json", ".ndjson"), "JSON lines")
-  for file, label in _text_files(files, skip):
-    for number, line in _lines(file, skip, max_line_bytes):
+  for file, label in _text_files(files, skip, encoding):
+    for number, line in _lines(file, skip, max_line_bytes, encoding):
       if not line.strip():
         continue  # a blank line holds no document
       where = f"{file}:{number}"
