@@ -10,7 +10,7 @@ import json
 import pytest
 
 from bertjax import cli
-from bertjax.data import records
+from bertjax.data import multistream, records
 from bertjax.data.build import BuildOptions, build_dataset
 from bertjax.data.errors import CorpusError
 from bertjax.data.sources import parse_sources
@@ -101,7 +101,7 @@ def test_a_build_that_yields_no_documents_exits_2_with_the_skips(tmp_path, vocab
 def test_a_build_of_pages_that_all_clean_away_exits_2(tmp_path, vocab):
   """Pages read but left without prose by the cleaner (the "read" count is not zero, the
   written one is) are no documents either."""
-  page = ("<page><title>T{0}</title><ns>0</ns><id>{0}</id><revision><text>{{{{Infobox x}}}}"
+  page = ("<page><title>T{0}</title><ns>0</ns><id>{0}</id><revision><text>{{{{Infobox {0}}}}}"
           "\n[[Category:Y]]</text></revision></page>")
   (tmp_path / "dump.xml").write_text("<mediawiki>" + "".join(page.format(i) for i in (1, 2))
                                      + "</mediawiki>")
@@ -140,3 +140,47 @@ def test_per_source_language_splits_sentences_and_is_recorded(tmp_path, vocab, m
   meta = json.loads((tmp_path / "o" / "dataset.json").read_text())
   assert [(s["name"], s["language"], s["weight"]) for s in meta["sources"]] == [
       ("en.txt", "de", None), ("bg.txt", "bg", None)]
+
+
+def _shard_bytes(built) -> dict[str, bytes]:
+  return {str(p.relative_to(built)): p.read_bytes()
+          for p in sorted(built.glob("*/*.array_record"))}
+
+
+@pytest.mark.parametrize("with_index", [True, False])
+def test_a_multistream_dump_is_shared_out_by_bytes(tmp_path, vocab, with_index):
+  """The embedded sample as a genuine multistream dump (10 pages per bz2 stream, index or
+  none): 2 build processes x 2 workers each read only their shards' streams — the byte ranges
+  they report are disjoint and together the whole file, each byte read once with the index —
+  and write shards identical bit for bit to a serial build's; the pages are those of the
+  single-stream dump."""
+  from tests.multistream_dump import write_multistream_dump
+  dump = write_multistream_dump(tmp_path / "dump", pages_per_stream=10, with_index=with_index)
+  source = parse_sources(f"wikipedia:{dump}?name=wiki")
+  options = BuildOptions(num_shards=4, eval_fraction=0.05)
+  serial = build_dataset(source, vocab, tmp_path / "serial", options)
+  for p in range(2):
+    build_dataset(source, vocab, tmp_path / "parallel", BuildOptions(
+        num_shards=4, eval_fraction=0.05, process_index=p, process_count=2, num_workers=2))
+  assert _shard_bytes(tmp_path / "parallel") == _shard_bytes(tmp_path / "serial")
+  assert len(_shard_bytes(tmp_path / "serial")) == 8
+
+  size = dump.stat().st_size
+  reads = [json.loads((tmp_path / "parallel" / "parts" / f"process-{p}.json").read_text())
+           ["read"]["wiki"] for p in range(2)]
+  ranges = sorted(tuple(r) for read in reads for r in read["ranges"])
+  assert ranges[0][0] == 0 and ranges[-1][1] == size
+  assert all(a[1] >= b[0] for a, b in zip(ranges, ranges[1:]))  # no byte read by neither
+  assert all(read["bytes"] < size * 0.75 for read in reads)  # each read its share only
+  if with_index:  # each byte exactly once
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert sum(read["bytes"] for read in reads) == size
+  else:  # a scan for the next stream start reads past a slice's end, at most one chunk
+    overlap = sum(max(0, a[1] - b[0]) for a, b in zip(ranges, ranges[1:]))
+    assert overlap <= len(ranges) * multistream.SCAN_CHUNK
+
+  whole = build_dataset(parse_sources("embedded?name=wiki"), vocab, tmp_path / "whole", options)
+  assert sorted(k for k, _ in _documents(tmp_path / "serial")) == sorted(
+      k for k, _ in _documents(tmp_path / "whole"))
+  assert serial.counts == whole.counts
+  assert serial.skips["wiki"] == whole.skips["wiki"]

@@ -9,8 +9,16 @@ bounded number of chunks in flight (constant memory on a dump of any size). Medi
 reach the workers uncleaned, so a process cleans only the pages of its own shards (a page's
 shard is decided before cleaning; one that cleans to nothing is counted as an empty article).
 
+A Wikipedia *multistream* dump (one file, `multistream.is_multistream`) is instead shared out
+by bytes, so that N processes together read each byte once: shard k holds the pages of the bz2
+streams that start in the k-th of `num_shards` equal byte slices of the file, and a process
+reads only the streams of its shards — its workers each decompress, parse, clean and tokenize
+a piece of about `_TASK_BYTES` (stream boundaries from the dump's index, or found by scanning).
+The shards are again the same bytes whatever the process and worker counts.
+
 Exact duplicates (the same text, or the same raw wikitext) are dropped as the source is read,
-before ordinals are counted, keeping the first; counted as "duplicate document". A build that
+before ordinals are counted, keeping the first; counted as "duplicate document" (in a
+multistream dump: within each shard, as no reader sees the others' pages). A build that
 yields no document, or that holds out no eval document when asked to, raises `CorpusError`
 with the skip counts: the mistake shows here, not at the first training step.
 """
@@ -32,16 +40,19 @@ from typing import Iterable, Iterator
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from bertjax import paths
-from bertjax.data import records
+from bertjax.data import multistream, records
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SourceSpec, TextDocument, read_source
 from bertjax.data.tokenizers import load_tokenizer
-from bertjax.data.wikipedia import Page, clean_page
+from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, clean_page, read_stream_pages
 
 log = logging.getLogger(__name__)
 
 _CHUNK_DOCUMENTS = 64
+# Compressed bytes of a multistream dump per worker task: a few dozen streams of ~100 pages,
+# small enough that the tasks in flight stay a modest amount of memory.
+_TASK_BYTES = 2 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +124,35 @@ def _tokenize_chunk(chunk: list[tuple[str, TextDocument]], language: str, keep_l
     out.append((key, records.encode_record(key, sentences), len(sentences),
                 sum(len(s) for s in sentences)))
   return out, +skips
+
+
+def _build_streams(dump: str, lo: int, hi: int, index: str | None, name: str,
+                   eval_fraction: float, language: str, keep_lists: bool) -> dict:
+  """A worker task of a multistream build: the pages of the streams starting in the bytes
+  [lo, hi) of `dump`, read, cleaned, split and tokenized here. Returns, in dump order, (split,
+  record or None, content digest, sentences, tokens) per page, the skips, and the byte ranges
+  read."""
+  read_log: list[tuple[int, int]] = []
+  reader_skips = SkipCounts()
+  start, end = multistream.owned_range(dump, lo, hi, index, read_log)
+  pages = list(read_stream_pages(dump, start, end, reader_skips, read_log)) if end > start else []
+  chunk = [(f"{name}:{page.id}", page) for page in pages]
+  results, skips = _tokenize_chunk(chunk, language, keep_lists) if chunk else ([], {})
+  rows = [("eval" if eval_split(key, eval_fraction) else "train", record,
+           _content_digest(page), sentences, tokens)
+          for (key, page), (_, record, sentences, tokens) in zip(chunk, results)]
+  return {"rows": rows, "skips": collections.Counter(skips) + reader_skips.counts,
+          "read": read_log}
+
+
+def _multistream_file(spec: SourceSpec, options: BuildOptions) -> Path | None:
+  """The dump a source names when it is read by bytes (one multistream file), else None."""
+  if spec.kind != "wikipedia" or options.max_documents:
+    return None
+  path = EMBEDDED_DUMP if spec.path == "embedded" else Path(spec.path).expanduser()
+  if not path.is_file() or not multistream.is_multistream(path):
+    return None
+  return path
 
 
 @dataclasses.dataclass
@@ -221,6 +261,8 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   counts: dict = {}
   skips: dict = {}
   held_out: dict[str, dict[str, int]] = {}  # source -> documents read per split
+  read: dict[str, dict] = {}  # multistream source -> the bytes this process read
+  whole: list[bool] = []  # per source: read whole by this process (not shared out by bytes)
   # Spawned, never forked (JAX and threads in the parent); an executor rather than a Pool so a
   # worker that dies raises BrokenProcessPool instead of leaving its chunk pending forever.
   pool = (concurrent.futures.ProcessPoolExecutor(
@@ -232,6 +274,13 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
     _init_worker(str(tokenizer_path), options.lowercase)
   try:
     for spec in sources:
+      dump = _multistream_file(spec, options)
+      if dump is not None:
+        counts[spec.name], skips[spec.name], read[spec.name] = _build_multistream(
+            spec, dump, out, pool, options)
+        whole.append(False)
+        continue
+      whole.append(True)
       reader_skips = SkipCounts()
       source_skips: collections.Counter = collections.Counter()
       (out / spec.name).mkdir(exist_ok=True)
@@ -269,8 +318,10 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
       skips[spec.name] = dict(source_skips)
       _check_documents(spec, ordinals, source_counts, source_skips if options.process_index
                        == 0 else reader_skips.counts + source_skips, options)
-    # Every process reads every source whole, so each can tell the build held out nothing.
-    if options.eval_fraction > 0 and not sum(o["eval"] for o in held_out.values()):
+    # When every process reads every source whole, each can tell the build held out nothing.
+    if (options.eval_fraction > 0 and (all(whole) or options.process_count == 1)
+        and not sum(o["eval"] for o in held_out.values())
+        and not sum(c["eval"]["documents"] for c in counts.values())):
       raise CorpusError(
           f"{out}: eval_fraction {options.eval_fraction} held out no document of "
           f"{sum(c['train']['documents'] for c in counts.values()):,} (the split is a hash of "
@@ -282,9 +333,90 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   summary = BuildSummary(counts, skips, time.perf_counter() - start)
   part = {"process_index": options.process_index, "counts": counts, "skips": skips,
           "seconds": summary.seconds}
+  if read:
+    part["read"] = read
   (out / "parts" / f"process-{options.process_index}.json").write_text(
       json.dumps(part, indent=2) + "\n")
   return summary
+
+
+def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
+                       options: BuildOptions) -> tuple[dict, dict, dict]:
+  """This process's shards of a multistream dump: (counts, skips, bytes read)."""
+  size = dump.stat().st_size
+  index = multistream.find_index(dump)
+  index_arg = None if index is None else str(index)
+  (out / spec.name).mkdir(exist_ok=True)
+  source_counts = {split: {"documents": 0, "sentences": 0, "tokens": 0}
+                   for split in records.SPLITS}
+  source_skips: collections.Counter = collections.Counter()
+  read_log: list[tuple[int, int]] = []
+  language = spec.language or options.language
+  shards = [k for k in range(options.num_shards)
+            if k % options.process_count == options.process_index]
+
+  def tasks():
+    for shard in shards:
+      lo, hi = shard * size // options.num_shards, (shard + 1) * size // options.num_shards
+      for a in range(lo, hi, _TASK_BYTES):
+        yield shard, (str(dump), a, min(a + _TASK_BYTES, hi), index_arg, spec.name,
+                      options.eval_fraction, language, spec.keep_lists)
+
+  def results():
+    pending: collections.deque = collections.deque()
+    for shard, args in tasks():
+      pending.append((shard, pool.submit(_build_streams, *args) if pool else
+                      _build_streams(*args)))
+      if len(pending) >= 2 * max(1, options.num_workers):
+        shard, result = pending.popleft()
+        yield shard, result.result() if pool else result
+    while pending:
+      shard, result = pending.popleft()
+      yield shard, result.result() if pool else result
+
+  writers: dict = {}
+  seen: set[int] = set()
+  current = None
+  try:
+    for shard, result in results():
+      if shard != current:  # duplicates are found within a shard
+        for writer in writers.values():
+          writer.close()
+        writers = {split: ArrayRecordWriter(str(out / spec.name / records.shard_name(
+            split, shard, options.num_shards)), records.WRITER_OPTIONS)
+                   for split in records.SPLITS}
+        seen, current = set(), shard
+      source_skips.update(result["skips"])
+      read_log.extend(result["read"])
+      for split, record, digest, num_sentences, num_tokens in result["rows"]:
+        if options.dedup:
+          if digest in seen:
+            source_skips["duplicate document"] += 1
+            continue
+          seen.add(digest)
+        if record is None:
+          continue
+        writers[split].write(record)
+        c = source_counts[split]
+        c["documents"] += 1
+        c["sentences"] += num_sentences
+        c["tokens"] += num_tokens
+  finally:
+    for writer in writers.values():
+      writer.close()
+  # Shards none of whose byte slices holds a stream start are still written (empty).
+  for shard in shards:
+    for split in records.SPLITS:
+      path = out / spec.name / records.shard_name(split, shard, options.num_shards)
+      if not path.exists():
+        ArrayRecordWriter(str(path), records.WRITER_OPTIONS).close()
+  ranges = multistream.merge_ranges(read_log)
+  read = {"bytes": sum(b - a for a, b in read_log), "file_bytes": size,
+          "index": index is not None, "ranges": [list(r) for r in ranges]}
+  documents = sum(c["documents"] for c in source_counts.values())
+  if not documents and options.process_count == 1:
+    _check_documents(spec, {"all": 0}, source_counts, source_skips, options)
+  return source_counts, dict(source_skips), read
 
 
 def _check_documents(spec: SourceSpec, read: dict[str, int], written: dict, skipped: dict,
