@@ -334,6 +334,9 @@ def test_bad_specs():
     parse_source("text:/x?keep_lists=true")
   with pytest.raises(ValueError, match=r"keep_lists must be true or false"):
     parse_source("embedded?keep_lists=maybe")
+  with pytest.raises(ValueError, match=r"language 'xx': sentencex has no sentence rules"):
+    parse_source("text:/books?language=xx")
+  assert parse_source("text:/books?language=bg_BG").language == "bg"
   with pytest.raises(ValueError, match=r"option text_field does not apply to text sources"):
     parse_source("text:/books?text_field=body")
   with pytest.raises(ValueError, match=r"weight must be positive"):

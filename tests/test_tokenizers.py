@@ -305,3 +305,44 @@ def test_first_use_build_casing(tmp_path, model_dirs):
     build_lowercase("false", str(uncased))
   with pytest.raises(ValueError, match="data.lowercase"):
     build_lowercase("maybe", "")
+
+
+def test_decode_skips_or_spells_special_tokens(model, sentences):
+  """decode(skip_special_tokens=True), the default, leaves control and unknown pieces out;
+  False spells each out as its piece, the text's spaces kept: what transformers' decode of
+  the exported tokenizer.json gives (for BERT style; GPT style's export keeps the leading
+  space, docs/generation.md)."""
+  from bertjax import hf_tokenizer
+  _, tok, (style, _, _) = model
+  fast = hf_tokenizer.sentencepiece_fast(tok.path)
+  specials = [i for i in range(len(tok)) if i in special_ids(tok).values()]
+  assert len(specials) == (5 if style == "bert" else 3)
+  pieces = {i: tok._sp.id_to_piece(i) for i in specials}
+  for n, sentence in enumerate(sentences[:300]):
+    ids = tok.encode(sentence)
+    if tok.unk_id in ids:
+      continue
+    with_specials = list(ids)
+    with_specials.insert(n % (len(ids) + 1), specials[n % len(specials)])
+    with_specials.append(specials[(n + 1) % len(specials)])
+    assert tok.decode(with_specials) == tok.decode(ids) == tok.decode(ids, False), sentence
+    assert tok.decode(with_specials, skip_special_tokens=True) == tok.decode(ids)
+    spelled = tok.decode(with_specials, skip_special_tokens=False)
+    expected = fast.decode(with_specials, skip_special_tokens=False)
+    assert spelled == (expected if style == "bert" else expected.removeprefix(" ")), sentence
+    assert spelled.endswith(pieces[with_specials[-1]])
+  first, second = tok.encode("The first document."), tok.encode("The second one.")
+  if style == "bert":
+    ids = [tok.cls_id, *first, tok.sep_id, *second, tok.sep_id]
+    expected = "[CLS] {}[SEP] {}[SEP]"
+  else:
+    ids = [*first, tok.eot_id, *second]
+    expected = "{}<|endoftext|> {}"
+  plain = [tok.decode(first), tok.decode(second)]
+  assert tok.decode(ids, skip_special_tokens=False) == expected.format(*plain)
+  assert tok.decode(ids) == " ".join(plain)
+  if style == "bert":  # [UNK] is special too (GPT style spells unknown characters as bytes)
+    ids = tok.encode("smile 😀")
+    assert tok.unk_id in ids
+    assert tok.decode(ids, skip_special_tokens=False).endswith("[UNK]")
+    assert "[UNK]" not in tok.decode(ids) and "\u2047" not in tok.decode(ids)

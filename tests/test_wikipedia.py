@@ -213,3 +213,103 @@ def test_read_pages_then_clean_page_is_read_dump():
 ])
 def test_clean_wikitext_constructs(wikitext, expected):
   assert clean_wikitext(wikitext) == expected
+
+
+def _sample_wikitexts():
+  """The wikitext of every page of the embedded sample, redirects and all, in dump order."""
+  import xml.etree.ElementTree as ET
+  with bz2.open(wikipedia.EMBEDDED_DUMP) as stream:
+    for _, element in ET.iterparse(stream):
+      if element.tag.rsplit("}", 1)[-1] == "text":
+        yield element.text or ""
+
+
+def test_default_cleaning_of_the_sample_is_unchanged():
+  """keep_lists=False is the cleaner as it was before keep_lists, byte for byte: the digest of
+  its paragraphs for every page of the embedded sample was computed with that code (a change
+  to the default cleaning must update it knowingly)."""
+  import hashlib
+  import json
+  digest = hashlib.sha256()
+  pages = 0
+  for wikitext in _sample_wikitexts():
+    paragraphs = clean_wikitext(wikitext, keep_lists=False)
+    assert paragraphs == clean_wikitext(wikitext)  # the default
+    digest.update(json.dumps(paragraphs, ensure_ascii=False).encode("utf-8") + b"\n")
+    pages += 1
+  assert pages == 206
+  assert digest.hexdigest() == "7ebae587cd54c91f5794baaf9f746fcb16da56ba98075a2b52677d2f3d2c098a"
+
+
+LISTS = """Intro prose comes before the list:
+* First item has [[Target page|linked words]] and {{cite web|url=x}} more.<ref>A note.</ref>
+** Nested item with ''italic words'' in it
+#: Numbered continuation line of words
+: An indented quotation of several words.
+; Glossary term
+: Its definition has several words.
+; Term : an inline definition with words
+* {{flagicon|US}}: United States of America
+* [[File:x.png|thumb|A caption]] Item after an image
+*
+* two words
+# #1 single in the charts
+After the list the prose goes on here.
+* == References ==
+This prose is not back matter.
+{|
+|-
+|
+* an item in a table cell
+|}
+{{Navbox
+| list =
+* an item inside a template
+}}
+== See also ==
+* [[Some other article about things]]
+"""
+
+
+def test_keep_lists_keeps_each_item_as_a_paragraph():
+  """Items become paragraphs of their own, markers stripped and inline markup cleaned as
+  prose's; definition terms go as headings do (their definitions stay); empty and short items
+  go as short prose does; lists in tables, templates and back matter stay dropped."""
+  assert clean_wikitext(LISTS, keep_lists=True) == [
+      "Intro prose comes before the list:",
+      "First item has linked words and more.",
+      "Nested item with italic words in it",
+      "Numbered continuation line of words",
+      "An indented quotation of several words.",
+      "Its definition has several words.",
+      "an inline definition with words",
+      "United States of America",  # the ":" after a removed template is no marker
+      "Item after an image",
+      "#1 single in the charts",  # a "#" after the markers' space is text
+      "After the list the prose goes on here.",
+      "== References ==",  # an item, not a heading: the prose after it is not back matter
+      "This prose is not back matter."]
+  # By default the list lines go, and the prose around them is one paragraph.
+  assert clean_wikitext(LISTS) == ["Intro prose comes before the list: After the list the "
+                                   "prose goes on here. This prose is not back matter."]
+  # The article of the reader tests: its one list line outside back matter is kept.
+  paragraphs = clean_wikitext(ARTICLE, keep_lists=True)
+  assert paragraphs == clean_wikitext(ARTICLE) + ["a list item about navigation"]
+  assert not any("Marx" in p for p in paragraphs)
+
+
+def test_keep_lists_on_the_sample_adds_prose_and_no_markup():
+  """On the embedded sample keep_lists keeps more words, and no paragraph holds markup or
+  starts with a list marker."""
+  pages = list(wikipedia.read_pages(wikipedia.EMBEDDED_DUMP))
+  words = {False: 0, True: 0}
+  for page in pages:
+    for keep in (False, True):
+      paragraphs = clean_wikitext(page.wikitext, keep_lists=keep)
+      words[keep] += sum(len(p.split()) for p in paragraphs)
+      if keep:
+        for paragraph in paragraphs:
+          for debris in ("{{", "}}", "[[", "]]", "<ref", "{|", "|}", "thumb|"):
+            assert debris not in paragraph, (page.title, debris, paragraph[:200])
+          assert paragraph[0] not in "*#:;", (page.title, paragraph[:200])
+  assert words[True] > 1.05 * words[False], words

@@ -77,3 +77,32 @@ def test_non_utf8_or_missing_vocab(tmp_path):
     WordPiece.from_vocab(path)
   with pytest.raises(wikipedia.CorpusError, match="no such vocabulary file"):
     WordPiece.from_vocab(tmp_path / "missing.txt")
+
+
+def test_decode_and_tokens_equal_hugging_face_bert_tokenizer(vocab, sentences):
+  """`decode` is transformers' BertTokenizer.decode (both clean-up settings, special tokens
+  kept or skipped) on every sentence in BERT's [CLS] ... [SEP] layout with a special token
+  inside; `tokens` is its `tokenize`."""
+  path, lowercase = vocab
+  ours = WordPiece.from_vocab(path, lowercase=lowercase)
+  theirs = transformers.BertTokenizer.from_pretrained(str(path.parent), do_lower_case=lowercase)
+  assert theirs.clean_up_tokenization_spaces is False  # transformers 5's default for BERT
+  specials = [ours.token_id(t) for t in BERT_SPECIAL_TOKENS]
+  for n, sentence in enumerate(sentences):
+    assert ours.tokens(sentence) == theirs.tokenize(sentence), sentence
+    ids = [ours.token_id("[CLS]"), *ours.encode(sentence), ours.token_id("[SEP]")]
+    ids.insert(n % len(ids), specials[n % len(specials)])
+    assert ours.decode(ids) == theirs.decode(ids), sentence
+    for skip in (False, True):
+      for clean_up in (False, True):
+        assert ours.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=clean_up
+                           ) == theirs.decode(ids, skip_special_tokens=skip,
+                                              clean_up_tokenization_spaces=clean_up), sentence
+  # What the comparison covered: word pieces glued, punctuation, contractions.
+  text = "It's the anarchists, isn't it? Yes, they're here."
+  ids = ours.encode(text)
+  assert any(ours.is_continuation(i) for i in ids)
+  assert ours.decode(ids, clean_up_tokenization_spaces=True) == (
+      text.lower() if lowercase else text)
+  # Ids outside the vocabulary are left out, as transformers leaves them.
+  assert ours.decode(ids + [len(ours) + 7]) == theirs.decode(ids + [len(ours) + 7])

@@ -42,7 +42,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from bertjax import paths
 from bertjax.data import multistream, records
 from bertjax.data.errors import CorpusError, SkipCounts
-from bertjax.data.sentences import split_sentences
+from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, TextDocument, read_source
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, clean_page, read_stream_pages
@@ -249,6 +249,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   names = [s.name for s in sources]
   if len(set(names)) != len(names):
     raise ValueError(f"source names must be distinct, got {names}; name them with ?name=")
+  check_language(options.language)
   if not 0 <= options.process_index < options.process_count:
     raise ValueError(f"process_index {options.process_index} not in [0, "
                      f"{options.process_count})")

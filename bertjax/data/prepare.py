@@ -18,25 +18,25 @@ from bertjax import paths
 from bertjax.data import records
 from bertjax.data.build import BuildOptions, build_dataset
 from bertjax.data.errors import SkipCounts
-from bertjax.data.sentences import split_sentences
-from bertjax.data.sources import SourceSpec, parse_source, read_source
+from bertjax.data.sentences import check_language, split_sentences
+from bertjax.data.sources import SourceSpec, parse_sources, read_source
 from bertjax.data.tokenizers import (MODEL_FILE, load_tokenizer, recorded_lowercase,
                                      train_sentencepiece)
 
 log = logging.getLogger(__name__)
 
 
-def parse_sources(text: str) -> list[SourceSpec]:
-  """Comma-separated source specs, e.g. "wikipedia:/d/enwiki.xml.bz2@0.75,text:/books@0.25"."""
-  specs = [parse_source(item.strip()) for item in text.split(",") if item.strip()]
-  if not specs:
-    raise ValueError("data.sources is empty; e.g. data.sources=embedded")
-  return specs
-
-
 def corpus_sentences(sources: list[SourceSpec], language: str = "en") -> Iterator[str]:
-  """Every sentence of the sources, in order (tokenizer training input)."""
-  for spec in sources:
+  """Every sentence of the sources, in order (tokenizer training input); each source's
+  paragraphs are split with its own `language`, `language` for those that state none. Every
+  source's language is checked here, at the call, before any source is read (ValueError: see
+  `sentences.check_language`)."""
+  languages = [check_language(spec.language or language) for spec in sources]
+  return _sentences(sources, languages)
+
+
+def _sentences(sources: list[SourceSpec], languages: list[str]) -> Iterator[str]:
+  for spec, language in zip(sources, languages, strict=True):
     for doc in read_source(spec, SkipCounts()):
       for paragraph in doc.paragraphs:
         if doc.sentences_given:
@@ -97,10 +97,11 @@ def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
       style = "gpt" if config.objective == "causal_lm" else "bert"
       log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
                config.model.vocab_size, config.data.sources)
+      coverage = float(config.data.get("character_coverage", 0.9995))
       tokenizer = str(train_sentencepiece(corpus_sentences(sources), local / "tokenizer",
                                           vocab_size=int(config.model.vocab_size),
                                           model_type="unigram", style=style,
-                                          lowercase=lowercase))
+                                          lowercase=lowercase, character_coverage=coverage))
     log.info("building %s into %s", config.data.sources, dataset_dir)
     summary = build_dataset(sources, paths.local_copy(tokenizer), local / "dataset",
                             BuildOptions(num_shards=4, lowercase=lowercase,

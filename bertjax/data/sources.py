@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from bertjax.data.errors import CorpusError, SkipCounts
+from bertjax.data.sentences import check_language
 from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, read_dump, read_pages
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class SourceSpec:
     except LookupError:
       raise ValueError(f"source {self.kind}:{self.path}: unknown encoding {self.encoding!r} "
                        "(a Python codec name such as utf-8, latin-1, cp1251, utf-16)") from None
+    if self.language:  # refused now, not at the first paragraph inside a build worker
+      object.__setattr__(self, "language", check_language(self.language))
     if self.id_separator == "tab":
       object.__setattr__(self, "id_separator", "\t")
     defaults = SourceSpec.__dataclass_fields__

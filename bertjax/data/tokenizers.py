@@ -4,8 +4,9 @@ or GPT pre-training, loading them, and one loader for either kind.
 Why SentencePiece: it trains a vocabulary from raw text in seconds to minutes, needs no
 language-specific pre-tokenizer, and its unigram/BPE models are what T5, ALBERT, XLNet and
 LLaMA use. `SentencePieceTokenizer` has the interface of `wordpiece.WordPiece` (`encode`,
-`encode_batch`, `tokens`, `token_id`, `len`, `is_continuation`), so the dataset builder and
-BERT's (whole-word) masking take either; `load_tokenizer` picks the kind from the path.
+`encode_batch`, `tokens`, `decode`, `token_id`, `len`, `is_continuation`), so the dataset
+builder and BERT's (whole-word) masking take either; `load_tokenizer` picks the kind from the
+path.
 
 Special-token id layout of models trained here (fixed, so configs and checkpoints agree):
 
@@ -242,6 +243,8 @@ class SentencePieceTokenizer:
       self.style = None
     # Case folding lives in the model's normalisation rule; probe it.
     self.lowercase = processor.normalize("ABC").replace(WORD_START, "") == "abc"
+    # Control and unknown pieces: what `decode` skips or spells out.
+    self._is_special = [processor.is_control(i) or processor.is_unknown(i) for i in range(size)]
     # Precomputed: masking asks once per token.
     self._continuation = [
         not (processor.is_control(i) or processor.is_unknown(i) or processor.is_byte(i)
@@ -312,11 +315,37 @@ class SentencePieceTokenizer:
     return self._sp.encode(list(texts), num_threads=self.num_threads)
 
   def tokens(self, text: str) -> list[str]:
+    """The pieces of `text` ("▁" marks a word start), no special tokens added."""
     return self._sp.encode(text, out_type=str)
 
-  def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids`; control tokens ([CLS], <|endoftext|>, ...) decode to nothing."""
-    return self._sp.decode([int(i) for i in ids])
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """Text of `ids`, as SentencePiece decodes it. `skip_special_tokens`: the control and
+    unknown pieces ([CLS], [SEP], [MASK], [PAD], [UNK], <|endoftext|>, ...) are left out;
+    otherwise each is spelled out as its piece ("[CLS] the river[SEP]": the spaces the pieces
+    hold are kept, none is added). The default, True unlike `WordPiece.decode`'s, is what text
+    generation shows (transformers' text-generation pipeline decodes so)."""
+    ids = [int(i) for i in ids]
+    special = [0 <= i < len(self._is_special) and self._is_special[i] for i in ids]
+    if skip_special_tokens:
+      return self._sp.decode([i for i, s in zip(ids, special) if not s])
+    out: list[str] = []
+    run: list[int] = []  # text pieces since the last special one
+    for i, is_special in zip(ids + [None], special + [True]):
+      if not is_special:
+        run.append(i)  # an id outside the vocabulary: SentencePiece's error
+        continue
+      if run:
+        text = self._sp.decode(run)
+        # SentencePiece drops the dummy prefix's space of what it decodes first; a run after
+        # a special piece is not first, so its word-start space is put back.
+        if out and self._sp.id_to_piece(run[0]).startswith(WORD_START) \
+            and not text.startswith(" "):
+          text = " " + text
+        out.append(text)
+        run = []
+      if i is not None:
+        out.append(self._sp.id_to_piece(i))
+    return "".join(out)
 
   def is_continuation(self, token_id: int) -> bool:
     """True for pieces that continue a word (no leading "▁", not special or byte), which

@@ -5,8 +5,10 @@ HTML comments, file/image links, category links, interwiki and interlanguage lin
 switches (__TOC__), and the back-matter sections (References, External links, See also, ...).
 Kept: the text of ordinary links and of bold/italic runs. Section headings end a paragraph and
 are dropped from the prose (a heading is not a sentence; BERT's sentence pairs should not
-straddle one). List lines are dropped (lists are mostly navigation; WikiExtractor drops them by
-default too).
+straddle one). List lines are dropped by default (lists are mostly navigation; WikiExtractor
+drops them by default too); `keep_lists=True` keeps each item of a list, and each indented
+(":") line, as a paragraph of its own, cleaned as prose is (a definition list's "; term" goes,
+as headings do). Lists inside tables and templates go with them either way.
 
 The scanner follows mwparserfromhell's reading of the constructs it removes (an earlier version
 of this module used that parser, and its output is the reference this one was checked against:
@@ -76,8 +78,14 @@ _RULE = re.compile(r"\n-{4,}")
 # A heading is a whole line "== Title ==" (any level); group 1 is the title with its '='s.
 _HEADING = re.compile(r"\n(=+[^=\n][^\n]*?=)[ \t]*(?![^\n])")
 # List and indent lines (* # : ;) are dropped with their newline: they neither are prose nor
-# end a paragraph.
-_LIST_LINE = re.compile(r"\n[*#:;][^\n]*")
+# end a paragraph. Or, with keep_lists, each is made a paragraph: group 1 is its markers
+# (nesting such as "**" or "#:", and the spaces after them), group 2 the item.
+_LIST_LINE = re.compile(r"\n([*#:;]+[ \t]*)([^\n]*)")
+# What can hide a definition list's ":" (a link's "[[Talk:x]]", an external "[http://x]").
+_DEFINITION_SCAN = re.compile(r"[\[\]:]")
+# What may start a list item once the construct before it is removed: gaps, spaces, and the
+# ":" or ";" that followed the construct ("*{{lang|..}}: text"), which starts no sentence.
+_ITEM_LEAD = _GAP + " \t:;"
 _BLANK_LINE = re.compile(r"\n\s*\n")
 _EMPTY_PARENS = re.compile(r"\(\s*[,;]?\s*\)")
 _SPACES = re.compile(r"[ \t\u00a0]{2,}|[\t\u00a0]")  # only runs that change
@@ -368,9 +376,39 @@ def _entity(match: re.Match) -> str:
   return chr(codepoint)
 
 
-def clean_wikitext(wikitext: str) -> list[str]:
+def _definition_colon(item: str) -> int:
+  """Where a "; term : definition" line's term ends: its first ":" outside brackets, as
+  MediaWiki reads it; -1 when there is none."""
+  depth = 0
+  for match in _DEFINITION_SCAN.finditer(item):
+    char = match.group()
+    if char == "[":
+      depth += 1
+    elif char == "]":
+      depth = max(depth - 1, 0)
+    elif depth == 0:
+      return match.start()
+  return -1
+
+
+def _list_item(match: re.Match) -> str:
+  """One list line as a paragraph of its own, markers dropped. A definition list's term ("; term"
+  or "; term : definition") is dropped as section headings are: it is mostly a bold
+  pseudo-heading ("; Early life"), not a sentence; its definition stays. The leading space
+  keeps an item such as "== x ==" from reading as a heading line (paragraphs are trimmed at the
+  end)."""
+  markers, item = match.groups()
+  if markers.rstrip()[-1] == ";":
+    colon = _definition_colon(item)
+    item = "" if colon < 0 else item[colon + 1:]
+  return "\n\n " + item.lstrip(_ITEM_LEAD) + "\n"
+
+
+def clean_wikitext(wikitext: str, keep_lists: bool = False) -> list[str]:
   """Paragraphs of prose from one article's wikitext (fragments of fewer than three words are
-  dropped: captions and leftovers, not sentences)."""
+  dropped: captions and leftovers, not sentences). `keep_lists`: list items and indented lines
+  are paragraphs too (one each, markers stripped; definition terms dropped, see `_list_item`)
+  instead of being dropped."""
   if _GAP in wikitext or _BREAK in wikitext:  # control characters, not text: never in a dump
     wikitext = wikitext.replace(_GAP, "").replace(_BREAK, "")
   # Block constructs go first, outermost first: comments and references may hold any markup
@@ -379,7 +417,7 @@ def clean_wikitext(wikitext: str) -> list[str]:
   if "<" in text:
     text = _remove_elements(text)
   text = _remove_templates(_remove_media_links(_remove_tables(text)))
-  text = _LIST_LINE.sub("", _remove_tags(text))
+  text = _LIST_LINE.sub(_list_item if keep_lists else "", _remove_tags(text))
   if "__" in text:
     text = _MAGIC_WORDS.sub("", text)
   # Apostrophes before links, as MediaWiki reads them: "''[[Republic (Plato)|''Republic'']]''".

@@ -18,6 +18,9 @@ from tokenizers import BertWordPieceTokenizer
 from bertjax.data.errors import CorpusError
 
 BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# transformers' `clean_up_tokenization` (PreTrainedTokenizerBase), in its order.
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 @dataclasses.dataclass
@@ -74,7 +77,25 @@ class WordPiece:
     return self._tokenizer.to_str()
 
   def tokens(self, text: str) -> list[str]:
+    """The pieces of `text` ("##" marks a continuation), no special tokens added: transformers'
+    `BertTokenizer.tokenize`."""
     return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False,
+             clean_up_tokenization_spaces: bool = False) -> str:
+    """Text of `ids`, as transformers' `BertTokenizer.decode` gives it: pieces joined by
+    spaces, "##" pieces glued to the one before, no space before . , ! ? (the `tokenizers`
+    WordPiece decoder's own clean-up), lower-cased and accent-stripped as encoding left it.
+    `skip_special_tokens` leaves out [PAD] [UNK] [CLS] [SEP] [MASK]; ids outside the
+    vocabulary are left out, as transformers leaves them. `clean_up_tokenization_spaces`:
+    transformers' further clean-up ("didn ' t" -> "didn't", but also "x ' y" -> "x'y"), off
+    by default for BERT in transformers 5, on where a tokenizer_config.json asks for it (as
+    bertjax's Hugging Face export does)."""
+    text = self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    if clean_up_tokenization_spaces:
+      for before, after in _CLEAN_UP:
+        text = text.replace(before, after)
+    return text
 
   def is_continuation(self, token_id: int) -> bool:
     """True for "##" pieces, which whole-word masking groups with the previous piece."""
