@@ -575,6 +575,7 @@ def _parser() -> argparse.ArgumentParser:
              "Data commands: `build` turns raw corpora into a dataset of tokenized documents; "
              "`bench` measures the pipeline's throughput.",
              "examples:\n  bertjax data build --source embedded --tokenizer runs/spm "
+             "--eval-fraction 0.05 "
              "--out runs/wiki\n  bertjax data bench --source embedded", None)
   data_sub = data.add_subparsers(dest="data_command", required=True, metavar="command")
   p = data_sub.add_parser(
@@ -586,7 +587,8 @@ def _parser() -> argparse.ArgumentParser:
       "--process-index/--process-count on each host; each writes its own shards.",
       epilog="examples:\n  bertjax data build --source wikipedia:enwiki-latest-pages-articles"
       ".xml.bz2@0.75 --source text:books/@0.25 --tokenizer vocab.txt --out data/bert --workers 8"
-      "\n  bertjax data build --source embedded --tokenizer runs/spm --out runs/wiki")
+      "\n  bertjax data build --source embedded --tokenizer runs/spm --eval-fraction 0.05 "
+      "--out runs/wiki")
   p.set_defaults(fn=cmd_data_build)
   p.add_argument("--source", action="append", required=True, help=source_help)
   p.add_argument("--tokenizer", required=True,
