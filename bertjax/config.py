@@ -97,6 +97,10 @@ def base_config(model: ConfigDict) -> ConfigDict:
       "sources": "embedded",
       # Tokenizer for that build (vocab.txt or SentencePiece dir); empty: train SentencePiece.
       "tokenizer": "",
+      # Character coverage of that trained SentencePiece: the rarest characters beyond it are
+      # unknown (bert style) or bytes (gpt style); raise it to 1.0 for a script with many rare
+      # characters, if the vocabulary can hold them all.
+      "character_coverage": 0.9995,
       # Casing of that build: "true" lower-cases (a trained SentencePiece folds case with
       # nmt_nfkc_cf / nfkc_cf; a vocab.txt is read lower-cased with accents stripped), "false"
       # keeps case (needed for a cased vocab.txt); "": each tokenizer's default, a trained
@@ -130,8 +134,13 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # Loader worker processes (0: the training process) and batches prefetched per worker.
       "num_workers": 0,
       "prefetch": 2,
-      # Override the dataset's mixing weights: "name=weight,...".
+      # Mixing weights "name=weight,..." (0 leaves a source out), overriding the build's
+      # `kind:path@weight`s; none stated anywhere: each source weighs its size, so an epoch is
+      # every document once. Stating some sources' weights but not others' is an error.
       "weights": "",
+      # Documents per training epoch, shared among the sources by weight (an up-weighted source
+      # repeats, a down-weighted one is sub-sampled); 0: as many as the mixed sources hold.
+      "epoch_documents": 0,
   })
   # Training checkpoints in WORKDIR/checkpoints (bertjax.train_checkpoint).
   config.checkpoint = ConfigDict({
@@ -437,6 +446,8 @@ def validate_training(config: ConfigDict) -> None:
   need("checkpoint.every", int(config.checkpoint.every) >= 0, "must be 0 or more")
   need("checkpoint.keep", int(config.checkpoint.keep) >= 0, "must be 0 (all) or more")
   need("data.num_epochs", int(config.data.num_epochs) >= 0, "must be 0 (repeat) or more")
+  need("data.epoch_documents", int(config.data.epoch_documents) >= 0,
+       "must be 0 (every document of the mixed sources) or more")
   need("data.num_workers", int(config.data.num_workers) >= 0, "must be 0 or more")
   need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
   need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")

@@ -44,19 +44,34 @@ def corpus(tmp_path_factory):
   train_sentencepiece([l for l in lines if l], root / "spm_gpt", vocab_size=600,
                       model_type="bpe", style="gpt")
   specs = [parse_source(f"bert_lines:{root / 'a.txt'}?name=a"),
-           parse_source(f"bert_lines:{root / 'b.txt'}@0.25?name=b")]
+           parse_source(f"bert_lines:{root / 'b.txt'}?name=b")]
   build_dataset(specs[:1], root / "vocab.txt", root / "bert", BuildOptions(num_shards=4,
                                                                           eval_fraction=0.1))
   build_dataset(specs[:1], root / "spm_gpt", root / "gpt", BuildOptions(num_shards=4,
                                                                         eval_fraction=0.1))
-  build_dataset(specs, root / "vocab.txt", root / "mixed", BuildOptions(num_shards=2))
+  # Equal stated weights on sources of 4:1 sizes: b repeats, a is sub-sampled.
+  stated = [parse_source(f"bert_lines:{root / 'a.txt'}@1?name=a"),
+            parse_source(f"bert_lines:{root / 'b.txt'}@1?name=b")]
+  build_dataset(stated, root / "vocab.txt", root / "mixed", BuildOptions(num_shards=2))
+  # Three sources of very different sizes, no weights stated.
+  _write_corpus(root / "solo.txt", 1, seed=3)
+  _write_corpus(root / "forty.txt", 40, seed=4)
+  _write_corpus(root / "many.txt", 250, seed=5)
+  three = [parse_source(f"bert_lines:{root / f'{n}.txt'}?name={n}")
+           for n in ("solo", "forty", "many")]
+  build_dataset(three, root / "vocab.txt", root / "three", BuildOptions(num_shards=2,
+                                                                        eval_fraction=0.1))
+  # Stated and unstated weights side by side.
+  build_dataset(stated[:1] + specs[1:], root / "vocab.txt", root / "half_stated",
+                BuildOptions(num_shards=2))
   return root
 
 
-def _keys(dataset: records.BuiltDataset, split: str = "train") -> list[str]:
+def _keys(dataset: records.BuiltDataset, split: str = "train",
+          names: list[str] | None = None) -> list[str]:
   import grain
   source = grain.sources.ArrayRecordDataSource(
-      [str(p) for name in dataset.source_names for p in dataset.shard_paths(name, split)])
+      [str(p) for name in names or dataset.source_names for p in dataset.shard_paths(name, split)])
   return [records.decode_record(source[i]).key for i in range(len(source))]
 
 
@@ -179,7 +194,8 @@ def _rows_of(parts: list[tuple[tuple[int, ...], dict]], batch_size: int) -> dict
 
 @pytest.mark.parametrize("objective,mode,dataset", [
     ("mlm_nsp", "pairs", "bert"), ("mlm", "full_sentences", "bert"),
-    ("causal_lm", "pairs", "gpt")])
+    ("causal_lm", "pairs", "gpt"), ("mlm_nsp", "pairs", "mixed"),
+    ("mlm", "full_sentences", "three")])
 def test_state_moves_between_process_layouts_and_survives_repeated_restores(
     corpus, objective, mode, dataset):
   """Hosts of a TPU slice hold interleaved rows. A state saved by 2 such hosts restores onto
@@ -359,19 +375,184 @@ def test_full_sentences_packing_layout(corpus):
 
 
 def test_mixing_weights(corpus):
+  """Stated weights: an epoch (all documents of the mixed sources, unless data.epoch_documents
+  says otherwise) is shared among the sources by weight, exactly."""
   dataset = records.BuiltDataset.open(corpus / "mixed")
-  assert dataset.weights == {"a": 1.0, "b": 0.25}
-  stream = document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0,
-                           shard_count=1)
-  sources = [stream[i][0] for i in range(1000)]
-  assert abs(sources.count(1) / 1000 - 0.25 / 1.25) < 0.03
-  stream = document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0,
-                           shard_count=1, weights="a=1,b=1")
-  sources = [stream[i][0] for i in range(1000)]
-  assert abs(sources.count(1) / 1000 - 0.5) < 0.03
+  assert dataset.weights == {"a": 1.0, "b": 1.0}
+  total = len(_keys(dataset))
+  sizes = {n: len(_keys(dataset, names=[n])) for n in ("a", "b")}
+  assert sizes["a"] > 3 * sizes["b"]  # equal weights are not the sizes here
+  for weights, share_b in (("", 0.5), ("a=3,b=1", 0.25), ("a=1,b=3", 0.75)):
+    stream = document_stream(dataset, "train", seed=0, num_epochs=2, shard_index=0,
+                             shard_count=1, weights=weights)
+    assert len(stream) == 2 * total
+    sources = [stream[i][0] for i in range(total)]
+    assert abs(sources.count(1) - share_b * total) <= 1  # largest remainders: exact per epoch
   with pytest.raises(ValueError, match="sources are"):
     document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0, shard_count=1,
                     weights="c=1")
+  with pytest.raises(ValueError, match="leaves out every source"):
+    document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0, shard_count=1,
+                    weights="a=0,b=0")
+  with pytest.raises(ValueError, match="must be a number >= 0"):
+    document_stream(dataset, "train", seed=0, num_epochs=0, shard_index=0, shard_count=1,
+                    weights="a=-1")
+
+
+def _by_source(stream, n: int) -> dict[str, list]:
+  out = collections.defaultdict(list)
+  for i in range(n):
+    _, element = stream[i]
+    out[element.doc.key.split(":")[0]].append(element)
+  return out
+
+
+@pytest.mark.parametrize("num_epochs", [1, 2])
+def test_default_weights_are_sizes_each_epoch_every_document_once(corpus, num_epochs):
+  """Sources of 1, 40 and 250 documents with no weights stated: every epoch is every document
+  of every source exactly once, in one shuffle, a new one each epoch, on any number of hosts
+  (the Grain mix of equal weights stopped after 3 documents, or repeated the small source)."""
+  dataset = records.BuiltDataset.open(corpus / "three")
+  assert dataset.weights == {"solo": None, "forty": None, "many": None}
+  everything = _keys(dataset)
+  sizes = [len(_keys(dataset, names=[n])) for n in dataset.source_names]
+  assert sizes[0] == 1 and sizes[1] > 30 and sizes[2] > 200
+  stream = document_stream(dataset, "train", seed=3, num_epochs=num_epochs, shard_index=0,
+                           shard_count=1)
+  elements = [e for _, e in stream]
+  assert len(elements) == num_epochs * len(everything)
+  n = len(everything)
+  epochs = [elements[e * n:(e + 1) * n] for e in range(num_epochs)]
+  for e, epoch in enumerate(epochs):
+    assert sorted(x.doc.key for x in epoch) == sorted(everything)
+    assert {x.epoch for x in epoch} == {e}  # each source's own pass = the epoch
+  first = [x.doc.key for x in epochs[0]]
+  # One shuffle of all sources: the big source does not come as a block.
+  many = [i for i, k in enumerate(first) if k.startswith("many:")]
+  assert many[-1] - many[0] > len(many) + 5
+  if num_epochs == 2:
+    assert [x.doc.key for x in epochs[1]] != first
+  shorter = document_stream(dataset, "train", seed=3, num_epochs=num_epochs, shard_index=0,
+                            shard_count=1, epoch_documents=100)
+  assert len(shorter) == 100 * num_epochs  # by size: each source its share of 100
+  for hosts in (2, 3):
+    parts = [[e.doc.key for _, e in document_stream(
+        dataset, "train", seed=3, num_epochs=num_epochs, shard_index=h, shard_count=hosts)]
+             for h in range(hosts)]
+    for h in range(hosts):
+      assert parts[h] == [x.doc.key for x in elements[h::hosts]]
+
+
+@pytest.mark.parametrize("weights,epoch_documents", [
+    ("solo=0,forty=3,many=1", 0), ("solo=1,forty=1,many=2", 0), ("solo=1,forty=1,many=2", 50)])
+def test_stated_weights_give_their_shares(corpus, weights, epoch_documents):
+  """Stated weights: each epoch holds data.epoch_documents documents (0: all the mixed sources
+  hold), shared by weight; over a long stream each source's share is its weight's (within 2%).
+  A source is read from its own stream: an up-weighted one repeats, each pass through it every
+  document once in a new order; a down-weighted one repeats nothing before its stream wraps;
+  weight 0 leaves a source out."""
+  dataset = records.BuiltDataset.open(corpus / "three")
+  stated = {k: float(v) for k, v in (i.split("=") for i in weights.split(","))}
+  sizes = {n: len(_keys(dataset, names=[n])) for n in dataset.source_names}
+  mixed = sum(sizes[n] for n, w in stated.items() if w > 0)
+  epoch = epoch_documents or mixed
+  one_epoch = document_stream(dataset, "train", seed=1, num_epochs=1, shard_index=0,
+                              shard_count=1, weights=weights, epoch_documents=epoch_documents)
+  assert len(one_epoch) == epoch
+  stream = document_stream(dataset, "train", seed=1, num_epochs=0, shard_index=0,
+                           shard_count=1, weights=weights, epoch_documents=epoch_documents)
+  epochs = 20
+  n = epochs * epoch + epoch // 2  # and a half: the shares hold mid-epoch too
+  by_source = _by_source(stream, n)
+  for name, weight in stated.items():
+    share = len(by_source.get(name, [])) / n
+    assert abs(share - weight / sum(stated.values())) < 0.02, (name, share)
+    if weight == 0:
+      assert name not in by_source
+      continue
+    per_epoch = sum(e.ordinal < epoch for e in by_source[name])
+    assert all(sum(e.ordinal // epoch == k for e in by_source[name]) == per_epoch
+               for k in range(epochs))  # the same count every epoch
+    passes = collections.defaultdict(list)
+    for element in by_source[name]:
+      if element.ordinal < epochs * epoch:
+        passes[element.epoch].append(element.index)
+    # The passes through the source that the whole epochs hold read every document once.
+    complete = epochs * per_epoch // sizes[name]
+    assert complete >= 1
+    for p in range(complete):
+      assert sorted(passes[p]) == list(range(sizes[name])), (name, p)
+    assert len(passes[complete]) == epochs * per_epoch % sizes[name]
+    if sizes[name] > 2:
+      # A new order each pass: the documents a pass gives the epoch where it starts are the
+      # start of that pass's order; with one order for all passes they would be nested sets.
+      whole = [e for e in by_source[name] if e.ordinal < epochs * epoch]
+      first: dict[int, int] = {}  # pass -> the epoch it starts in
+      for element in whole:
+        first.setdefault(element.epoch, element.ordinal // epoch)
+      starts = collections.defaultdict(set)
+      for element in whole:
+        if element.ordinal // epoch == first[element.epoch]:
+          starts[element.epoch].add(element.index)
+      heads = [h for h in starts.values() if len(h) < sizes[name]]
+      assert any(not (a <= b or b <= a) for a in heads for b in heads), name
+  # Random access: a position far in the stream needs no earlier epochs.
+  _, element = stream[10**12 + 7]
+  assert element.ordinal == 10**12 + 7 and element.epoch > 0
+
+
+def test_stated_and_unstated_weights_do_not_mix(corpus):
+  dataset = records.BuiltDataset.open(corpus / "half_stated")
+  assert dataset.weights == {"a": 1.0, "b": None}
+  with pytest.raises(ValueError, match=r"stated for \['a'\] but not for \['b'\]"):
+    document_stream(dataset, "train", seed=0, num_epochs=1, shard_index=0, shard_count=1)
+  # data.weights may state them all at training time.
+  stream = document_stream(dataset, "train", seed=0, num_epochs=1, shard_index=0,
+                           shard_count=1, weights="b=1")
+  assert len(stream) == len(_keys(dataset))
+  three = records.BuiltDataset.open(corpus / "three")
+  with pytest.raises(ValueError, match=r"stated for \['many'\] but not for \['solo', 'forty'\]"):
+    document_stream(three, "train", seed=0, num_epochs=1, shard_index=0, shard_count=1,
+                    weights="many=2")
+  # Weight 0 only leaves a source out: the others still weigh their sizes.
+  stream = document_stream(three, "train", seed=0, num_epochs=1, shard_index=0, shard_count=1,
+                           weights="solo=0")
+  assert sorted(e.doc.key for _, e in stream) == sorted(_keys(three, names=["forty", "many"]))
+
+
+def test_format_2_datasets_keep_their_weights(corpus, tmp_path):
+  """Format 2 wrote 1.0 for a source given no weight: all 1.0 reads as none stated (sizes);
+  other numbers stay the stated weights they were."""
+  import shutil
+  old = tmp_path / "old"
+  shutil.copytree(corpus / "mixed", old)
+  meta = json.loads((old / "dataset.json").read_text())
+  for weights, expected in (((1.0, 1.0), {"a": None, "b": None}),
+                            ((1.0, 0.25), {"a": 1.0, "b": 0.25})):
+    meta["format_version"] = 2
+    for source, weight in zip(meta["sources"], weights):
+      source["weight"] = weight
+    (old / "dataset.json").write_text(json.dumps(meta))
+    assert records.BuiltDataset.open(old).weights == expected
+  meta["format_version"] = 1
+  (old / "dataset.json").write_text(json.dumps(meta))
+  with pytest.raises(CorpusError, match="format version 1, this bertjax reads 2 and 3"):
+    records.BuiltDataset.open(old)
+
+
+def test_eval_is_every_document_once_whatever_the_weights(corpus):
+  """The eval split mixes by size whatever the training weights, so an evaluation covers every
+  held-out document once, sources interleaved (a prefix holds each in proportion)."""
+  from bertjax.data.pipeline import RowStreamFactory
+  dataset = records.BuiltDataset.open(corpus / "three")
+  everything = _keys(dataset, "eval")
+  assert len({k.split(":")[0] for k in everything}) >= 2
+  cfg = LoaderConfig(dataset=str(corpus / "three"), objective="mlm_nsp", seq_length=32,
+                     weights="solo=0,forty=5,many=1", epoch_documents=7, num_epochs=1)
+  documents = RowStreamFactory(dataset, cfg, "eval", batch_size=1).documents
+  keys = [documents[i][1].doc.key for i in range(len(everything))]
+  assert sorted(keys) == sorted(everything)
+  assert keys != sorted(keys, key=lambda k: k.split(":")[0])  # not one source after another
 
 
 def test_build_is_identical_whatever_workers_and_processes(corpus, tmp_path):

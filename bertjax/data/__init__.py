@@ -53,6 +53,7 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str):
       dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
       num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
+      epoch_documents=int(d.epoch_documents),
       # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
       require_eval=int(config.eval_every) > 0)
 

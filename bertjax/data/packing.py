@@ -31,8 +31,8 @@ from bertjax.data.records import TokenizedDocument
 class DocumentElement:
   """A document as the loader streams it."""
 
-  ordinal: int  # position in this source's infinite shuffled stream (unique, seeds the masks)
-  epoch: int  # ordinal // documents in the source
+  ordinal: int  # position in the global document order (unique, seeds the masks)
+  epoch: int  # the pass through its own source this document is read in (0, 1, ...)
   index: int  # index in the unshuffled source (BERT's "random other document")
   doc: TokenizedDocument
 

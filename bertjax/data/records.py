@@ -2,7 +2,7 @@
 
 A built dataset is a directory written by `bertjax data build`:
 
-    dataset.json                     sources (name, kind, path, weight), tokenizer, shard count
+    dataset.json                     sources (name, kind, path, weight or null), tokenizer, shards
     tokenizer/                       the tokenizer the ids came from (vocab.txt or spm.model)
     <source>/<split>-SSSSS-of-NNNNN.array_record   one record per document
     parts/process-P.json             what process P wrote: counts and skips
@@ -32,7 +32,9 @@ _TOKEN_DTYPES = {2: "<u2", 4: "<i4"}
 # zstd (BERT's random-next documents are random reads on the loader's hot path).
 WRITER_OPTIONS = "group_size:1,snappy"
 SPLITS = ("train", "eval")
-FORMAT_VERSION = 2
+# 3: a source's "weight" is null where the build stated none. 2 (still read) wrote 1.0 there.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,9 +109,10 @@ class BuiltDataset:
       raise CorpusError(f"{root}: not a built dataset (no dataset.json); create one with "
                         "`bertjax data build`")
     meta = json.loads(meta_path.read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") not in READABLE_VERSIONS:
       raise CorpusError(f"{meta_path}: format version {meta.get('format_version')}, this "
-                        f"bertjax reads {FORMAT_VERSION}; rebuild the dataset")
+                        f"bertjax reads {' and '.join(map(str, READABLE_VERSIONS))}; rebuild "
+                        "the dataset")
     dataset = cls(root, meta)
     missing = [str(p) for name in dataset.source_names for split in SPLITS
                for p in dataset.shard_paths(name, split) if not p.is_file()]
@@ -123,8 +126,15 @@ class BuiltDataset:
     return [s["name"] for s in self.meta["sources"]]
 
   @property
-  def weights(self) -> dict[str, float]:
-    return {s["name"]: float(s["weight"]) for s in self.meta["sources"]}
+  def weights(self) -> dict[str, float | None]:
+    """Each source's mixing weight as the build stated it; None: not stated (the loader then
+    weights every source by its size)."""
+    weights = {s["name"]: None if s.get("weight") is None else float(s["weight"])
+               for s in self.meta["sources"]}
+    if self.meta.get("format_version") == 2 and all(w == 1.0 for w in weights.values()):
+      # Format 2 wrote 1.0 for a weight not given: all 1.0 is a build that stated none.
+      return dict.fromkeys(weights)
+    return weights
 
   @property
   def num_shards(self) -> int:
