@@ -184,3 +184,26 @@ def test_a_multistream_dump_is_shared_out_by_bytes(tmp_path, vocab, with_index):
       k for k, _ in _documents(tmp_path / "whole"))
   assert serial.counts == whole.counts
   assert serial.skips["wiki"] == whole.skips["wiki"]
+
+
+def test_command_line_options_of_this_round(tmp_path, vocab, capsys):
+  """--keep-duplicates reaches the build; tokenizer train's --language is checked before any
+  reading and its --character-coverage reaches the trainer (recorded next to the model)."""
+  (tmp_path / "news.txt").write_text("\n".join([_story(1), _story(2), _story(1)]) + "\n")
+  assert cli.main(["data", "build", "--source", f"lines:{tmp_path / 'news.txt'}",
+                   "--tokenizer", str(vocab), "--out", str(tmp_path / "kept"),
+                   "--eval-fraction", "0", "--keep-duplicates"]) == 0
+  assert "news.txt/train: 3 documents" in capsys.readouterr().out
+  status = cli.main(["tokenizer", "train", "--source", f"lines:{tmp_path / 'news.txt'}",
+                     "--language", "xx", "--vocab-size", "100", "--out", str(tmp_path / "t")])
+  err = capsys.readouterr().err
+  assert status == 2 and "language 'xx'" in err and len(err.strip().splitlines()) == 1
+  sentences = "\n".join(f"{_story(n)} Ёж {n} „цитат“." for n in range(200)) + "\n"
+  (tmp_path / "mixed.txt").write_text(sentences)
+  assert cli.main(["tokenizer", "train", "--source", f"lines:{tmp_path / 'mixed.txt'}",
+                   "--vocab-size", "45", "--character-coverage", "1.0",
+                   "--out", str(tmp_path / "spm")]) == 0
+  record = json.loads((tmp_path / "spm" / "bertjax_tokenizer.json").read_text())
+  assert record["training"]["character_coverage"] == 1.0
+  from bertjax.data.tokenizers import load_tokenizer
+  assert 1 not in load_tokenizer(tmp_path / "spm").encode("Ёж „цитат“")  # no [UNK]
