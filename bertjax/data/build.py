@@ -35,7 +35,7 @@ import multiprocessing
 import shutil
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -135,13 +135,13 @@ def _build_streams(dump: str, lo: int, hi: int, index: str | None, name: str,
   read_log: list[tuple[int, int]] = []
   reader_skips = SkipCounts()
   start, end = multistream.owned_range(dump, lo, hi, index, read_log)
-  pages = list(read_stream_pages(dump, start, end, reader_skips, read_log)) if end > start else []
-  chunk = [(f"{name}:{page.id}", page) for page in pages]
-  results, skips = _tokenize_chunk(chunk, language, keep_lists) if chunk else ([], {})
+  chunk = [(f"{name}:{page.id}", page)
+           for page in read_stream_pages(dump, start, end, reader_skips, read_log)]
+  results, skips = _tokenize_chunk(chunk, language, keep_lists)
   rows = [("eval" if eval_split(key, eval_fraction) else "train", record,
            _content_digest(page), sentences, tokens)
           for (key, page), (_, record, sentences, tokens) in zip(chunk, results)]
-  return {"rows": rows, "skips": collections.Counter(skips) + reader_skips.counts,
+  return {"rows": rows, "skips": skips + reader_skips.counts,
           "read": read_log}
 
 
@@ -218,20 +218,26 @@ def _owned_chunks(documents: Iterable[TextDocument | Page], name: str, options: 
     yield chunk
 
 
-def _ordered_results(pool, chunks: Iterator[list], max_in_flight: int, language: str,
-                     keep_lists: bool) -> Iterator:
-  """Yields (chunk, result) in input order with at most `max_in_flight` chunks pending."""
+def _in_order(pool, jobs: Iterable[tuple[object, Callable, tuple]],
+              max_in_flight: int) -> Iterator[tuple[object, object]]:
+  """(tag, fn(*args)) for each (tag, fn, args) of `jobs`, in input order, run in the worker
+  pool (or here, without one) with at most `max_in_flight` jobs pending."""
   pending: collections.deque = collections.deque()
-  for chunk in chunks:
-    work = [(key, doc) for _, key, _, doc in chunk]
-    pending.append((chunk, pool.submit(_tokenize_chunk, work, language, keep_lists) if pool
-                    else _tokenize_chunk(work, language, keep_lists)))
+  for tag, fn, args in jobs:
+    pending.append((tag, pool.submit(fn, *args) if pool else fn(*args)))
     if len(pending) >= max_in_flight:
       done, result = pending.popleft()
       yield done, result.result() if pool else result
   while pending:
     done, result = pending.popleft()
     yield done, result.result() if pool else result
+
+
+def _count(counts: dict, num_sentences: int, num_tokens: int) -> None:
+  """Adds one written document to a split's counts."""
+  counts["documents"] += 1
+  counts["sentences"] += num_sentences
+  counts["tokens"] += num_tokens
 
 
 def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir: str | Path,
@@ -262,8 +268,8 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   counts: dict = {}
   skips: dict = {}
   held_out: dict[str, dict[str, int]] = {}  # source -> documents read per split
-  read: dict[str, dict] = {}  # multistream source -> the bytes this process read
-  whole: list[bool] = []  # per source: read whole by this process (not shared out by bytes)
+  # Multistream source -> the bytes this process read; the other sources it reads whole.
+  read: dict[str, dict] = {}
   # Spawned, never forked (JAX and threads in the parent); an executor rather than a Pool so a
   # worker that dies raises BrokenProcessPool instead of leaving its chunk pending forever.
   pool = (concurrent.futures.ProcessPoolExecutor(
@@ -279,9 +285,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
       if dump is not None:
         counts[spec.name], skips[spec.name], read[spec.name] = _build_multistream(
             spec, dump, out, pool, options)
-        whole.append(False)
         continue
-      whole.append(True)
       reader_skips = SkipCounts()
       source_skips: collections.Counter = collections.Counter()
       (out / spec.name).mkdir(exist_ok=True)
@@ -299,28 +303,30 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
       if options.dedup:
         documents = _unique(documents, reader_skips)
       chunks = _owned_chunks(documents, spec.name, options, ordinals)
-      for chunk, (results, chunk_skips) in _ordered_results(
-          pool, chunks, 2 * max(1, options.num_workers), spec.language or options.language,
-          spec.keep_lists):
+      language = spec.language or options.language
+      jobs = ((chunk, _tokenize_chunk, ([(key, doc) for _, key, _, doc in chunk], language,
+                                        spec.keep_lists)) for chunk in chunks)
+      for chunk, (results, chunk_skips) in _in_order(pool, jobs,
+                                                     2 * max(1, options.num_workers)):
         source_skips.update(chunk_skips)
         for (split, _, shard, _), (_, record, num_sentences, num_tokens) in zip(chunk, results):
-          if record is None:
-            continue
-          writers[split, shard].write(record)
-          c = source_counts[split]
-          c["documents"] += 1
-          c["sentences"] += num_sentences
-          c["tokens"] += num_tokens
+          if record is not None:
+            writers[split, shard].write(record)
+            _count(source_counts[split], num_sentences, num_tokens)
       for writer in writers.values():
         writer.close()
       if options.process_index == 0:  # every process reads the whole stream: count once
         source_skips.update(reader_skips.counts)
       counts[spec.name] = source_counts
       skips[spec.name] = dict(source_skips)
-      _check_documents(spec, ordinals, source_counts, source_skips if options.process_index
-                       == 0 else reader_skips.counts + source_skips, options)
+      # Every process reads the whole source, so each can tell none was read; that none was
+      # left after cleaning and tokenization, only a single-process build knows.
+      if not sum(ordinals.values()) or (
+          options.process_count == 1 and not sum(c["documents"] for c in source_counts.values())):
+        raise _no_documents(spec, source_skips if options.process_index == 0
+                            else reader_skips.counts + source_skips)
     # When every process reads every source whole, each can tell the build held out nothing.
-    if (options.eval_fraction > 0 and (all(whole) or options.process_count == 1)
+    if (options.eval_fraction > 0 and (not read or options.process_count == 1)
         and not sum(o["eval"] for o in held_out.values())
         and not sum(c["eval"]["documents"] for c in counts.values())):
       raise CorpusError(
@@ -356,30 +362,19 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
   shards = [k for k in range(options.num_shards)
             if k % options.process_count == options.process_index]
 
-  def tasks():
+  def jobs():
     for shard in shards:
       lo, hi = shard * size // options.num_shards, (shard + 1) * size // options.num_shards
       for a in range(lo, hi, _TASK_BYTES):
-        yield shard, (str(dump), a, min(a + _TASK_BYTES, hi), index_arg, spec.name,
-                      options.eval_fraction, language, spec.keep_lists)
-
-  def results():
-    pending: collections.deque = collections.deque()
-    for shard, args in tasks():
-      pending.append((shard, pool.submit(_build_streams, *args) if pool else
-                      _build_streams(*args)))
-      if len(pending) >= 2 * max(1, options.num_workers):
-        shard, result = pending.popleft()
-        yield shard, result.result() if pool else result
-    while pending:
-      shard, result = pending.popleft()
-      yield shard, result.result() if pool else result
+        yield shard, _build_streams, (str(dump), a, min(a + _TASK_BYTES, hi), index_arg,
+                                      spec.name, options.eval_fraction, language,
+                                      spec.keep_lists)
 
   writers: dict = {}
   seen: set[int] = set()
   current = None
   try:
-    for shard, result in results():
+    for shard, result in _in_order(pool, jobs(), 2 * max(1, options.num_workers)):
       if shard != current:  # duplicates are found within a shard
         for writer in writers.values():
           writer.close()
@@ -395,13 +390,9 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
             source_skips["duplicate document"] += 1
             continue
           seen.add(digest)
-        if record is None:
-          continue
-        writers[split].write(record)
-        c = source_counts[split]
-        c["documents"] += 1
-        c["sentences"] += num_sentences
-        c["tokens"] += num_tokens
+        if record is not None:
+          writers[split].write(record)
+          _count(source_counts[split], num_sentences, num_tokens)
   finally:
     for writer in writers.values():
       writer.close()
@@ -414,22 +405,16 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
   ranges = multistream.merge_ranges(read_log)
   read = {"bytes": sum(b - a for a, b in read_log), "file_bytes": size,
           "index": index is not None, "ranges": [list(r) for r in ranges]}
-  documents = sum(c["documents"] for c in source_counts.values())
-  if not documents and options.process_count == 1:
-    _check_documents(spec, {"all": 0}, source_counts, source_skips, options)
+  # A process of a multi-process build reads only its share: it cannot tell none was read.
+  if options.process_count == 1 and not sum(c["documents"] for c in source_counts.values()):
+    raise _no_documents(spec, source_skips)
   return source_counts, dict(source_skips), read
 
 
-def _check_documents(spec: SourceSpec, read: dict[str, int], written: dict, skipped: dict,
-                     options: BuildOptions) -> None:
-  """Raises CorpusError when the source yielded no document: none read (every process reads
-  the whole source, so each can tell), or none left after cleaning and tokenization (known
-  to a single-process build)."""
-  left = sum(c["documents"] for c in written.values())
-  if sum(read.values()) and (left or options.process_count > 1):
-    return
+def _no_documents(spec: SourceSpec, skipped: dict) -> CorpusError:
+  """The error of a source that yielded no document, with what was skipped."""
   reasons = ", ".join(f"{r}: {n:,}" for r, n in sorted(skipped.items())) or "nothing skipped"
-  raise CorpusError(f"{spec.kind}:{spec.path}: no documents (skipped: {reasons})")
+  return CorpusError(f"{spec.kind}:{spec.path}: no documents (skipped: {reasons})")
 
 
 def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | Path,

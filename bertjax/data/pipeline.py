@@ -134,11 +134,15 @@ class _OneDocumentPatched:
     return self._sentences if index == self._index else self._view[index]
 
 
+def _source(dataset: records.BuiltDataset, name: str,
+            split: str) -> grain.sources.ArrayRecordDataSource:
+  """Random access to the records of one source's split (all its shards)."""
+  return grain.sources.ArrayRecordDataSource([str(p) for p in dataset.shard_paths(name, split)])
+
+
 def split_documents(dataset: records.BuiltDataset, split: str) -> int:
   """Documents of `split` in all sources of the dataset (from the shards themselves)."""
-  return sum(len(grain.sources.ArrayRecordDataSource([str(p) for p in
-                                                      dataset.shard_paths(name, split)]))
-             for name in dataset.source_names)
+  return sum(len(_source(dataset, name, split)) for name in dataset.source_names)
 
 
 def check_eval_split(dataset: records.BuiltDataset) -> None:
@@ -214,11 +218,6 @@ def _apportion(total: int, weights: Sequence[float]) -> list[int]:
   for j in by_remainder[:total - sum(counts)]:
     counts[j] += 1
   return counts
-
-
-def _source(dataset: records.BuiltDataset, name: str,
-            split: str) -> grain.sources.ArrayRecordDataSource:
-  return grain.sources.ArrayRecordDataSource([str(p) for p in dataset.shard_paths(name, split)])
 
 
 def mixture(dataset: records.BuiltDataset, split: str, *, weights: str = "",
@@ -365,8 +364,8 @@ class RowStreamFactory:
         masked_lm_prob=cfg.mask_prob, short_seq_prob=cfg.short_seq_prob,
         dupe_factor=cfg.dupe_factor, whole_word_mask=cfg.whole_word_mask, seed=self.seed)
     self.continuation = tokenizer.is_continuation if cfg.whole_word_mask else _never
-    self.views = [_DocumentView(grain.sources.ArrayRecordDataSource(
-        [str(p) for p in dataset.shard_paths(name, split)])) for name in dataset.source_names]
+    self.views = [_DocumentView(_source(dataset, name, split))
+                  for name in dataset.source_names]
 
   def documents_of(self, row: int) -> grain.MapDataset:
     """(source number, DocumentElement) of row `row`: documents row, row+B, ... in order."""

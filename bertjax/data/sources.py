@@ -371,8 +371,9 @@ def _open_binary(path: Path) -> IO[bytes]:
     raise CorpusError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
-def _read(stream: IO[bytes], size: int, path: Path, line: int, readline: bool = True) -> bytes:
-  """One bounded read; a truncated or corrupt archive becomes a CorpusError at `line`."""
+def _read(stream: IO, size: int, path: Path, line: int, readline: bool = True) -> bytes | str:
+  """One bounded read (of a binary or a text stream); a truncated or corrupt archive becomes a
+  CorpusError at `line`."""
   try:
     return stream.readline(size) if readline else stream.read(size)
   except EOFError:
@@ -451,16 +452,13 @@ def _wide_lines(path: Path, skip: _Skipper, max_line_bytes: int,
     # A character is at least one byte: a line of max_line_bytes characters may be longer in
     # bytes, which only loosens the bound by the codec's width.
     while True:
-      try:
-        line = stream.readline(max_line_bytes + 1)
-      except (EOFError, OSError, zlib.error) as e:
-        raise CorpusError(f"{path}: cannot be read at line {number + 1} ({e})") from None
+      line = _read(stream, max_line_bytes + 1, path, number + 1)
       if not line:
         return
       number += 1
       if len(line) > max_line_bytes and not line.endswith("\n"):
         while line and not line.endswith("\n"):
-          line = stream.readline(_DRAIN_BYTES)
+          line = _read(stream, _DRAIN_BYTES, path, number)
         skip("line too long", f"{path}:{number}", f"over {max_line_bytes} characters")
         continue
       if "\ufffd" in line:
