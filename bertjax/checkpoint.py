@@ -8,17 +8,26 @@ Layout of a params directory:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax import traverse_util
 
 from bertjax import paths
 from bertjax.models import ModelConfig, abstract_params, build_model
+
+log = logging.getLogger(__name__)
+
+# What `bertjax finetune` writes beside a params-only checkpoint: task, labels, metric.
+FINETUNE_FILE = "finetune.json"
 
 
 def save_params(directory: paths.PathLike, params: Any, config: ModelConfig) -> epath.Path:
@@ -64,6 +73,68 @@ def load_params(directory: paths.PathLike, shardings: Any = None,
                         abstract, shardings)
   params = ocp.StandardCheckpointer().restore(directory / "params", target)
   return params, config
+
+
+@dataclasses.dataclass
+class Weights:
+  """Parameters to start a run from (host arrays), the model config they were trained with,
+  their tokenizer directory (or None) and a description of where they came from."""
+
+  params: Any
+  config: ModelConfig
+  tokenizer: Path | None
+  source: str
+
+
+def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: bool = True
+                 ) -> Weights:
+  """The weights of a params-only checkpoint (model.json), a fine-tuned OUT/best
+  (finetune.json; its classifier included), a training workdir (the parameters of its latest
+  or `step`'s checkpoint) or a Hugging Face directory (config.json; a fine-tuned model's
+  `classifier.` is left out, heads the directory lacks are absent). Local or an object store."""
+  from bertjax import hf, objectives
+  from bertjax.train_checkpoint import run_params
+  path = paths.path(source)
+  if (path / FINETUNE_FILE).is_file():
+    info = json.loads((path / FINETUNE_FILE).read_text())
+    config = load_model_config(path)
+    abstract = nn.meta.unbox(abstract_params(objectives.model_for(info["task"], config)))
+    params, config = load_params(path, abstract=abstract)
+    return Weights(jax.device_get(params), config, tokenizer_dir(path), f"fine-tuned {source}")
+  if (path / "model.json").is_file():
+    params, config = load_params(path)
+    return Weights(jax.device_get(params), config, tokenizer_dir(path), f"params {source}")
+  if (path / "checkpoints").is_dir():
+    params, config, tokenizer, step = run_params(path, step)
+    return Weights(jax.device_get(params), config, tokenizer, f"workdir {source} step {step}")
+  if (path / "config.json").is_file():
+    params, config, report = hf.import_hf(path, scan_layers=scan_layers, drop=("classifier.",))
+    # Heads the directory lacks were filled in at random: the run's own initialisation wins.
+    flat = traverse_util.flatten_dict(params, sep="/")
+    params = traverse_util.unflatten_dict(
+        {k: v for k, v in flat.items() if k not in set(report.fresh)}, sep="/")
+    local = paths.local_copy(path)
+    tokenizer = local if any((local / f).is_file() for f in ("vocab.txt", "spm.model")) else None
+    log.info("%s: %s", source, report.summary())
+    return Weights(params, config, tokenizer, f"hf {source}")
+  raise ValueError(f"{source}: neither a params-only checkpoint (model.json), a fine-tuned "
+                   "output (finetune.json), a training workdir (checkpoints/) nor a Hugging Face "
+                   "directory (config.json)")
+
+
+def shape_mismatches(have: dict[str, Any], want: dict[str, Any], want_name: str,
+                     missing: bool = True) -> list[str]:
+  """One line per parameter (flat name -> array or shape struct) whose shape in `have` is not
+  the one `want` (named `want_name`: "model", "config") has; names only in `have`; and with
+  `missing`, names only in `want`."""
+  shape = lambda x: tuple(np.shape(x))  # noqa: E731
+  problems = [f"{k}: {shape(have[k])} vs {want_name} {shape(v)}" for k, v in want.items()
+              if k in have and shape(have[k]) != shape(v)]
+  if missing:
+    problems += [f"{k}: missing, {want_name} has {shape(v)}" for k, v in want.items()
+                 if k not in have]
+  problems += [f"{k}: not in the {want_name}" for k in have if k not in want]
+  return problems
 
 
 def tokenizer_dir(directory: paths.PathLike) -> Path | None:

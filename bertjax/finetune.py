@@ -3,17 +3,20 @@
 
 The encoder comes from a params-only checkpoint, a training workdir (the parameters of its
 latest or a given step) or a Hugging Face directory; a fresh head goes on the pooled [CLS]
-output (sequence tasks) or on every token. The train step is jitted once over a mesh with the
-parameters in the shardings their logical axes give (bertjax.sharding) and the state donated,
-as in pre-training (bertjax.train).
+output (sequence tasks) or on every token. Training runs on the one trainer
+(bertjax.train.Trainer) with a fine-tuning objective (bertjax.objectives.Finetuning) and the
+config `trainer_config` builds from the spec: the same jitted, sharded, donated step as
+pre-training. This module holds what is particular to a labelled task: reading and encoding
+the examples, epochs over them, dev scores, keeping the best parameters.
 
 Optimisation follows Devlin et al.'s fine-tuning recipe: AdamW (weight decay 0.01 on kernels
 and embeddings only, bertjax.optim.decay_mask), linear warmup over `warmup_fraction` of the
 steps then linear decay to 0, gradients clipped to global norm 1. The head may have its own
-(larger) learning rate. Freezing: "embeddings", "bottom:K" (the embeddings and encoder layers
-0..K-1), "all_but_head" (feature extraction: the whole encoder, pooler included) — frozen
-parameters get a zero update (bit-identical after training) and, when frozen whole, no
-optimizer state.
+(larger) learning rate and parts of the encoder may be frozen (bertjax.optim: `freeze`,
+`head_learning_rate`, options pre-training has too): "embeddings", "bottom:K" (the embeddings
+and encoder layers 0..K-1), "all_but_head" (feature extraction: the whole encoder, pooler
+included) — frozen parameters get a zero update (bit-identical after training) and, when
+frozen whole, no optimizer state.
 
 After every epoch (or every `eval_every` steps) the dev set is scored with the task's metrics;
 the best parameters by `spec.metric` are kept and written at the end as a params-only
@@ -25,11 +28,9 @@ that many evaluations without improvement. OUT/metrics.jsonl has one line per ev
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
-import re
 import shutil
 import time
 from pathlib import Path
@@ -38,30 +39,23 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
-import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
-from bertjax import checkpoint, optim, sharding
+from bertjax import checkpoint, objectives, optim, sharding
+from bertjax.checkpoint import FINETUNE_FILE
 from bertjax.data import labeled
-from bertjax.models import ModelConfig, init_params, jit_init
-from bertjax.models.bert import (
-  BertForPreTraining,
-  BertForSequenceClassification,
-  BertForTokenClassification,
-)
-from bertjax.task_metrics import task_metrics
-from bertjax.train import TrainState, batch_shardings, optimizer_state_shardings
+from bertjax.models import ModelConfig, abstract_params
+from bertjax.scores import task_scores
+from bertjax.train import Trainer
 
 log = logging.getLogger(__name__)
 
-FINETUNE_FILE = "finetune.json"
 # Metrics where lower is better; every other selection metric is maximised.
 _LOWER_IS_BETTER = ("mse", "loss")
 _DEFAULT_METRIC = {"classification": "accuracy", "regression": "pearson",
                    "token_classification": "f1"}
-_EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings",
-               "embeddings_norm")
 
 
 @dataclasses.dataclass
@@ -121,7 +115,7 @@ class FinetuneSpec:
   def __post_init__(self) -> None:
     if self.task not in labeled.TASKS:
       raise ValueError(f"task must be one of {', '.join(labeled.TASKS)}, got {self.task!r}")
-    parse_freeze(self.freeze)
+    optim.parse_freeze(self.freeze)
     if not 0 <= self.warmup_fraction < 1:
       raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -147,173 +141,14 @@ def recipe_note(spec: FinetuneSpec, hidden_size: int) -> str | None:
           "(docs/finetuning.md)")
 
 
-# --- freezing and the optimizer ----------------------------------------------------------
-
-def parse_freeze(freeze: str) -> tuple[str, int]:
-  """"none" | "embeddings" | "bottom:K" | "all_but_head" -> (kind, K)."""
-  if freeze in ("none", "embeddings", "all_but_head"):
-    return freeze, 0
-  match = re.fullmatch(r"bottom:(\d+)", freeze)
-  if match:
-    return "bottom", int(match.group(1))
-  raise ValueError(f"freeze must be none, embeddings, bottom:K or all_but_head, got {freeze!r}")
-
-
-def _names(path) -> tuple[str, ...]:
-  return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-
-
-def frozen_rows(params: Any, freeze: str, num_layers: int) -> Any:
-  """Per leaf: True (frozen whole), False (trained), or a bool array [layers, 1, ...] that is
-  True for the frozen layers of a scanned layer stack."""
-  kind, k = parse_freeze(freeze)
-  if kind == "bottom" and k > num_layers:
-    raise ValueError(f"freeze=bottom:{k} but the model has {num_layers} layers")
-
-  def rule(path, leaf):
-    names = _names(path)
-    if names[0] != "bert" or kind == "none":
-      return False
-    if kind == "all_but_head":
-      return True
-    if names[1] in _EMBEDDINGS:
-      return True
-    if kind != "bottom" or names[1] != "encoder":
-      return False
-    layer = names[2]
-    if layer == "layers":  # scanned: the leading axis is the layer
-      if k >= num_layers:
-        return True
-      if k == 0:
-        return False
-      rows = np.arange(num_layers) < k
-      return rows.reshape((num_layers,) + (1,) * (len(leaf.shape) - 1))
-    return int(layer.split("_")[1]) < k
-  return jax.tree_util.tree_map_with_path(rule, params)
-
-
-def _keep_updates(frozen: Any) -> optax.GradientTransformation:
-  """Zeroes the gradient/update of frozen parameters (rows of a scanned stack included)."""
-  def keep(u, f):
-    if isinstance(f, np.ndarray):
-      return jnp.where(jnp.asarray(f), jnp.zeros_like(u), u)
-    return jnp.zeros_like(u) if f else u
-
-  def update(updates, state, params=None):
-    del params
-    return jax.tree.map(keep, updates, frozen), state
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
-
-
-def build_optimizer(spec: FinetuneSpec, params: Any, num_layers: int, total_steps: int
-                    ) -> tuple[optax.GradientTransformation, dict[str, optax.Schedule]]:
-  """Frozen parameters -> zero updates (no state when frozen whole); the encoder and the head
-  with their own peak learning rates, both warmed up then decayed linearly."""
-  frozen = frozen_rows(params, spec.freeze, num_layers)
-  labels = jax.tree_util.tree_map_with_path(
-      lambda path, f: ("frozen" if f is True else
-                       "pretrained" if _names(path)[0] == "bert" else "head"), frozen)
-  warmup = round(spec.warmup_fraction * total_steps)
-
-  def warmup_then_linear_decay(peak: float) -> optax.Schedule:  # pre-training's "linear"
-    opt = optim.default_optimizer_config()
-    opt.update(dict(learning_rate=peak, warmup_steps=warmup, schedule="linear",
-                    end_lr_fraction=0.0, decay_steps=0, power=1.0))
-    return optim.learning_rate_schedule(opt, total_steps)
-
-  schedules = {"pretrained": warmup_then_linear_decay(spec.learning_rate),
-               "head": warmup_then_linear_decay(spec.head_learning_rate or spec.learning_rate)}
-  adamw = lambda s: optax.adamw(s, b1=0.9, b2=0.999, eps=1e-6,
-                                weight_decay=spec.weight_decay, mask=optim.decay_mask)
-  chain = [_keep_updates(frozen)]
-  if spec.clip_norm > 0:
-    chain.append(optax.clip_by_global_norm(spec.clip_norm))
-  chain += [optax.multi_transform({"frozen": optax.set_to_zero(),
-                                   "pretrained": adamw(schedules["pretrained"]),
-                                   "head": adamw(schedules["head"])}, labels),
-            # Decoupled weight decay moves a parameter with zero gradient: frozen rows of a
-            # scanned stack are zeroed again after the optimizer.
-            _keep_updates(frozen)]
-  return optax.chain(*chain), schedules
-
-
-# --- models and initial weights ----------------------------------------------------------
-
-def task_model(config: ModelConfig, task: str) -> nn.Module:
-  if config.family != "bert":
-    raise ValueError(f"fine-tuning needs a BERT model, got family={config.family!r}")
-  if task == "token_classification":
-    return BertForTokenClassification(config)
-  return BertForSequenceClassification(config)
-
-
-@dataclasses.dataclass
-class Encoder:
-  """Pre-trained encoder weights (the `bert` subtree, host arrays) and where they came from."""
-
-  params: Any
-  config: ModelConfig
-  tokenizer: Path | None
-  source: str
-
-
-def _bert_subtree(params: Any, where: str) -> Any:
-  params = nn.meta.unbox(params)
-  if "bert" not in params:
-    raise ValueError(f"{where}: no BERT encoder in these parameters (top-level keys: "
-                     f"{', '.join(params)})")
-  return jax.device_get(params["bert"])
-
-
-def load_encoder(init_from: str | Path, step: int | None = None) -> Encoder:
-  """The encoder of a params-only checkpoint (model.json), a fine-tuned OUT/best
-  (finetune.json), a training workdir (checkpoints/) or a Hugging Face directory
-  (config.json; BertForPreTraining / MaskedLM / Model / SequenceClassification / ...)."""
-  from bertjax import hf
-  source = Path(init_from)
-  if (source / FINETUNE_FILE).is_file():
-    params, config, _ = load_finetuned(source)
-    return Encoder(_bert_subtree(params, str(source)), config,
-                   checkpoint.tokenizer_dir(source), f"fine-tuned {source}")
-  if (source / "model.json").is_file():
-    params, config = checkpoint.load_params(source)
-    return Encoder(_bert_subtree(params, str(source)), config,
-                   checkpoint.tokenizer_dir(source), f"params {source}")
-  if (source / "checkpoints").is_dir():
-    return _workdir_encoder(source, step)
-  if (source / "config.json").is_file():
-    hf_config = json.loads((source / "config.json").read_text())
-    config = hf.model_config_from_hf(hf_config)
-    tensors = hf.read_safetensors(source)
-    # A fine-tuned checkpoint's classifier is replaced by a fresh head.
-    dropped = sorted(k for k in tensors if k.startswith("classifier."))
-    tensors = {k: v for k, v in tensors.items() if k not in dropped}
-    fresh = jit_init(BertForPreTraining(config))(jax.random.key(0))
-    params, _, _ = hf.from_hf_state_dict(tensors, config, hf_config["model_type"], fresh)
-    if dropped:
-      log.info("%s: dropped the checkpoint's head (%s)", source, ", ".join(dropped))
-    tokenizer = source if any((source / f).is_file() for f in ("vocab.txt", "spm.model")) \
-        else None
-    return Encoder(_bert_subtree(params, str(source)), config, tokenizer, f"hf {source}")
-  raise ValueError(f"init_from={init_from}: neither a params-only checkpoint (model.json), a "
-                   "training workdir (checkpoints/) nor a Hugging Face directory (config.json)")
-
-
-def _workdir_encoder(workdir: Path, step: int | None) -> Encoder:
-  from bertjax.train_checkpoint import run_params
-  params, config, tokenizer, step = run_params(workdir, step)
-  return Encoder(_bert_subtree(params, str(workdir)), config, tokenizer,
-                 f"workdir {workdir} step {step}")
-
-
 def load_finetuned(directory: str | Path, shardings: Any = None
                    ) -> tuple[Any, ModelConfig, dict[str, Any]]:
   """(params, model config, finetune.json) of a fine-tuned OUT/best directory."""
   directory = Path(directory).absolute()
   info = json.loads((directory / FINETUNE_FILE).read_text())
-  model = task_model(checkpoint.load_model_config(directory), info["task"])
-  abstract = nn.meta.unbox(jax.eval_shape(lambda r: init_params(model, r), jax.random.key(0)))
-  params, config = checkpoint.load_params(directory, shardings, abstract=abstract)
+  model = objectives.model_for(info["task"], checkpoint.load_model_config(directory))
+  params, config = checkpoint.load_params(directory, shardings,
+                                          abstract=nn.meta.unbox(abstract_params(model)))
   return params, config, info
 
 
@@ -331,43 +166,20 @@ def export_hf(directory: str | Path, out_dir: str | Path, dtype: str = "float32"
 
 # --- the run -----------------------------------------------------------------------------
 
-def _loss_and_outputs(task: str, logits: jax.Array, labels: jax.Array
-                      ) -> tuple[jax.Array, jax.Array]:
-  """(mean loss, predictions)."""
-  if task == "regression":
-    preds = logits[:, 0]
-    return jnp.mean((preds - labels) ** 2), preds
-  preds = jnp.argmax(logits, -1).astype(jnp.int32)
-  if task == "token_classification":
-    valid = labels != labeled.IGNORE
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0))
-    return jnp.sum(ce * valid) / jnp.maximum(jnp.sum(valid), 1), preds
-  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), preds
-
-
-def _train_step(state: TrainState, batch: dict, *, model, task, optimizer, schedule, rules):
-  with nn.logical_axis_rules(rules):
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-
-    def loss_fn(params):
-      logits = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
-                           batch["attention_mask"], deterministic=False,
-                           rngs={"dropout": key})
-      return _loss_and_outputs(task, logits, batch["labels"])[0]
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-             "learning_rate": schedule(state.step)}
-  return TrainState(state.step + 1, params, opt_state, state.rng), metrics
-
-
-def _predict(params, batch, *, model, task, rules):
-  with nn.logical_axis_rules(rules):
-    logits = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
-                         batch["attention_mask"], deterministic=True)
-    return _loss_and_outputs(task, logits, batch["labels"])[1]
+def trainer_config(spec: FinetuneSpec, model: ModelConfig, total_steps: int
+                   ) -> ml_collections.ConfigDict:
+  """The one trainer's config for a fine-tuning run: the task as the objective, the recipe as
+  the optimizer group (warmup as a fraction of the steps, linear decay to 0)."""
+  opt = optim.default_optimizer_config()
+  opt.update(dict(name="adamw", learning_rate=spec.learning_rate,
+                  warmup_steps=round(spec.warmup_fraction * total_steps), schedule="linear",
+                  power=1.0, end_lr_fraction=0.0, decay_steps=0, b1=0.9, b2=0.999, eps=1e-6,
+                  weight_decay=spec.weight_decay, clip_norm=spec.clip_norm,
+                  freeze=spec.freeze, head_learning_rate=spec.head_learning_rate or 0.0))
+  return ml_collections.ConfigDict({
+      "model": dataclasses.asdict(model), "objective": spec.task, "optimizer": opt,
+      "num_train_steps": total_steps, "grad_accum_steps": 1, "sharding_rules": spec.rules,
+      "seed": spec.seed})
 
 
 def _put(arrays: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> dict:
@@ -376,28 +188,22 @@ def _put(arrays: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> 
           for k, v in arrays.items()}
 
 
-def _put_like(host: Any, sharding_: NamedSharding, like: jax.Array) -> jax.Array:
-  """A host array (every process holds it whole) in `like`'s dtype, laid out in `sharding_`."""
-  host = np.asarray(host, like.dtype)
-  return jax.make_array_from_callback(like.shape, sharding_, lambda idx: host[idx])
-
-
 def _rows(data: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
   return {k: v[idx] for k, v in data.items() if k != "word_index"}
 
 
-def _evaluate(predict, params, data: dict[str, np.ndarray], batch_size: int, shardings,
+def _evaluate(trainer: Trainer, params, data: dict[str, np.ndarray], batch_size: int,
               task: str, label_names: Sequence[str]) -> dict[str, float]:
   n = len(data["labels"])
   preds = []
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size) % n  # the last batch padded with repeats
-    out = predict(params, _put(_rows(data, idx), shardings))
+    out = trainer.predict(params, _put(_rows(data, idx), trainer.batch_shardings))
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       out = multihost_utils.process_allgather(out, tiled=True)
     preds.append(np.asarray(jax.device_get(out))[:min(batch_size, n - start)])
-  return task_metrics(task, data["labels"], np.concatenate(preds), label_names)
+  return task_scores(task, data["labels"], np.concatenate(preds), label_names)
 
 
 def _better(metric: str, value: float, best: float | None) -> bool:
@@ -422,9 +228,15 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
 
   # Weights and model.
   if init_from:
-    encoder = load_encoder(init_from, spec.step)
+    weights = checkpoint.load_weights(init_from, spec.step)
+    if "bert" not in weights.params:
+      raise ValueError(f"{init_from}: no BERT encoder in these parameters (top-level keys: "
+                       f"{', '.join(weights.params)})")
+    # A checkpoint's own heads (pre-training or an earlier task) make way for a fresh one.
+    encoder = checkpoint.Weights({"bert": weights.params["bert"]}, weights.config,
+                                 weights.tokenizer, weights.source)
   elif spec.model is not None:
-    encoder = Encoder(None, spec.model, None, "random init")
+    encoder = checkpoint.Weights(None, spec.model, None, "random init")
   else:
     raise ValueError("finetune: give init_from, or spec.model for a random initialisation")
   tokenizer_path = spec.tokenizer or encoder.tokenizer
@@ -456,52 +268,21 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
   if len(tokenizer) > config.vocab_size:
     raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                      f"only {config.vocab_size}")
-  model = task_model(config, spec.task)
   if is_main and (note := recipe_note(spec, config.hidden_size)):
     log.warning("%s", note)
 
-  # Mesh, shardings, parameters.
+  # The one trainer: mesh, shardings, the initial state (a fresh head on the encoder).
   mesh = mesh or sharding.make_mesh(dict(spec.mesh_axes))
-  rules = sharding.resolve_rules(spec.rules)
   eval_batch = spec.eval_batch_size or spec.batch_size
-  data_parallel = sharding.batch_ways(mesh, rules)
-  for name, size in (("batch_size", spec.batch_size), ("eval_batch_size", eval_batch)):
-    if size % data_parallel:
-      raise ValueError(f"{name}={size} is not divisible by the {data_parallel} "
-                       "data-parallel devices of the mesh")
-  rng = jax.random.key(spec.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  with jax.set_mesh(mesh):
-    params, param_sh = sharding.sharded_init(lambda r: init_params(model, r), init_rng, mesh,
-                                             rules)
-    if encoder.params is not None:
-      _check_encoder(encoder, params["bert"])
-      params = {**params, "bert": jax.tree.map(_put_like, encoder.params, param_sh["bert"],
-                                               params["bert"])}
-
   steps_per_epoch = math.ceil(len(train["labels"]) / spec.batch_size)
   total_steps = max(1, round(spec.epochs * steps_per_epoch))
-  optimizer, schedules = build_optimizer(spec, params, config.num_layers, total_steps)
-  abstract_opt = jax.eval_shape(optimizer.init, params)
-  opt_sh = optimizer_state_shardings(abstract_opt, param_sh, params, mesh)
-  replicated = NamedSharding(mesh, PartitionSpec())
-  state_sh = TrainState(replicated, param_sh, opt_sh, replicated)
-  with jax.set_mesh(mesh):
-    opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
-  state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), replicated), params, opt_state,
-                     jax.device_put(jax.random.key_data(dropout_rng), replicated))
-
-  example = _rows(train, np.arange(spec.batch_size) % len(train["labels"]))
-  train_sh = batch_shardings(example, mesh, rules)
-  eval_sh = batch_shardings(_rows(dev, np.arange(eval_batch) % len(dev["labels"])), mesh,
-                            rules)
-  step_fn = jax.jit(functools.partial(_train_step, model=model, task=spec.task,
-                                      optimizer=optimizer, schedule=schedules["pretrained"],
-                                      rules=rules),
-                    in_shardings=(state_sh, train_sh), out_shardings=(state_sh, None),
-                    donate_argnums=(0,))
-  predict = jax.jit(functools.partial(_predict, model=model, task=spec.task, rules=rules),
-                    in_shardings=(param_sh, eval_sh))
+  trainer = Trainer(trainer_config(spec, config, total_steps), mesh)
+  for size in (spec.batch_size, eval_batch):
+    sharding.check_batch(size, 1, mesh, trainer.rules)
+  state = trainer.init_state(spec.seed)
+  if encoder.params is not None:
+    state, _, _ = trainer.with_weights(state, encoder.params, encoder.source)
+  trainer.compile_step(_rows(train, np.arange(spec.batch_size) % len(train["labels"])))
   metric = spec.selection_metric
   log.info("fine-tuning %s from %s: %d train / %d dev examples, %d labels, %d steps "
            "(%d per epoch), mesh %s, freeze %s", spec.task, encoder.source,
@@ -526,7 +307,8 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
           break
         # The last batch of an epoch is filled up from the epoch's start.
         idx = order[np.arange(b * spec.batch_size, (b + 1) * spec.batch_size) % len(order)]
-        state, step_metrics = step_fn(state, _put(_rows(train, idx), train_sh))
+        state, step_metrics = trainer.step(state, _put(_rows(train, idx),
+                                                       trainer.batch_shardings))
         step += 1
         if spec.log_every and step % spec.log_every == 0:
           train_loss.append(float(step_metrics["loss"]))
@@ -536,8 +318,7 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
         due = (step % spec.eval_every == 0) if spec.eval_every else end_of_epoch
         if not (due or step == total_steps):
           continue
-        scores = _evaluate(predict, state.params, dev, eval_batch, eval_sh, spec.task,
-                           label_names)
+        scores = _evaluate(trainer, state.params, dev, eval_batch, spec.task, label_names)
         if metric not in scores:
           raise ValueError(f"metric {metric!r} is not reported for {spec.task} "
                            f"({', '.join(scores)})")

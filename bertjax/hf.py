@@ -489,10 +489,11 @@ def _check_shapes(entry: Entry, tensors: dict[str, np.ndarray], fresh_flat: Flat
                               f"{tuple(want.shape)} for this config")
 
 
-def import_hf(hf_dir: str | Path, scan_layers: bool = True,
-              rng: jax.Array | None = None) -> tuple[Any, ModelConfig, ImportReport]:
+def import_hf(hf_dir: str | Path, scan_layers: bool = True, rng: jax.Array | None = None,
+              drop: tuple[str, ...] = ()) -> tuple[Any, ModelConfig, ImportReport]:
   """Reads a `transformers` directory (config.json + safetensors; local or an object store)
-  into bertjax parameters."""
+  into bertjax parameters. Tensors whose names start with a prefix in `drop` (a fine-tuned
+  checkpoint's `classifier.`) are left out and reported as ignored."""
   hf_dir = paths.local_copy(hf_dir)
   config_path = hf_dir / "config.json"
   if not config_path.exists():
@@ -502,8 +503,10 @@ def import_hf(hf_dir: str | Path, scan_layers: bool = True,
   model_type = hf_config["model_type"]
   architecture = (hf_config.get("architectures") or ["?"])[0]
   tensors = read_safetensors(hf_dir)
+  dropped = sorted(k for k in tensors if k.startswith(drop)) if drop else []
+  tensors = {k: v for k, v in tensors.items() if k not in set(dropped)}
   rng = jax.random.key(0) if rng is None else rng
   fresh_params = jit_init(build_model(cfg))(rng)
   params, fresh, ignored = from_hf_state_dict(tensors, cfg, model_type, fresh_params)
-  return params, cfg, ImportReport(model_type, architecture, fresh, ignored)
+  return params, cfg, ImportReport(model_type, architecture, fresh, dropped + ignored)
 

@@ -1,7 +1,11 @@
 """`bertjax train`: the outer loop around the jitted step — data, logging, eval, profiling.
 
-The loop never waits on the device except at log and eval steps (async dispatch keeps the
-host building the next batch while the device runs this one).
+Each iteration loads a batch, dispatches the step, runs the step hooks (bertjax/hooks.py:
+bookkeeping, first-step timing, profile, train metrics, eval) and then what changes the run's
+course: a phase switch, a checkpoint save, a preemption. The host never waits on the device at
+a log step (its metrics are read after the next step is dispatched); it waits at evals, saves,
+a phase's first step and the end (async dispatch keeps the host building the next batch while
+the device runs this one).
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import ml_collections
 import numpy as np
 import tqdm
 from etils import epath
+from flax.traverse_util import flatten_dict
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bertjax import checkpoint, distributed, flops, paths, phases, plot, sharding
+from bertjax import checkpoint, distributed, flops, hooks, paths, phases, plot, sharding
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
-from bertjax.metrics import MetricsWriter, check_finite, summary_lines
+from bertjax.metrics import MetricsWriter, summary_lines
 from bertjax.train import Trainer, TrainState
 from bertjax.train_checkpoint import CheckpointWriteError, TrainCheckpoints
 from bertjax.workdir import WorkdirLock, check_resume_config
@@ -50,7 +55,8 @@ def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
 
 class _PhaseData:
   """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
-  (bertjax.phases): a two-phase run builds a new one at the switch."""
+  (bertjax.phases): a two-phase run builds a new one at the switch, and the step is jitted
+  again for its batch shape at its first batch (`compiled`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
                step: int) -> None:
@@ -70,6 +76,7 @@ class _PhaseData:
     self.flops_per_step = flops.train_flops_per_step(
         trainer.model_config, self.batch_size, self.seq_length,
         _predictions_per_seq(self.config))
+    self.compiled = False
 
   def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return distributed.global_batch(local, trainer.batch_shardings, self.rows, self.batch_size)
@@ -200,95 +207,46 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
   if progress:
     quiet_bar.enter_context(logging_redirect_tqdm())
   watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
-  profile = None  # the trace directory, mirrored to the workdir when that is remote
-  tracing = False
-  last_log_time, last_log_step = time.perf_counter(), int(state.step)
-  train_metrics: dict[str, Any] = {}
-  metrics = None
-  step = first_step = logged_step = saved_step = int(state.step)
-  # The step is (re)jitted for the phase's batch shape when its first batch arrives; the step
-  # that compiles is timed apart from the steady state.
-  compile_pending = True
+  step = first_step = saved_step = int(state.step)
+  train_metrics = hooks.TrainMetrics(writer, peak, step)
+  profiler = hooks.Profiler(config.profile, workdir, enabled=is_main)
+  step_hooks = _step_hooks(config, trainer, dataset, writer, train_metrics, profiler,
+                           progress, watchdog, lock, is_main)
+  info = None  # the last step's StepInfo
   preemption = _Preemption(checkpoints)
   try:
     while step < total:
-      if config.profile.start_step >= 0 and step == config.profile.start_step and is_main:
-        profile = paths.LocalMirror(workdir / "profile")
-        jax.profiler.start_trace(str(profile.local))
-        tracing = True
+      profiler.maybe_start(step)
       local = phase.next_batch()
       if local is None:
+        # Finite epochs: the data ran out, on every process at the same step (next_batch).
         total = step
         log.info("the training data ran out (data.num_epochs=%d) after step %d: the run ends "
                  "here on every process", int(config.data.num_epochs), step)
-        if metrics is not None and logged_step != step:  # the last step's, if not logged yet
-          train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          check_finite(step, train_metrics)
-          writer.write(step, train_metrics)
+        train_metrics.write_final(info)
         if saved_step != step and step > first_step:
           checkpoints.save(step, state, phase.batches, config)
         break
-      compiling = compile_pending
-      if compile_pending:
-        trainer.compile_step(local, phase.accum_steps)
-        compile_pending = False
-        last_log_time = time.perf_counter()
-      state, metrics = trainer.step(state, phase.global_batch(trainer, local))
-      step += 1
-      watchdog.tick()
-      lock.heartbeat()
-      if progress:
-        progress.update(1)
+      # The step is (re)jitted for the phase's batch shape when its first batch arrives.
+      compiling = not phase.compiled
       if compiling:
-        # The first step of a phase includes compilation: time it apart.
-        jax.block_until_ready(metrics)
-        if is_main:
-          log.info("first step of phase %d (compile + run) took %.1f s", phase.index + 1,
-                   time.perf_counter() - last_log_time)
-        last_log_time, last_log_step = time.perf_counter(), step
-      if tracing and step >= config.profile.start_step + config.profile.num_steps:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-        profile.close()
-        tracing = False
-        log.info("profile of steps %d..%d written to %s", config.profile.start_step, step - 1,
-                 profile.remote)
-      if step % config.log_every == 0 or step == total:
-        train_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        now = time.perf_counter()
-        steps_done = step - last_log_step
-        if steps_done:  # none right after a compiling step
-          step_time = (now - last_log_time) / steps_done
-          train_metrics.update(step_time=step_time,
-                               tokens_per_sec=phase.batch_size * phase.seq_length / step_time,
-                               mfu=peak.mfu(phase.flops_per_step / step_time))
-        check_finite(step, train_metrics)
-        writer.write(step, train_metrics)
-        last_log_time, last_log_step = time.perf_counter(), step
-        logged_step = step
-      if config.eval_every and (step % config.eval_every == 0 or step == total):
-        eval_start = time.perf_counter()
-        eval_batches = make_batches(phase.config, "eval", phase.rows, dataset)
-        try:
-          writer.write(step, evaluate(trainer, state, (phase.global_batch(
-              trainer, next(eval_batches)) for _ in iter(int, 1)), int(config.eval_steps)),
-                       prefix="eval")
-        finally:
-          eval_batches.close()
-        writer.plot()
-        # Time spent evaluating is not training time: keep it out of step time and tokens/s.
-        last_log_time += time.perf_counter() - eval_start
+        trainer.compile_step(local, phase.accum_steps)
+        phase.compiled = True
+      begun = time.perf_counter()
+      state, metrics = _dispatch(trainer, phase, state, local)
+      step += 1
+      # The previous step's metrics, if it was a log step, while the device runs this one.
+      train_metrics.read_pending()
+      info = hooks.StepInfo(step, total, state, metrics, phase, compiling, begun)
+      step_hooks.run(info)
       if step < total and phases.phase_of(config, step) != phase.index:
         # Switch before any save: a checkpoint of this step holds the new phase's position.
-        phase.batches.close()
-        phase = _PhaseData(config, trainer, dataset, step)
-        compile_pending = True
-        if is_main:
-          log.info("step %d: switching to %s; model FLOPs/step %.3g", step, phase.describe(),
-                   phase.flops_per_step)
+        phase = _switch_phase(config, trainer, dataset, phase, step, train_metrics, is_main)
       preempted = preemption.requested(step)
       if preempted or checkpoints.due(step, total):
-        # Counted in step time: what a save costs the run is part of its throughput.
+        # Counted in step time: what a save costs the run is part of its throughput. A
+        # diverged step is never saved: its pending metrics (NaN check) are read first.
+        train_metrics.read_pending()
         checkpoints.save(step, state, phase.batches, config)
         saved_step = step
       if preempted:
@@ -296,6 +254,9 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
         log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
                     "resumes)", step, preemption.reason)
         break
+    train_metrics.read_pending()  # nothing is left pending whatever ended the loop
+    if info is not None:
+      profiler.stop(info)  # a run that ended inside the profiled steps
     checkpoints.wait()
   finally:
     preemption.uninstall()
@@ -314,7 +275,75 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     _write_final_params(workdir, state, trainer, dataset, is_main, replace=True)
   if is_main:
     _print_summary(workdir, step, total, trainer, plotted, time.perf_counter() - started)
-  return train_metrics
+  return train_metrics.last
+
+
+def _dispatch(trainer: Trainer, phase: _PhaseData, state: TrainState,
+              local: dict[str, np.ndarray]) -> tuple[TrainState, dict[str, jax.Array]]:
+  """Places this host's rows of the batch on the devices and dispatches the step, without
+  waiting for it. Batch and state are on the devices before the step is called: inside it an
+  implicit transfer (a NumPy array or a Python scalar reaching a jitted function, a device value
+  read by float()) is an error rather than a silent copy or a sync with the device."""
+  # Placed explicitly, outside the guard: JAX (0.10) counts make_array_from_callback's
+  # per-device copies as implicit transfers.
+  batch = phase.global_batch(trainer, local)
+  with jax.transfer_guard("disallow"):
+    return trainer.step(state, batch)
+
+
+def _step_hooks(config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
+                writer: MetricsWriter, train_metrics: hooks.TrainMetrics,
+                profiler: hooks.Profiler, progress: tqdm.tqdm | None,
+                watchdog: distributed.StepWatchdog, lock: WorkdirLock,
+                is_main: bool) -> hooks.Hooks:
+  """What runs after every step, in this order: bookkeeping, the first step's timing, the
+  profile's end, train metrics, eval."""
+  step_hooks = hooks.Hooks()
+
+  def alive(info: hooks.StepInfo) -> None:
+    watchdog.tick()
+    lock.heartbeat()
+    if progress:
+      progress.update(1)
+
+  def evaluate_step(info: hooks.StepInfo) -> None:
+    # This step's train record comes first; the eval waits for the step anyway.
+    train_metrics.read_pending()
+    jax.block_until_ready(info.metrics)
+    eval_start = time.perf_counter()
+    phase = info.phase
+    eval_batches = make_batches(phase.config, "eval", phase.rows, dataset)
+    try:
+      writer.write(info.step, evaluate(trainer, info.state, (phase.global_batch(
+          trainer, next(eval_batches)) for _ in iter(int, 1)), int(config.eval_steps)),
+                   prefix="eval")
+    finally:
+      eval_batches.close()
+    writer.plot()
+    # Time spent evaluating is not training time: keep it out of step time and tokens/s.
+    train_metrics.exclude(time.perf_counter() - eval_start)
+
+  step_hooks.add(alive, every=1)
+  step_hooks.add(hooks.FirstStepTimer(train_metrics, is_main), every=1, name="first_step")
+  if profiler.enabled:
+    step_hooks.add(profiler.stop, steps=[profiler.stop_step], name="profile_stop")
+  step_hooks.add(train_metrics, every=int(config.log_every), last=True, name="train_metrics")
+  if config.eval_every:
+    step_hooks.add(evaluate_step, every=int(config.eval_every), last=True, name="eval")
+  return step_hooks
+
+
+def _switch_phase(config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
+                  phase: _PhaseData, step: int, train_metrics: hooks.TrainMetrics,
+                  is_main: bool) -> _PhaseData:
+  """The data of the phase that starts after `step`; its step compiles at its first batch."""
+  train_metrics.read_pending()  # the old phase's last record, before the new one compiles
+  phase.batches.close()
+  phase = _PhaseData(config, trainer, dataset, step)
+  if is_main:
+    log.info("step %d: switching to %s; model FLOPs/step %.3g", step, phase.describe(),
+             phase.flops_per_step)
+  return phase
 
 
 def _print_summary(workdir: epath.Path, step: int, total: int, trainer: Trainer,
@@ -355,42 +384,29 @@ def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,
                      "no checkpoint")
   state = trainer.init_state(int(config.seed))
   if config.init_from:
-    params = initial_params(config.init_from, trainer)
-    state = state.replace(params=params)
-    log.info("initialised the parameters from %s", config.init_from)
+    state = start_from(config.init_from, trainer, state)
   return state
 
 
-def initial_params(path: str, trainer: Trainer) -> Any:
-  """Weights of a params-only checkpoint or a Hugging Face directory (local or an object
-  store), in the trainer's shardings; an error lists the parameters whose shapes do not fit."""
-  from bertjax import hf
-  abstract = trainer.abstract_state().params
+def start_from(path: str, trainer: Trainer, state: TrainState) -> TrainState:
+  """`state` with the weights of `init_from` (params-only, fine-tuned, workdir or Hugging
+  Face; local or an object store) in the trainer's shardings; what is not loaded follows
+  from the model (`Trainer.with_weights`)."""
   source = paths.path(path)
-  if (source / "model.json").is_file():
-    loaded_config = checkpoint.load_model_config(source)
-    _check_fits(path, checkpoint.abstract_params_of(loaded_config), abstract)
-    params, _ = checkpoint.load_params(source, trainer.state_shardings.params)
-    return params
-  if (source / "config.json").is_file():
-    params, _, report = hf.import_hf(source, scan_layers=trainer.model_config.scan_layers)
-    log.info("%s", report.summary())
-    _check_fits(path, params, abstract)
-    return jax.tree.map(lambda x, a: jax.device_put(np.asarray(x, a.dtype), a.sharding),
-                        params, abstract)
-  raise ValueError(f"init_from={path}: neither a params-only checkpoint (model.json) nor a "
-                   "Hugging Face directory (config.json)")
-
-
-def _check_fits(path: str, loaded: Any, abstract: Any) -> None:
-  shapes = lambda tree: {jax.tree_util.keystr(p): tuple(np.shape(x))  # noqa: E731
-                         for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-  have, want = shapes(loaded), shapes(abstract)
-  problems = [f"{k}: {have.get(k)} vs config {v}" for k, v in want.items() if have.get(k) != v]
-  problems += [f"{k}: not in the config's model" for k in have if k not in want]
-  if problems:
-    raise ValueError(f"init_from={path} does not fit the config ({len(problems)} "
-                     "parameter(s)):\n  " + "\n  ".join(problems[:20]))
+  if (source / "model.json").is_file() and not (source / checkpoint.FINETUNE_FILE).is_file():
+    saved = checkpoint.abstract_params_of(checkpoint.load_model_config(source))
+    if not checkpoint.shape_mismatches(flatten_dict(saved, sep="/"),
+                                       flatten_dict(state.params, sep="/"), "model"):
+      # The same model: restored straight into its shardings, no host copy (pod scale).
+      params, _ = checkpoint.load_params(source, trainer.state_shardings.params)
+      log.info("initialised the parameters from %s", path)
+      return state.replace(params=params)
+  weights = checkpoint.load_weights(path, scan_layers=trainer.model_config.scan_layers)
+  state, fresh, dropped = trainer.with_weights(state, weights.params, f"init_from={path}")
+  log.info("initialised the parameters from %s%s%s", weights.source,
+           f"; fresh: {', '.join(fresh)}" if fresh else "",
+           f"; not loaded (the model has no such head): {', '.join(dropped)}" if dropped else "")
+  return state
 
 
 def _write_final_params(workdir: epath.Path, state: TrainState, trainer: Trainer,

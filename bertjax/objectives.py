@@ -1,4 +1,5 @@
-"""Pre-training objectives: small loss functions chosen by `config.objective`.
+"""Training objectives — pre-training and fine-tuning — as small loss classes chosen by
+`config.objective`; the one trainer (bertjax.train) runs them all.
 
 Each objective computes *sums* over its part of the batch, divided by normalisers computed
 once from the whole global batch (`normalizers`). Gradient accumulation over micro-batches
@@ -10,6 +11,8 @@ Batches (dicts of arrays) by objective:
   masked_lm_weights [B, P]; next_sentence_labels [B] (1 = random next, as
   google-research/bert; for sentence-order prediction 1 = swapped).
 - GPT: input_ids, target_ids, loss_mask, segment_ids, positions [B, L].
+- Fine-tuning (bertjax.data.labeled): input_ids, token_type_ids, attention_mask [B, L];
+  labels [B] (classes, or floats for regression) or [B, L] (tags; IGNORE where no loss).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.models import precision
+from bertjax.data.labeled import IGNORE
+from bertjax.models import build_model, precision
+from bertjax.models.bert import BertForSequenceClassification, BertForTokenClassification
 from bertjax.models.config import ModelConfig
 
 Array = jax.Array
@@ -31,7 +36,10 @@ Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
-OBJECTIVES = ("mlm_nsp", "mlm", "mlm_sop", "causal_lm")
+PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "causal_lm")
+FINETUNING = ("classification", "regression", "token_classification")
+OBJECTIVES = PRETRAINING + FINETUNING
+
 
 
 def chunked_lm_loss(config: ModelConfig, hidden_BLD: Array, table_VD: Array, targets_BL: Array,
@@ -187,10 +195,65 @@ class CausalLM:
     return loss, {"lm_loss": loss, "lm_accuracy": correct / norm["tokens"]}
 
 
-def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM:
+@dataclasses.dataclass(frozen=True)
+class Finetuning:
+  """A task head on BERT: cross-entropy over classes (`classification`: sentence or pair
+  on the pooled [CLS]; `token_classification`: every token whose label is not IGNORE) or mean
+  squared error of one output (`regression`, STS-B). Means over the global batch's examples
+  (or labelled tokens), as sums divided by normalisers, so accumulation changes nothing.
+  `predict` gives what the task's dev metrics score: classes or the regression output."""
+
+  model: nn.Module
+  task: str = "classification"
+
+  def normalizers(self, batch: Batch) -> dict[str, Array]:
+    if self.task == "token_classification":
+      labelled = (batch["labels"] != IGNORE).sum().astype(jnp.float32)
+      return {"examples": jnp.maximum(labelled, 1.0)}
+    return {"examples": jnp.asarray(batch["labels"].shape[0], jnp.float32)}
+
+  def _logits(self, params: Any, batch: Batch, rng: Array | None) -> Array:
+    return self.model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
+                            batch["attention_mask"], deterministic=rng is None,
+                            rngs={"dropout": rng} if rng is not None else {})
+
+  def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
+               rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    logits = self._logits(params, batch, rng)
+    labels = batch["labels"]
+    if self.task == "regression":
+      loss = ((logits[:, 0] - labels) ** 2).sum() / norm["examples"]
+      return loss, {}
+    valid = labels != IGNORE
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0))
+    correct = (jnp.argmax(logits, -1) == labels) & valid
+    loss = jnp.sum(jnp.where(valid, nll, 0.0)) / norm["examples"]
+    return loss, {"accuracy": correct.sum() / norm["examples"]}
+
+  def predict(self, params: Any, batch: Batch) -> Array:
+    logits = self._logits(params, batch, None)
+    if self.task == "regression":
+      return logits[:, 0]
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+def model_for(name: str, config: ModelConfig) -> nn.Module:
+  """The module objective `name` trains: the pre-training model of the family, or BERT with the
+  fine-tuning task's head."""
+  if name in FINETUNING:
+    if config.family != "bert":
+      raise ValueError(f"objective {name} needs a BERT model, got family={config.family!r}")
+    if name == "token_classification":
+      return BertForTokenClassification(config)
+    return BertForSequenceClassification(config)
+  return build_model(config)
+
+
+def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM | Finetuning:
   """`mlm_nsp` (BERT), `mlm` (RoBERTa: no sentence task), `mlm_sop` (ALBERT's sentence-order
   prediction: the same 2-way head, labels say whether the segments were swapped),
-  `causal_lm` (GPT)."""
+  `causal_lm` (GPT); `classification`, `regression`, `token_classification` (fine-tuning
+  BERT, with `model_for`'s heads)."""
   family = model.config.family
   if name == "causal_lm":
     if family != "gpt":
@@ -200,4 +263,8 @@ def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM:
     if family != "bert":
       raise ValueError(f"objective {name} needs a BERT model (model.family='bert')")
     return BertPretraining(model, sentence_task=name != "mlm")
+  if name in FINETUNING:
+    if family != "bert":
+      raise ValueError(f"objective {name} needs a BERT model, got family={family!r}")
+    return Finetuning(model, name)
   raise ValueError(f"unknown objective {name!r}; objectives: {', '.join(OBJECTIVES)}")

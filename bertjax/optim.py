@@ -5,6 +5,10 @@
 - Schedules: linear warmup + linear decay to zero (BERT), linear warmup + cosine decay to a
   floor and constant after (GPT-2/3), or constant after warmup.
 - Global-norm gradient clipping.
+- Parameter groups (pre-training and fine-tuning alike): `freeze` gives parts of the encoder
+  no update (the embeddings, the bottom K layers, or all of it), and `head_learning_rate` gives
+  the parameters outside the encoder (a fresh classifier, or pre-training heads) their own peak
+  learning rate — `optax.multi_transform` over per-parameter labels (`parameter_groups`).
 
 Weight decay applies to matrices and embedding tables only: `decay_mask` is the one place that
 decides, from the parameter's leaf name.
@@ -13,10 +17,13 @@ decides, from the parameter's leaf name.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,100 @@ def decay_mask(params: Any) -> Any:
     last = path[-1]
     return getattr(last, "key", getattr(last, "name", None)) in DECAYED_LEAVES
   return jax.tree_util.tree_map_with_path(is_decayed, params)
+
+
+# The encoder's embedding tables and their norm (BERT) / the token and position tables (GPT).
+EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings",
+              "embeddings_norm", "wte", "wpe")
+FREEZE_KINDS = "none, embeddings, bottom:K (the embeddings and layers 0..K-1) or encoder"
+
+
+def parse_freeze(freeze: str) -> tuple[str, int]:
+  """`optimizer.freeze`: "none" | "embeddings" | "bottom:K" | "encoder" (alias "all_but_head",
+  feature extraction) -> (kind, K)."""
+  if freeze in ("none", "embeddings", "encoder"):
+    return freeze, 0
+  if freeze == "all_but_head":
+    return "encoder", 0
+  match = re.fullmatch(r"bottom:(\d+)", freeze)
+  if match:
+    return "bottom", int(match.group(1))
+  raise ValueError(f"freeze must be {FREEZE_KINDS}, got {freeze!r}")
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
+
+
+def encoder_path(names: tuple[str, ...]) -> tuple[str, ...] | None:
+  """The path inside the encoder (BERT: the `bert` subtree; GPT: the whole model, whose LM head
+  is the tied embedding), or None for a head parameter."""
+  if names[0] == "bert":
+    return names[1:]
+  if names[0] in ("decoder", "wte", "wpe", "final_norm"):
+    return names
+  return None
+
+
+def _layer_count(params: Any) -> int:
+  """Layers of the encoder's stack: the leading axis of a scanned stack, else the number of
+  `layer_i` subtrees."""
+  unscanned = set()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    inner = encoder_path(_names(path))
+    if inner and len(inner) > 2 and inner[0] in ("encoder", "decoder"):
+      if inner[1] == "layers":
+        return int(np.shape(leaf)[0])
+      unscanned.add(inner[1])
+  return len(unscanned)
+
+
+def frozen_rows(params: Any, freeze: str) -> Any:
+  """Per leaf: True (frozen whole), False (trained), or a bool array [layers, 1, ...] that is
+  True for the frozen layers of a scanned layer stack."""
+  kind, k = parse_freeze(freeze)
+  num_layers = _layer_count(params)
+  if kind == "bottom" and k > num_layers:
+    raise ValueError(f"optimizer.freeze=bottom:{k} but the model has {num_layers} layers")
+
+  def rule(path, leaf):
+    inner = encoder_path(_names(path))
+    if inner is None or kind == "none":
+      return False
+    if kind == "encoder" or inner[0] in EMBEDDINGS:
+      return True
+    if kind != "bottom" or inner[0] not in ("encoder", "decoder"):
+      return False
+    if inner[1] == "layers":  # scanned: the leading axis is the layer
+      if k >= num_layers:
+        return True
+      if k == 0:
+        return False
+      rows = np.arange(num_layers) < k
+      return rows.reshape((num_layers,) + (1,) * (len(np.shape(leaf)) - 1))
+    return int(inner[1].split("_")[1]) < k
+  return jax.tree_util.tree_map_with_path(rule, params)
+
+
+def parameter_groups(params: Any, freeze: str = "none") -> Any:
+  """Per leaf: "frozen" (no update, no optimizer state), "encoder" or "head"."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, f: ("frozen" if f is True else
+                       "encoder" if encoder_path(_names(path)) is not None else "head"),
+      frozen_rows(params, freeze))
+
+
+def _zero_frozen(freeze: str) -> optax.GradientTransformation:
+  """Zeroes the gradient/update of frozen parameters (rows of a scanned stack included)."""
+  def keep(u, f):
+    if isinstance(f, np.ndarray):
+      return jnp.where(jnp.asarray(f), jnp.zeros_like(u), u)
+    return jnp.zeros_like(u) if f else u
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(keep, updates, frozen_rows(updates, freeze)), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
@@ -77,24 +178,50 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
                     restart: ml_collections.ConfigDict | None = None,
                     ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The full update rule (clipping, then the optimizer) and its learning-rate schedule
-  (`restart`: see `learning_rate_schedule`)."""
+  (`restart`: see `learning_rate_schedule`).
+
+  With `opt.freeze` or `opt.head_learning_rate` set, the parameters are split into groups
+  (`parameter_groups`): frozen ones get a zero update and no optimizer state, the head its own
+  schedule (the encoder's warmup and decay, to its own peak). Otherwise the optimizer state
+  is the single optimizer's, as checkpoints of earlier runs hold it."""
   schedule = learning_rate_schedule(opt, num_train_steps, restart)
+  freeze = str(opt.get("freeze", "none"))
+  parse_freeze(freeze)
+  head_lr = float(opt.get("head_learning_rate", 0.0) or 0.0)
+  if head_lr and head_lr != float(opt.learning_rate):
+    head_opt = opt.copy_and_resolve_references()
+    head_opt.learning_rate = head_lr
+    head_schedule = learning_rate_schedule(head_opt, num_train_steps, restart)
+  else:
+    head_schedule = schedule
+  grouped = freeze != "none" or head_schedule is not schedule
+  clip = ([optax.clip_by_global_norm(float(opt.clip_norm))]
+          if opt.clip_norm and float(opt.clip_norm) > 0 else [])
+  if not grouped:
+    return optax.chain(*clip, _core(opt, schedule)), schedule
+  update = optax.multi_transform(
+      {"frozen": optax.set_to_zero(), "encoder": _core(opt, schedule),
+       "head": _core(opt, head_schedule)},
+      lambda params: parameter_groups(params, freeze))
+  # Frozen gradients are zeroed before clipping (they take no part in the global norm) and the
+  # updates again after: decoupled weight decay moves a parameter with zero gradient, and the
+  # frozen rows of a scanned stack share their leaf (and optimizer) with trained rows.
+  return optax.chain(_zero_frozen(freeze), *clip, update, _zero_frozen(freeze)), schedule
+
+
+def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule
+          ) -> optax.GradientTransformation:
   wd = float(opt.weight_decay)
   if opt.name == "adamw":
-    core = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
+    return optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
                        mask=decay_mask)
-  elif opt.name == "lamb":
-    core = optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
+  if opt.name == "lamb":
+    return optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
                       mask=decay_mask)
-  elif opt.name == "adafactor":
-    core = optax.adafactor(schedule, weight_decay_rate=wd or None,
+  if opt.name == "adafactor":
+    return optax.adafactor(schedule, weight_decay_rate=wd or None,
                            weight_decay_mask=decay_mask if wd else None)
-  else:
-    raise ValueError(f"optimizer.name must be adamw, lamb or adafactor, got {opt.name!r}")
-  chain = [core]
-  if opt.clip_norm and float(opt.clip_norm) > 0:
-    chain.insert(0, optax.clip_by_global_norm(float(opt.clip_norm)))
-  return optax.chain(*chain), schedule
+  raise ValueError(f"optimizer.name must be adamw, lamb or adafactor, got {opt.name!r}")
 
 
 def default_optimizer_config() -> ml_collections.ConfigDict:
@@ -122,4 +249,10 @@ def default_optimizer_config() -> ml_collections.ConfigDict:
       "weight_decay": 0.01,
       # Global-norm gradient clipping (0: off).
       "clip_norm": 1.0,
+      # Parameters given no update: none | embeddings | bottom:K (the embeddings and encoder
+      # layers 0..K-1) | encoder (everything but the heads: feature extraction).
+      "freeze": "none",
+      # Peak learning rate of the parameters outside the encoder (a fresh head); 0: the same as
+      # learning_rate. Same warmup and decay as the encoder's.
+      "head_learning_rate": 0.0,
   })

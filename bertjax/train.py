@@ -17,11 +17,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax import objectives, optim, sharding
+from bertjax.checkpoint import shape_mismatches
 from bertjax.config import model_config
-from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
+from bertjax.models import attention, init_compiler_options, init_params, precision
 
 Batch = dict[str, jax.Array]
 
@@ -122,8 +124,15 @@ def eval_step(params: Any, batch: Batch, *, loss_fn, rules) -> dict:
   return {**metrics, "loss": loss}
 
 
+def predict_step(params: Any, batch: Batch, *, loss_fn, rules) -> jax.Array:
+  """What a fine-tuning objective's dev metrics score (classes or regression outputs)."""
+  with nn.logical_axis_rules(rules):
+    return loss_fn.predict(params, batch)
+
+
 class Trainer:
-  """Holds the model, objective, optimizer and the compiled, sharded step functions."""
+  """Holds the model, objective, optimizer and the compiled, sharded step functions: the one
+  trainer of pre-training and fine-tuning (objectives and configs of it)."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: Mesh) -> None:
     self.config = config
@@ -134,7 +143,7 @@ class Trainer:
     platform = mesh.devices.flat[0].platform
     self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
                                           platform)
-    self.model = build_model(self.model_config)
+    self.model = objectives.model_for(config.objective, self.model_config)
     self.loss_fn = objectives.build_objective(config.objective, self.model)
     self.optimizer, self.schedule = optim.build_optimizer(
         config.optimizer, config.num_train_steps, config.get("phase2"))
@@ -142,6 +151,7 @@ class Trainer:
     self.state_shardings = self._state_shardings()
     self._step = None
     self._eval = None
+    self._predict = None
 
   def _init_fn(self, rng: jax.Array) -> TrainState:
     param_rng, dropout_rng = jax.random.split(rng)
@@ -188,6 +198,10 @@ class Trainer:
                          out_shardings=(self.state_shardings, None), donate_argnums=(0,))
     self._eval = jax.jit(functools.partial(eval_step, loss_fn=self.loss_fn, rules=self.rules),
                          in_shardings=(self.state_shardings.params, self.batch_shardings))
+    if hasattr(self.loss_fn, "predict"):
+      self._predict = jax.jit(
+          functools.partial(predict_step, loss_fn=self.loss_fn, rules=self.rules),
+          in_shardings=(self.state_shardings.params, self.batch_shardings))
     return self._step
 
   def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
@@ -197,3 +211,33 @@ class Trainer:
   def evaluate(self, params: Any, batch: Batch) -> dict:
     with jax.set_mesh(self.mesh):
       return self._eval(params, batch)
+
+  def predict(self, params: Any, batch: Batch) -> jax.Array:
+    with jax.set_mesh(self.mesh):
+      return self._predict(params, batch)
+
+  def with_weights(self, state: TrainState, weights: Any, source: str
+                   ) -> tuple[TrainState, list[str], list[str]]:
+    """`state` with the parameters `weights` (host arrays) placed in their shardings.
+
+    Which weights are not loaded follows from the model (big_vision's transfer rule): the
+    model's heads that `weights` lacks keep their fresh initialisation (an encoder fine-tuned
+    or pre-trained on under a new head), and heads in `weights` the model does not have (an
+    earlier task's classifier) are left out. Every encoder parameter must be there with its
+    shape: a partial or different encoder is a wrong checkpoint, and a ValueError lists the
+    parameters. Returns the state and the names of the fresh and the left-out parameters."""
+    is_encoder = lambda name: optim.encoder_path(tuple(name.split("/"))) is not None  # noqa: E731
+    flat_state = flatten_dict(state.params, sep="/")
+    flat_weights = flatten_dict(weights, sep="/")
+    fresh = [k for k in flat_state if k not in flat_weights]
+    dropped = [k for k in flat_weights if k not in flat_state and not is_encoder(k)]
+    problems = shape_mismatches({k: v for k, v in flat_weights.items() if k not in dropped},
+                                {k: v for k, v in flat_state.items()
+                                 if k in flat_weights or is_encoder(k)}, "model")
+    if problems:
+      raise ValueError(f"{source} does not fit the model ({len(problems)} parameter(s)):\n  "
+                       + "\n  ".join(problems[:20]))
+    placed = {k: (jax.make_array_from_callback(
+        v.shape, v.sharding, lambda idx, w=np.asarray(flat_weights[k], v.dtype): w[idx])
+                  if k in flat_weights else v) for k, v in flat_state.items()}
+    return state.replace(params=unflatten_dict(placed, sep="/")), fresh, dropped

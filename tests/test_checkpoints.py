@@ -1,6 +1,6 @@
-"""Training checkpoints (issue 5): bit-exact resume after SIGKILL, SIGTERM saves and exits 0,
-restore onto other meshes, fallback from a damaged latest step, exports from a run directory,
-and initialising a run from exported or Hugging Face weights."""
+"""Training checkpoints: bit-exact resume after SIGKILL, SIGTERM saves and exits 0, restore
+onto other meshes, fallback from a damaged latest step, exports from a run directory, and
+initialising a run from exported or Hugging Face weights."""
 
 import json
 import os
@@ -405,14 +405,14 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
     config = train_helpers.tiny_config("gpt", init_from=str(origin))
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
     from bertjax import loop
-    params = loop.initial_params(str(origin), trainer)
+    params = loop.start_from(str(origin), trainer, trainer.init_state(0)).params
     expected, _ = checkpoint.load_params(source / "params")
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(params)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=0, rtol=0)
-  with pytest.raises(ValueError, match="does not fit the config"):
+  with pytest.raises(ValueError, match="does not fit the model"):
     config = train_helpers.tiny_config("gpt", **{"model.hidden_size": 32})
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
-    loop.initial_params(str(source / "params"), trainer)
+    loop.start_from(str(source / "params"), trainer, trainer.init_state(0))
 
 
 def test_checkpoint_bench_command(capsys):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint, finetune as ft, task_metrics
+from bertjax import checkpoint, finetune as ft, objectives, optim, scores
 from bertjax.data import labeled
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import load_tokenizer
@@ -120,7 +120,7 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
       np.testing.assert_array_equal(new[0], old[0], err_msg=f"{name} layer 0")
       assert not np.array_equal(new[1], old[1]), f"{name} layer 1 did not train"
       continue
-    is_frozen = (freeze == "all_but_head" or name.split("/")[0] in ft._EMBEDDINGS)
+    is_frozen = (freeze == "all_but_head" or name.split("/")[0] in optim.EMBEDDINGS)
     (frozen if is_frozen else trained).append(name)
     if is_frozen:
       np.testing.assert_array_equal(new, old, err_msg=name)
@@ -133,17 +133,17 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
 
 def test_frozen_rows_unscanned_layers():
   cfg = _tiny(40, scan_layers=False)
-  params = jit_init(ft.task_model(cfg, "classification"))(jax.random.key(0))
-  frozen = _flat(ft.frozen_rows(params, "bottom:1", cfg.num_layers))
+  params = jit_init(objectives.model_for("classification", cfg))(jax.random.key(0))
+  frozen = _flat(optim.frozen_rows(params, "bottom:1"))
   assert frozen["bert/encoder/layers_0/mlp/wi/kernel"] is True or \
       bool(frozen["bert/encoder/layers_0/mlp/wi/kernel"])
   assert not bool(frozen["bert/encoder/layers_1/mlp/wi/kernel"])
   assert bool(frozen["bert/word_embeddings/embedding"])
   assert not bool(frozen["classifier/kernel"])
   with pytest.raises(ValueError, match="freeze"):
-    ft.parse_freeze("top:2")
+    optim.parse_freeze("top:2")
   with pytest.raises(ValueError, match="3 layers|has 2 layers"):
-    ft.frozen_rows(params, "bottom:3", cfg.num_layers)
+    optim.frozen_rows(params, "bottom:3")
 
 
 # --- regression and token classification -------------------------------------------------
@@ -236,20 +236,20 @@ def test_metrics_hand_computed():
   labels = np.array([1, 1, 1, 0, 0, 0, 0, 1])
   preds = np.array([1, 1, 0, 0, 0, 1, 0, 1])
   # tp=3 fp=1 fn=1 tn=3
-  assert task_metrics.accuracy(labels, preds) == 0.75
-  assert task_metrics.f1_binary(labels, preds) == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
-  assert task_metrics.matthews(labels, preds) == pytest.approx((3 * 3 - 1 * 1) / np.sqrt(4 * 4 * 4 * 4))
-  assert task_metrics.matthews(labels, np.ones_like(labels)) == 0.0  # constant prediction: undefined
-  assert task_metrics.f1_binary(np.zeros(3), np.zeros(3)) == 0.0
-  assert task_metrics.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-  assert task_metrics.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-  assert task_metrics.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
-  assert task_metrics._ranks([10, 20, 20, 30]).tolist() == [1, 2.5, 2.5, 4]
-  assert task_metrics.bio_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "PER"]) == {
+  assert scores.accuracy(labels, preds) == 0.75
+  assert scores.f1_binary(labels, preds) == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
+  assert scores.matthews(labels, preds) == pytest.approx((3 * 3 - 1 * 1) / np.sqrt(4 * 4 * 4 * 4))
+  assert scores.matthews(labels, np.ones_like(labels)) == 0.0  # constant prediction: undefined
+  assert scores.f1_binary(np.zeros(3), np.zeros(3)) == 0.0
+  assert scores.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+  assert scores.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+  assert scores.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+  assert scores._ranks([10, 20, 20, 30]).tolist() == [1, 2.5, 2.5, 4]
+  assert scores.bio_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "PER"]) == {
       ("PER", 0, 2), ("LOC", 3, 4), ("LOC", 4, 6), ("PER", 6, 7)}
-  scores = task_metrics.entity_f1([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
+  scores = scores.entity_f1([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
   assert scores == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3)}
-  tok = task_metrics.task_metrics("token_classification", np.array([[-100, 1, 2, 0, -100]]),
+  tok = scores.task_scores("token_classification", np.array([[-100, 1, 2, 0, -100]]),
                         np.array([[0, 1, 2, 1, 1]]), ["O", "B-X", "I-X"])
   assert tok["accuracy"] == pytest.approx(2 / 3) and tok["precision"] == 0.5
 
@@ -259,8 +259,8 @@ def test_metrics_match_scipy():
   rng = np.random.RandomState(0)
   x = rng.randint(0, 5, 50).astype(float)  # ties
   y = x + rng.standard_normal(50)
-  assert task_metrics.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
-  assert task_metrics.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
+  assert scores.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
+  assert scores.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
   # Multi-class Matthews against its definition via the confusion matrix (sklearn's formula).
   t, p = rng.randint(0, 3, 200), rng.randint(0, 3, 200)
   c = np.zeros((3, 3))
@@ -268,7 +268,7 @@ def test_metrics_match_scipy():
   s, n = c.trace(), c.sum()
   ts, ps = c.sum(1), c.sum(0)
   expected = (s * n - ts @ ps) / np.sqrt((n * n - ps @ ps) * (n * n - ts @ ts))
-  assert task_metrics.matthews(t, p) == pytest.approx(expected)
+  assert scores.matthews(t, p) == pytest.approx(expected)
 
 
 # --- readers -----------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def test_hf_export_logits_equal(tmp_path, task, num_labels):
   transformers = hf_models.transformers
   cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                     mlp_dim=48, max_positions=16, num_labels=num_labels)
-  model = ft.task_model(cfg, task)
+  model = objectives.model_for(task, cfg)
   params = _perturbed(jit_init(model)(jax.random.key(0)))
   head = "token_classification" if task == "token_classification" else "sequence_classification"
   labels = [f"L{i}" for i in range(num_labels)]
@@ -368,10 +368,10 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
                        vocab_size=40, hidden_size=32, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=32)
   (tmp_path / "ref" / "vocab.txt").write_text(_vocab(tmp_path).read_text())
-  encoder = ft.load_encoder(tmp_path / "ref")  # the checkpoint's classifier is dropped
-  assert encoder.tokenizer == tmp_path / "ref"
+  encoder = checkpoint.load_weights(tmp_path / "ref")  # the checkpoint's classifier is dropped
+  assert encoder.tokenizer == tmp_path / "ref" and "classifier" not in encoder.params
   hf_word = ref.bert.embeddings.word_embeddings.weight.detach().numpy()
-  np.testing.assert_array_equal(encoder.params["word_embeddings"]["embedding"], hf_word)
+  np.testing.assert_array_equal(encoder.params["bert"]["word_embeddings"]["embedding"], hf_word)
   _pair_task(tmp_path / "train.tsv", 32, seed=1)
   spec = _spec(epochs=1, freeze="all_but_head")
   result = ft.finetune(spec, tmp_path / "ref", tmp_path / "train.tsv", tmp_path / "train.tsv",
@@ -380,7 +380,7 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   np.testing.assert_array_equal(np.asarray(tuned["bert"]["word_embeddings"]["embedding"]),
                                 hf_word)
   # A fine-tuned directory is itself a valid starting point.
-  again = ft.load_encoder(result["best_dir"])
+  again = checkpoint.load_weights(result["best_dir"])
   assert again.source.startswith("fine-tuned") and again.tokenizer is not None
 
 
@@ -389,10 +389,10 @@ def test_init_from_a_training_workdir(tmp_path):
   from bertjax import loop
   config = train_helpers.tiny_config("bert", num_train_steps=2, **{"checkpoint.every": 2})
   loop.train_and_evaluate(config, tmp_path / "run")
-  encoder = ft.load_encoder(tmp_path / "run")
+  encoder = checkpoint.load_weights(tmp_path / "run")
   assert encoder.source.endswith("step 2")
   final, _ = checkpoint.load_params(tmp_path / "run" / "params")
-  for name, value in _flat(final["bert"]).items():
+  for name, value in _flat(final).items():
     np.testing.assert_array_equal(_flat(encoder.params)[name], value, err_msg=name)
   vocab = _vocab(tmp_path)
   _pair_task(tmp_path / "train.tsv", 32, seed=1)

@@ -1,5 +1,6 @@
 """`bertjax train` end to end: metrics files, falling loss, eval, profiler, NaN stop, export,
-the end-of-run summary and plot, MFU against a cached CPU peak."""
+the end-of-run summary and plot, MFU against a cached CPU peak; the loop's step hooks, train
+metrics read one step late, the transfer guard around the step, the batch check's width."""
 
 import argparse
 import json
@@ -8,11 +9,18 @@ import random
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from bertjax import checkpoint, cli, flops, plot
+import train_helpers
+from bertjax import checkpoint, cli, flops, hooks, loop, plot, sharding
+from bertjax.metrics import TrainingDiverged
+from bertjax.train import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",
@@ -203,3 +211,118 @@ def test_each_run_probes_again_and_keeps_the_best_cpu_peak(tmp_path, monkeypatch
   monkeypatch.setattr(flops, "measure_matmul_peak", lambda *a, **k: 2.0)
   assert flops.cpu_matmul_peak("float32")[0] == 8.0
   assert json.loads(flops.cpu_peak_cache().read_text())[key] == 8.0
+
+
+def _info(step: int, total: int, loss: float = 0.0, **kw) -> hooks.StepInfo:
+  phase = types.SimpleNamespace(index=0, batch_size=4, seq_length=8, flops_per_step=1e6)
+  return hooks.StepInfo(step=step, total=total, state=None,
+                        metrics={"loss": jnp.asarray(loss, jnp.float32)}, phase=phase,
+                        compiled=False, started=0.0, **kw)
+
+
+def test_step_hooks_run_in_order_at_their_cadence():
+  calls = []
+  step_hooks = hooks.Hooks()
+  step_hooks.add(lambda i: calls.append(("every 2", i.step)), every=2)
+  step_hooks.add(lambda i: calls.append(("at 3", i.step)), steps=[3])
+  step_hooks.add(lambda i: calls.append(("every 4, last", i.step)), every=4, last=True,
+                 name="c")
+  step_hooks.add(lambda i: calls.append(("never", i.step)))
+  for step in range(1, 6):
+    step_hooks.run(_info(step, total=5))
+  assert calls == [("every 2", 2), ("at 3", 3), ("every 2", 4), ("every 4, last", 4),
+                   ("every 4, last", 5)]
+  assert step_hooks.names()[2:] == ["c", "<lambda>"]
+
+
+class _Writer:
+  def __init__(self):
+    self.records = []
+
+  def write(self, step, metrics, prefix="train"):
+    self.records.append((step, prefix, dict(metrics)))
+
+
+def test_train_metrics_are_read_one_step_late_with_their_steps_values(monkeypatch):
+  """A log step's metrics stay on the device until the loop has dispatched the next step;
+  then they are written as that step's, timed from read to read with evals left out; the last
+  step is read at once; a NaN raises when read."""
+  now = [0.0]
+  monkeypatch.setattr(hooks.time, "perf_counter", lambda: now[0])
+  read = []
+  device_get = jax.device_get
+  monkeypatch.setattr(hooks.jax, "device_get", lambda x: read.append(x) or device_get(x))
+  writer = _Writer()
+  train = hooks.TrainMetrics(writer, flops.Peak(1e9, "float32", "test"), step=0)
+  log_every, total = 2, 5
+
+  def step(n: int, at: float) -> None:
+    """The loop's order: step n dispatched, the previous step's metrics read, the hook."""
+    now[0] = at
+    train.read_pending()
+    now[0] = at + 0.5
+    if n % log_every == 0 or n == total:
+      train(_info(n, total, loss=10.0 * n))
+
+  step(1, 1.0)
+  step(2, 2.0)
+  assert writer.records == [] and read == []  # step 2 dispatched: nothing read yet
+  step(3, 3.0)  # ... read once step 3 is on its way
+  assert [(r[0], r[2]["loss"]) for r in writer.records] == [(2, 20.0)]
+  assert writer.records[0][2]["step_time"] == pytest.approx(1.5)  # (3.0 - 0) / 2 steps
+  assert train.last["loss"] == 20.0
+  train.exclude(1.0)  # an eval
+  step(4, 4.0)
+  step(5, 7.0)  # the last step: read at once, no step after it
+  assert [(r[0], r[2]["loss"]) for r in writer.records] == [(2, 20.0), (4, 40.0), (5, 50.0)]
+  assert writer.records[1][2]["step_time"] == pytest.approx((7.0 - 3.0 - 1.0) / 2)
+  assert writer.records[2][2]["step_time"] == pytest.approx(7.5 - 7.0)
+  assert writer.records[2][2]["tokens_per_sec"] == pytest.approx(4 * 8 / 0.5)
+  assert len(read) == 3
+  train.read_pending()  # nothing pending: nothing read
+  assert len(read) == 3
+  train(_info(6, 8, loss=float("nan")))
+  now[0] = 9.0
+  with pytest.raises(TrainingDiverged, match="loss is nan at step 6"):
+    train.read_pending()
+
+
+def test_the_step_is_dispatched_under_a_transfer_guard(tmp_path, monkeypatch):
+  """Batch and state are placed on the devices explicitly before the step; an implicit
+  host-to-device transfer inside the step (a NumPy array reaching a jitted function) raises."""
+  seen = []
+  original = Trainer.step
+
+  def step(self, state, batch):
+    seen.append(jax.config.jax_transfer_guard_host_to_device)
+    jax.jit(lambda x: x + 1)(np.ones(2, np.float32))  # implicit: refused in the step
+    return original(self, state, batch)
+
+  monkeypatch.setattr(Trainer, "step", step)
+  config = train_helpers.tiny_config("gpt", num_train_steps=2)
+  with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed host-to-device transfer"):
+    loop.train_and_evaluate(config, tmp_path)
+  assert seen == ["disallow"]
+  # Outside the step the default holds (explicit and implicit transfers alike).
+  assert jax.config.jax_transfer_guard_host_to_device is None
+
+
+@pytest.mark.parametrize("rules, ways", [("data_parallel", 8), ("tensor", 2)])
+def test_the_loops_batch_check_uses_the_rules_data_parallel_width(devices, rules, ways):
+  """On a 2x2x2 (data, fsdp, tensor) mesh the data_parallel preset splits the batch over all
+  three axes (8 ways), the tensor preset over `data` alone (2 ways): a batch of 4 is refused by
+  the first and accepted by the second."""
+  config = train_helpers.tiny_config("gpt", batch_size=4, sharding_rules=rules,
+                                     **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
+  trainer = Trainer(config, sharding.mesh_from_config(config))
+  assert dict(trainer.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert sharding.batch_ways(trainer.mesh, trainer.rules) == ways
+  if 4 % ways:
+    with pytest.raises(ValueError, match=f"not divisible by the {ways} data-parallel ways"):
+      loop._PhaseData(config, trainer, "", 0)
+  else:
+    phase = loop._PhaseData(config, trainer, "", 0)
+    phase.batches.close()
+    assert phase.rows == (0, 1, 2, 3) and phase.layout.batch_size == 4
+  config.batch_size = 8  # a multiple of both widths
+  loop._PhaseData(config, trainer, "", 0).batches.close()

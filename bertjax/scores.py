@@ -1,5 +1,6 @@
-"""Task metrics of fine-tuning: accuracy, binary F1, Matthews correlation (CoLA), Pearson and
-Spearman (STS-B), and entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them."""
+"""Dev-set scores of fine-tuning tasks (the training loop's metric writers are bertjax.metrics):
+accuracy, binary F1, Matthews correlation (CoLA), Pearson and Spearman (STS-B), and
+entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def entity_f1(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[s
   return {"precision": precision, "recall": recall, "f1": f1}
 
 
-def task_metrics(task: str, labels: np.ndarray, preds: np.ndarray,
+def task_scores(task: str, labels: np.ndarray, preds: np.ndarray,
                  label_names: Sequence[str] = ()) -> dict[str, float]:
   """The metrics a task reports, from gold labels and predictions (host numpy arrays).
   Token classification: [N, L] arrays with labeled.IGNORE where no word starts."""
