@@ -29,7 +29,7 @@ def _human(n: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.models import matches_reference, param_breakdown
+  from bertjax.tools.param_report import matches_reference, param_breakdown
   config = config_lib.load_config(args.config, overrides)
   model = config_lib.model_config(config)
   counts = param_breakdown(model)
@@ -53,7 +53,8 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 
 
 def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import aot, phases
+  from bertjax import phases
+  from bertjax.tools import aot
   config = config_lib.load_config(args.config, overrides)
   if args.step is not None:
     config = phases.config_at(config, args.step)
@@ -90,7 +91,7 @@ def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
 def _compile_fit(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   """`bertjax compile --fit`: search settings, one line per compile, then the winner's
   overrides (exit 0) or why none fits (exit 1)."""
-  from bertjax import aot, fit
+  from bertjax.tools import aot, fit
   if not aot.libtpu_available():
     print(f"bertjax compile: error: {aot.LIBTPU_MISSING}", file=sys.stderr)
     return EXIT_USAGE
@@ -326,7 +327,7 @@ def cmd_data_build(args: argparse.Namespace, overrides: list[tuple[str, str]]) -
 
 
 def cmd_data_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.data.bench import run_bench
+  from bertjax.tools.data_bench import run_bench
   logging.getLogger("bertjax").setLevel(logging.INFO)
   for line in run_bench(args.source or ["embedded"], tokenizer=args.tokenizer,
                         objective=args.objective, seq_length=args.seq_length,
@@ -337,7 +338,7 @@ def cmd_data_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -
 
 
 def cmd_checkpoint_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.checkpoint_bench import run_checkpoint_bench
+  from bertjax.tools.checkpoint_bench import run_checkpoint_bench
   config = config_lib.load_config(args.config, overrides)
   logging.getLogger("bertjax").setLevel(logging.INFO)
   for line in run_checkpoint_bench(config, blocks=args.blocks, workdir=args.workdir):
@@ -346,13 +347,13 @@ def cmd_checkpoint_bench(args: argparse.Namespace, overrides: list[tuple[str, st
 
 
 def cmd_bench(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import bench
+  from bertjax.tools import bench
   config = config_lib.load_config(args.config, overrides)
   if args.decode:
-    from bertjax import generate
-    rows = bench.decode_benchmark(config, [int(x) for x in args.decode.split(",")],
-                                  new_tokens=args.new_tokens)
-    print(generate.format_decode_benchmark(rows))
+    from bertjax.tools import decode_bench
+    rows = decode_bench.decode_benchmark(config, [int(x) for x in args.decode.split(",")],
+                                         new_tokens=args.new_tokens)
+    print(decode_bench.format_decode_benchmark(rows))
     return 0
   log = (lambda line: print(line, file=sys.stderr, flush=True))
   if args.best and not args.compare:

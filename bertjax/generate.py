@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -191,12 +190,10 @@ def _prefill(params, config, ids_RP, pad_R, total):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gen"))
-def _sample_loop(params, ids_BP, pad_B, seed, steps, *, config: ModelConfig,
-                 gen: GenerationConfig):
+def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: GenerationConfig):
   """Greedy or sampling; returns generated tokens [B, T] (pad after a stop) and steps run.
 
-  The cache holds P + max_new_tokens slots; `steps` (traced, <= max_new_tokens) may stop the
-  loop earlier (the decode benchmark times 1 and N steps of one program)."""
+  The cache holds P + max_new_tokens slots."""
   batch, prompt = ids_BP.shape
   total = prompt + gen.max_new_tokens
   logits_BV, cache, seq_BS, key_mask_BS = _prefill(params, config, ids_BP, pad_B, total)
@@ -220,7 +217,7 @@ def _sample_loop(params, ids_BP, pad_B, seed, steps, *, config: ModelConfig,
 
   def cond(state):
     t, _, _, _, done_B = state
-    return (t < jnp.minimum(steps, gen.max_new_tokens)) & ~jnp.all(done_B)
+    return (t < gen.max_new_tokens) & ~jnp.all(done_B)
 
   state = (jnp.int32(0), cache, logits_BV, seq_BS, jnp.zeros((batch,), bool))
   t, _, _, seq_BS, _ = jax.lax.while_loop(cond, body, state)
@@ -364,7 +361,7 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
     return [tokens[b, :lengths[b]].tolist() for b in range(len(prompts))]
   tokens, steps = _sample_loop(params, jnp.asarray(ids), jnp.asarray(pad), seed,
-                               max_new_tokens, config=model_config, gen=gen)
+                               config=model_config, gen=gen)
   tokens, steps = np.asarray(tokens), int(steps)
   out = []
   for row in tokens[:, :steps].tolist():
@@ -432,62 +429,3 @@ class _SentencePieceNames:
 
   def __getitem__(self, token_id: int) -> str:
     return self._tokenizer.decode([token_id])
-
-
-def benchmark_decode(params: Any, config: ModelConfig, cache_sizes: Sequence[int] = (128, 512,
-                     1024), new_tokens: int = 32, batch: int = 1, repeats: int = 3,
-                     unroll: bool = True) -> list[dict[str, float]]:
-  """Milliseconds per new token of cached greedy decoding with caches of each size (a prompt
-  of `size - new_tokens` tokens, then `new_tokens` generated), next to recomputing the whole
-  sequence for one token at that size. `unroll=False` decodes with the layers as the config
-  has them (scanned: the cache is a scan carry). Not a test: the numbers go in reports."""
-  if unroll:
-    params, config = unscanned(params, config)
-  model = GPT(_decode_config(config))
-  full = jax.jit(lambda p, ids: model.apply({"params": p}, ids)[:, -1].argmax(-1))
-  results = []
-  for size in cache_sizes:
-    if size <= new_tokens or size > config.max_positions:
-      raise ValueError(f"cache size {size} must exceed new_tokens={new_tokens} and fit the "
-                       f"model's {config.max_positions} positions")
-    prompt = size - new_tokens
-    ids = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (batch, prompt)),
-                      jnp.int32)
-    pad = jnp.zeros((batch,), jnp.int32)
-
-    def decode(n: int, ids=ids, pad=pad) -> float:
-      # Cache of prompt + new_tokens slots either way: n = 1 times the prefill alone.
-      start = time.perf_counter()
-      tokens, _ = _sample_loop(params, ids, pad, 0, n, config=config,
-                               gen=GenerationConfig(max_new_tokens=new_tokens))
-      jax.block_until_ready(tokens)
-      return time.perf_counter() - start
-
-    decode(new_tokens), decode(1)
-    timings = []
-    for _ in range(repeats):
-      timings.append(decode(new_tokens) - decode(1))
-    per_token = max(min(timings), 0.0) / (new_tokens - 1) * 1e3
-    full_ids = jnp.concatenate([ids, ids[:, :new_tokens]], axis=1)
-    jax.block_until_ready(full(params, full_ids))
-    best = float("inf")
-    for _ in range(repeats):
-      start = time.perf_counter()
-      jax.block_until_ready(full(params, full_ids))
-      best = min(best, time.perf_counter() - start)
-    results.append({"cache_size": size, "ms_per_token_cached": per_token,
-                    "ms_per_token_recomputed": best * 1e3})
-  return results
-
-
-def format_decode_benchmark(rows: list[dict[str, float]]) -> str:
-  lines = [f"{'cache slots':>12s}{'ms/token, KV cache':>20s}{'ms/token, recompute':>21s}"]
-  for r in rows:
-    lines.append(f"{r['cache_size']:12d}{r['ms_per_token_cached']:20.2f}"
-                 f"{r['ms_per_token_recomputed']:21.2f}")
-  first, last = rows[0], rows[-1]
-  if len(rows) > 1 and first["ms_per_token_cached"] > 0:
-    lines.append(f"from {first['cache_size']} to {last['cache_size']} slots: cached x"
-                 f"{last['ms_per_token_cached'] / first['ms_per_token_cached']:.2f}, recompute x"
-                 f"{last['ms_per_token_recomputed'] / first['ms_per_token_recomputed']:.2f}")
-  return "\n".join(lines)

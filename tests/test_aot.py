@@ -11,9 +11,9 @@ Their models are small so that the three TPU compiles take about half a minute o
 import numpy as np
 import pytest
 
-from bertjax import aot, hlo
 from bertjax.config import load_config
 from bertjax.data import make_batches
+from bertjax.tools import aot, hlo
 
 GiB = 2 ** 30
 

@@ -1,14 +1,18 @@
 """`bertjax bench` (issue 8): the model FLOPs formula against what XLA compiles, and the
-harness's plumbing at toy size. No timing is asserted: speed is a benchmark's business."""
+harness's plumbing at toy size. No timing is asserted: speed is a benchmark's business.
+
+The runs of the transformers/PyTorch reference (`--compare hf`, `--best`) are marked `benchmark`
+and deselected by default: `python -m pytest -m benchmark tests/test_bench.py` runs them."""
 
 import json
 
 import numpy as np
 import pytest
 
-from bertjax import bench, flops
 from bertjax import config as config_lib
+from bertjax import flops
 from bertjax.config import model_config
+from bertjax.tools import bench
 
 # A one-layer, 32-wide model: the bench's plumbing, not its speed.
 TOY_OVERRIDES = ["--config.model.num_layers=1", "--config.model.hidden_size=32",
@@ -57,6 +61,7 @@ def test_synthetic_bert_batch_is_like_real_data():
   assert set(np.unique(batch["segment_ids"])) == {0, 1}
 
 
+@pytest.mark.benchmark
 def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices, capsys):
   pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
   from bertjax import cli
@@ -80,15 +85,20 @@ def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices,
       assert record["hf"]["model_flops"] == record["ours"]["model_flops"]
 
 
+def test_bench_best_without_compare_is_a_user_error(capsys):
+  from bertjax import cli
+  assert cli.main(["bench", "--config", "bert_tiny", "--best"] + TOY_OVERRIDES) == 2
+  assert "--compare hf" in capsys.readouterr().err
+
+
+@pytest.mark.benchmark
 def test_bench_best_compares_the_fastest_precision_of_each(tmp_path, devices, capsys):
   """--best: ours and the reference each in float32 and bf16 (autocast), per-dtype peaks, the
-  fastest of each compared; without --compare it is a user error."""
+  fastest of each compared."""
   pytest.importorskip("torch", reason="the hf extra (torch) is needed for --compare hf")
   from bertjax import cli
   out = tmp_path / "best.json"
   overrides = TOY_OVERRIDES
-  assert cli.main(["bench", "--config", "bert_tiny", "--best"] + overrides) == 2
-  assert "--compare hf" in capsys.readouterr().err
   assert cli.main(["bench", "--config", "bert_tiny", "--compare", "hf", "--best", "--steps", "1",
                    "--pairs", "2", "--json", str(out)] + overrides) == 0
   text = capsys.readouterr().out
@@ -145,7 +155,7 @@ def test_decode_bench_reports_each_cache_size(capsys):
 def test_profile_splits_op_time_by_purpose(tmp_path, devices):
   """Every profiled op is one of the compiled program's instructions, sorted by what it does:
   the matmuls, and the dropout the tiny BERT runs, both show up; the shares add up."""
-  from bertjax import hlo
+  from bertjax.tools import hlo
   config = config_lib.load_config("bert_tiny", [("batch_size", "8"), ("model.num_layers", "2")])
   step = bench.OurStep(config, bench.synthetic_batch(config))
   purposes = hlo.instruction_purposes(step.compiled.as_text())

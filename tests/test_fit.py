@@ -2,8 +2,9 @@
 themselves are faked here; tests/test_aot.py compiles for real, docs/reproducing.md records
 real searches)."""
 
-from bertjax import aot, cli, fit
+from bertjax import cli
 from bertjax.config import load_config
+from bertjax.tools import aot, fit
 
 
 def test_search_space_offers_splash_only_without_attention_dropout_and_full_only_in_fp32():

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import train_helpers
-from bertjax import bench, objectives
+from bertjax import objectives
 from bertjax import config as config_lib
 from bertjax.config import model_config
 from bertjax.models import build_model, jit_init, precision
+from bertjax.tools import bench
 
 # Every contraction the layers run through `precision.einsum` (Dense layers, the tied head).
 LAYER_EQUATIONS = [

@@ -7,14 +7,16 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import aot, distributed, sharding
+from bertjax import distributed, sharding
+from bertjax.tools import aot
 from bertjax.train import batch_shardings
 
 pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
                                 reason="needs libtpu (pip install 'jax[tpu]')")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-# (accelerator type, slices): the slices the issue measured, and two multi-slice jobs.
+# (accelerator type, slices): single slices whose hosts hold scattered batch rows, and two
+# multi-slice jobs.
 TOPOLOGIES = [("v4-16", 1), ("v4-128", 1), ("v5e-64", 1), ("v5p-128", 1), ("v6e-16", 1),
               ("v5e-16", 2), ("v4-16", 2)]
 PRESETS = {"data_parallel": {"data": -1}, "fsdp": {"data": 1, "fsdp": -1}}
@@ -45,7 +47,7 @@ def test_every_host_loads_its_own_rows_disjoint_and_complete(topology, slices, p
   # What the training loop calls, as this test process (process 0 of the slice) would: before
   # row_layout it raised "batch shards are not contiguous rows" on every one of these slices.
   assert distributed.local_rows(rows_sharding, BATCH) == layout.rows_by_process[0]
-  # The layout the issue measured: a host's rows are scattered, not one range.
+  # On a v4-16 a host's rows are scattered, not one range (what the row layout must handle).
   if (topology, preset) == ("v4-16", "data_parallel") and slices == 1:
     assert layout.rows_by_process[0] != tuple(range(BATCH // 2))
   # What each device of each host receives from its host's rows (global_batch's selection):

@@ -37,7 +37,7 @@ import ml_collections
 
 from bertjax import distributed, sharding
 from bertjax import flops as flops_lib
-from bertjax.hlo import analyze_hlo
+from bertjax.tools.hlo import analyze_hlo
 from bertjax.models import count_params
 
 GiB = 2 ** 30

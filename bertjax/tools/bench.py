@@ -6,10 +6,10 @@ For one config, in one process:
 - our jitted, sharded, donated train step (the `Trainer` that `bertjax train` uses, on a
   synthetic batch of the config's shape): compile time, then the median of timed steps;
 - tokens/s, sequences/s, model FLOPs per step (`bertjax.flops`, formula in its docstring) next
-  to the FLOPs XLA compiled (dots counted through loop trips, `bertjax.hlo`) and XLA's own
+  to the FLOPs XLA compiled (dots counted through loop trips, `bertjax.tools.hlo`) and XLA's own
   `cost_analysis`; MFU against each peak; memory.
 - `compare="hf"`: the same shape, batch, optimizer and dropout in Hugging Face `transformers`
-  (PyTorch; bertjax/bench_hf.py) in the same precision (bf16: `torch.autocast`), run
+  (PyTorch; bertjax/tools/bench_hf.py) in the same precision (bf16: `torch.autocast`), run
   alternately with ours, block by block; the ratio of throughputs of each pair and their
   median. Machines drift (the project's CPU by up to 1.5x over minutes): only ratios taken
   side by side mean anything.
@@ -35,9 +35,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import bench_hf, hlo, sharding
 from bertjax import flops as flops_lib
+from bertjax import sharding
 from bertjax.models import count_params
+from bertjax.tools import bench_hf, hlo
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -341,19 +342,6 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
     record["ours_bf16_over_fp32_pairs"] = [o["float32"] / o["bfloat16"] for o, _ in pair_medians]
     record["ours_bf16_over_fp32"] = statistics.median(record["ours_bf16_over_fp32_pairs"])
   return record
-
-
-def decode_benchmark(config: ml_collections.ConfigDict, cache_sizes: list[int],
-                     new_tokens: int = 32) -> list[dict[str, float]]:
-  """Per-token generation cost of the config's GPT (random weights) at each cache size."""
-  from bertjax import generate
-  from bertjax.config import model_config
-  from bertjax.models import build_model, jit_init
-  model = model_config(config)
-  if model.family != "gpt":
-    raise ValueError(f"--decode needs a GPT config, got model.family={model.family!r}")
-  params = jit_init(build_model(model))(jax.random.key(int(config.seed)))
-  return generate.benchmark_decode(params, model, cache_sizes, new_tokens=new_tokens)
 
 
 def _fmt_flops(x: float | None) -> str:

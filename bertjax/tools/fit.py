@@ -93,7 +93,7 @@ def search(config_name: str, overrides: list[tuple[str, str]], topology: str, mf
 
 def _run_one(config_name: str, overrides: list[tuple[str, str]], setting: dict[str, str],
              topology: str, mfu: float, slices: int) -> Trial:
-  from bertjax import aot
+  from bertjax.tools import aot
   config = config_lib.load_config(config_name, list(overrides) + list(setting.items()))
   try:
     # The search reports each outcome on its own line: the child's libtpu noise is dropped.

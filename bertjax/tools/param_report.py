@@ -1,0 +1,48 @@
+"""Parameter counts for reports: by group (`bertjax info`), and against the papers' figures.
+
+The counts come from the abstract parameters (`jax.eval_shape`): nothing is allocated, so a
+billion-parameter config is counted on a laptop. tests/test_config_cli.py holds every paper
+config to its paper's stated count.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from bertjax.models import Head, ModelConfig, abstract_params, build_model
+
+
+def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str, int]:
+  """Parameter counts by group: embeddings, layers, heads, total, non_embedding.
+
+  `non_embedding` excludes the token and position tables (the N of 6·N·tokens FLOPs).
+  """
+  params = nn.meta.unbox(abstract_params(build_model(config, head)))
+  flat = {"/".join(str(getattr(k, "key", k)) for k in path): int(np.prod(leaf.shape))
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  embedding_tables = ("word_embeddings/", "position_embeddings/", "token_type_embeddings/",
+                      "wte/", "wpe/")
+  groups = {"embeddings": 0, "layers": 0, "heads": 0}
+  for name, size in flat.items():
+    if any(t in name for t in embedding_tables) or "embeddings_norm" in name:
+      groups["embeddings"] += size
+    elif "/encoder/" in f"/{name}" or "/decoder/" in f"/{name}" or "final_norm" in name:
+      groups["layers"] += size
+    else:
+      groups["heads"] += size
+  total = sum(flat.values())
+  tables = sum(s for n, s in flat.items() if any(t in n for t in embedding_tables))
+  return {**groups, "total": total, "non_embedding": total - tables}
+
+
+def matches_reference(count: int, reference: int) -> bool:
+  """Whether `count` rounds to a paper's stated count at the paper's own precision.
+
+  Papers round: BERT-large's "340M" is 336.2M exactly (1.1% off), but 340M to the 10M its
+  trailing zero implies. The precision is read off the reference's trailing zeros.
+  """
+  digits = str(int(reference))
+  unit = 10 ** (len(digits) - len(digits.rstrip("0")))
+  return abs(count - reference) <= unit / 2
