@@ -425,9 +425,9 @@ def _parser() -> argparse.ArgumentParser:
           "the TPU compiler crashes. Needs libtpu (bertjax[tpu]), not a TPU.",
           "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
           "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
-          "  bertjax compile --config configs/gpt3_6p7b.py --topology v5p-256\n"
+          "  bertjax compile --config configs/gpt3.py:size=6p7b --topology v5p-256\n"
           "  bertjax compile --config configs/roberta_base.py --topology v5e-16 --slices 2\n"
-          "  bertjax compile --config configs/gpt2_xl.py --topology v6e-16 --fit\n\n"
+          "  bertjax compile --config configs/gpt2.py:size=xl --topology v6e-16 --fit\n\n"
           + _EPILOG_OVERRIDES, cmd_compile)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--topology", required=True,
@@ -668,9 +668,9 @@ def _parser() -> argparse.ArgumentParser:
           "at each cache size, against recomputing the whole sequence.",
           "examples:\n  bertjax bench --config configs/bert_base.py --config.batch_size=8 "
           "--compare hf --json bert_base.json\n  bertjax bench --config configs/bert_base.py "
-          "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2_small.py "
+          "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2.py:size=small "
           "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
-          "  bertjax bench --config configs/gpt2_small.py --decode 128,512,1024\n\n"
+          "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n\n"
           + _EPILOG_OVERRIDES, cmd_bench)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--compare", choices=["hf"], default="",

@@ -4,6 +4,16 @@ A config file is a Python file under configs/ with a `get_config()` returning a 
 Files build on the shared groups defined here (`bert_model`, `gpt_model`, `base_config`) so that
 every key exists, with a comment, in one place; a command-line override of a key that does not
 exist is an error naming the key and its nearest spellings.
+
+A config is named `NAME_OR_PATH[:VARIANT]`, as ml_collections' `config_flags` and big_vision
+spell it: the text after the first ':' is a comma-separated list of `key=value` or bare `key`
+items (`configs/gpt3.py:size=13b`, `gpt2:size=xl,runlocal`). The file's `get_config(arg)`
+receives that text and reads it with `parse_arg`; `runlocal` is taken out first and applied by
+the loader to any config (`runlocal`): the same recipe at laptop scale.
+
+The override parser is our own, small one: ml_collections' typed overrides live in
+`config_flags`, which defines absl flags on a global flag registry; here the keys are checked
+against the loaded config and typed like the value they replace.
 """
 
 from __future__ import annotations
@@ -12,9 +22,12 @@ import ast
 import dataclasses
 import difflib
 import importlib.util
+import inspect
 import traceback
+import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 import ml_collections
 
@@ -291,6 +304,66 @@ def model_config(config: ConfigDict) -> ModelConfig:
   return ModelConfig.from_mapping(config.model.to_dict())
 
 
+class VariantError(ValueError):
+  """A config variant (the text after ':') that the file does not offer; the loader names the
+  file in front of the message."""
+
+
+# The variant every config has, applied by the loader after get_config (see `runlocal`).
+RUNLOCAL = "runlocal"
+
+T = TypeVar("T")
+
+
+def _variant_items(arg: str | None) -> list[tuple[str, str | None]]:
+  """'size=13b,runlocal' -> [('size', '13b'), ('runlocal', None)] (blank items skipped)."""
+  items = []
+  for item in (arg or "").split(","):
+    key, sep, value = item.strip().partition("=")
+    if key.strip():
+      items.append((key.strip(), value.strip() if sep else None))
+    elif sep or item.strip():
+      raise VariantError(f"variant item {item.strip()!r} has no key (expected key=value)")
+  return items
+
+
+def parse_arg(arg: str | None, **spec: Any) -> types.SimpleNamespace:
+  """A config file's variant, typed (big_vision's `parse_arg`): `spec` names each key the file
+  accepts with its default; `key=value` is typed like the default (`_parse_value`) and a bare
+  `key` sets a bool to True. An unknown key is a VariantError naming the accepted ones.
+
+    arg = parse_arg(arg, size="")          # in get_config(arg=None)
+  """
+  values = dict(spec)
+  for key, text in _variant_items(arg):
+    if key not in spec:
+      raise VariantError(f"unknown variant key {key!r} (accepted: "
+                         f"{', '.join([*spec, RUNLOCAL])})")
+    if text is None:
+      if not isinstance(spec[key], bool):
+        raise VariantError(f"variant key {key!r} needs a value ({key}=...)")
+      values[key] = True
+    else:
+      values[key] = _parse_value(text, spec[key], f"variant {key}", VariantError)
+  return types.SimpleNamespace(**values)
+
+
+def choose(options: Mapping[str, T], key: str, value: str) -> T:
+  """`options[value]`, or a VariantError listing the values `key` accepts (none given: the
+  file needs one)."""
+  if value in options:
+    return options[value]
+  allowed = "|".join(options)
+  said = f"{key}={value!r} is not one of {allowed}" if value else f"needs a variant {key}={allowed}"
+  raise VariantError(f"{said} (e.g. :{key}={next(iter(options))})")
+
+
+def file_variants(name_or_path: str) -> tuple[str, ...]:
+  """The variants a config file lists in its VARIANTS (a file without: ("",), only itself);
+  what the tests enumerate to load every config a user can name."""
+  return tuple(getattr(_load_module(_resolve_path(name_or_path).resolve()), "VARIANTS", ("",)))
+
+
 def _resolve_path(path_or_name: str) -> Path:
   path = Path(path_or_name)
   if path.exists():
@@ -311,10 +384,7 @@ def _where(error: BaseException, path: Path) -> str:
   return f"{path}:{frames[-1].lineno}" if frames else str(path)
 
 
-def load_config_file(path_or_name: str) -> ConfigDict:
-  """The ConfigDict of a config file's get_config(); a file that does not load or does not
-  return a ConfigDict is a ValueError naming the file and line."""
-  path = _resolve_path(path_or_name).resolve()
+def _load_module(path: Path) -> types.ModuleType:
   spec = importlib.util.spec_from_file_location(f"bertjax_config_{path.stem}", path)
   module = importlib.util.module_from_spec(spec)
   try:
@@ -326,35 +396,133 @@ def load_config_file(path_or_name: str) -> ConfigDict:
                      f"{type(e).__name__}: {e}") from None
   if not hasattr(module, "get_config"):
     raise ValueError(f"{path} has no get_config() function")
+  return module
+
+
+def load_config_file(name: str) -> ConfigDict:
+  """The ConfigDict of `NAME_OR_PATH[:VARIANT]`: the file's get_config(VARIANT) (get_config()
+  without one), then `runlocal` when the variant says so. A file that does not load or does not
+  return a ConfigDict, or a variant it does not offer, is a one-line ValueError naming the
+  file."""
+  path_or_name, _, variant = name.partition(":")
+  path = _resolve_path(path_or_name).resolve()
   try:
-    config = module.get_config()
+    items = _variant_items(variant)
+  except VariantError as e:
+    raise ValueError(f"{path}: {e}") from None
+  local = any(key == RUNLOCAL for key, _ in items)
+  if any(key == RUNLOCAL and text is not None for key, text in items):
+    raise ValueError(f"{path}: {RUNLOCAL} takes no value (write :{RUNLOCAL})")
+  arg = ",".join(key if text is None else f"{key}={text}" for key, text in items
+                 if key != RUNLOCAL)
+  module = _load_module(path)
+  if arg and not inspect.signature(module.get_config).parameters:
+    raise ValueError(f"{path} has no variants (got {arg!r}); every config accepts "
+                     f":{RUNLOCAL}")
+  try:
+    config = module.get_config(arg) if arg else module.get_config()
+  except VariantError as e:
+    raise ValueError(f"{path}: {e}") from None
   except Exception as e:  # noqa: BLE001
     raise ValueError(f"{_where(e, path)}: get_config() failed: {type(e).__name__}: {e}"
                      ) from None
   if not isinstance(config, ConfigDict):
     raise ValueError(f"{path}: get_config() returned a {type(config).__name__}; it must "
                      "return an ml_collections.ConfigDict (e.g. base_config(bert_model()))")
+  return runlocal(config) if local else config
+
+
+# What `:runlocal` makes of any config (see `runlocal`).
+_LOCAL_MODEL = dict(num_layers=2, hidden_size=128, num_heads=2, vocab_size=8192,
+                    max_positions=128)
+_LOCAL_BATCH = 16
+_LOCAL_STEPS = 200
+_LOCAL_LR = 1e-3
+
+
+def runlocal(config: ConfigDict) -> ConfigDict:
+  """The `:runlocal` variant of any config: its recipe at laptop scale, trained on CPU in
+  minutes, to try a paper config end to end (data, objective, schedule, checkpoints, eval)
+  before paying for its slice.
+
+  Kept: the model family and numerics (norm position, activation, final LayerNorm, residual
+  init, segment types, dropout rates and kind, attention implementation, MLP-to-width ratio),
+  the objective and its data layout (BERT instances, masking, dupe factor; the tokenizer style
+  follows the objective), the optimizer with its moments, clipping and weight decay, and the
+  schedule's shape: warmup, decay end and a second phase at the same fractions of the run, the
+  second phase's sequence length, batch and learning rate in the same ratios to the first.
+  Shrunk: 2 layers of width 128 with 2 heads, 8192 pieces trained on the embedded Wikipedia
+  sample (built into WORKDIR/data on first use), 128 positions (the longest phase's sequences
+  scaled to 128, predictions per sequence alike), batch 16, 200 steps, peak learning rate 1e-3
+  (the tiny configs'; a paper's is tuned for its size), logs every 10 steps, an eval and a
+  checkpoint every 100. CPU settings: float32, no remat, no loss chunking, one micro-batch,
+  data parallelism over the local devices, no profile, no paper parameter count.
+  """
+  steps = int(config.num_train_steps)
+
+  def scaled(value: int) -> int:  # a step count at the same fraction of the shorter run
+    return 0 if not value else max(1, round(int(value) * _LOCAL_STEPS / steps))
+
+  ratio = int(config.model.mlp_dim) / int(config.model.hidden_size)
+  config.model.update(dict(_LOCAL_MODEL, mlp_dim=round(ratio * _LOCAL_MODEL["hidden_size"]),
+                           dtype="float32", param_dtype="float32", remat_policy="none",
+                           loss_chunk=0))
+  p2 = config.phase2
+  longest = max(int(config.seq_length), int(p2.seq_length))
+  shrink = min(1.0, _LOCAL_MODEL["max_positions"] / longest)
+  for group, key in ((config, "seq_length"), (config, "max_predictions"), (p2, "seq_length"),
+                     (p2, "max_predictions")):
+    if group[key]:
+      group[key] = max(1, round(int(group[key]) * shrink))
+  if p2.batch_size:
+    p2.batch_size = max(1, round(int(p2.batch_size) * _LOCAL_BATCH / int(config.batch_size)))
+  config.batch_size = _LOCAL_BATCH
+  config.grad_accum_steps = 1
+  p2.grad_accum_steps = 0
+  lr = config.optimizer.learning_rate
+  if p2.learning_rate:
+    p2.learning_rate = float(p2.learning_rate) * _LOCAL_LR / float(lr)
+  config.optimizer.learning_rate = _LOCAL_LR
+  config.optimizer.warmup_steps = scaled(config.optimizer.warmup_steps)
+  config.optimizer.decay_steps = scaled(config.optimizer.decay_steps)
+  p2.start_step = scaled(p2.start_step)
+  p2.warmup_steps = scaled(p2.warmup_steps)
+  config.num_train_steps = _LOCAL_STEPS
+  config.data.update(dict(source="corpus", dataset="", sources="embedded", tokenizer="",
+                          weights="", epoch_documents=0, num_workers=0, build_workers=0))
+  config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
+  config.dcn_mesh.update(dict(data=-1, fsdp=1, tensor=1))
+  config.checkpoint.every = 100
+  config.log_every = 10
+  config.eval_every = 100
+  config.eval_steps = 2
+  config.profile.start_step = -1
+  config.init_from = ""
+  config.reference_params = 0
   return config
 
 
-def _parse_value(text: str, current: Any, key: str) -> Any:
+def _parse_value(text: str, current: Any, name: str,
+                 error: type[ValueError] = ValueError) -> Any:
+  """`text` typed like `current` (bool, int, float, str; anything else: a Python literal, or
+  the text itself); `name` leads the error message."""
   if isinstance(current, bool):
     lowered = text.lower()
     if lowered in ("true", "1", "yes"):
       return True
     if lowered in ("false", "0", "no"):
       return False
-    raise ValueError(f"--config.{key}: expected true/false, got {text!r}")
+    raise error(f"{name}: expected true/false, got {text!r}")
   if isinstance(current, int):
     try:
       return int(text)
     except ValueError:
-      raise ValueError(f"--config.{key}: expected an integer, got {text!r}") from None
+      raise error(f"{name}: expected an integer, got {text!r}") from None
   if isinstance(current, float):
     try:
       return float(text)
     except ValueError:
-      raise ValueError(f"--config.{key}: expected a number, got {text!r}") from None
+      raise error(f"{name}: expected a number, got {text!r}") from None
   if isinstance(current, str):
     return text
   try:
@@ -383,8 +551,10 @@ def apply_override(config: ConfigDict, key: str, text: str) -> None:
       raise KeyError(f"unknown config key {key!r}{hint}")
     if i < len(parts) - 1:
       node = node[part]
-  current = node[parts[-1]]
-  node[parts[-1]] = _parse_value(text, current, key)
+  if isinstance(node[parts[-1]], ConfigDict):
+    raise KeyError(f"config key {key!r} is a group; override one of its keys "
+                   f"(e.g. {key}.{next(iter(node[parts[-1]]))})")
+  node[parts[-1]] = _parse_value(text, node[parts[-1]], f"--config.{key}")
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -398,11 +568,11 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
       body = arg[len("--config."):]
       if "=" in body:
         key, value = body.split("=", 1)
-      elif i + 1 < len(args):
+      elif i + 1 < len(args) and not args[i + 1].startswith("--"):
         key, value = body, args[i + 1]
         i += 1
       else:
-        raise ValueError(f"{arg} needs a value")
+        raise ValueError(f"{arg} needs a value ({arg}=VALUE)")
       overrides.append((key, value))
     else:
       rest.append(arg)
@@ -410,9 +580,9 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
   return rest, overrides
 
 
-def load_config(path_or_name: str, overrides: Sequence[tuple[str, str]] = ()) -> ConfigDict:
-  """Loads a config file, applies overrides, and validates the model group."""
-  config = load_config_file(path_or_name)
+def load_config(name: str, overrides: Sequence[tuple[str, str]] = ()) -> ConfigDict:
+  """Loads `NAME_OR_PATH[:VARIANT]` (`load_config_file`), applies overrides, and validates."""
+  config = load_config_file(name)
   for key, value in overrides:
     apply_override(config, key, value)
   model_config(config)  # fails early, naming the key, on an invalid model group

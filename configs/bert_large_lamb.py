@@ -31,9 +31,7 @@ def get_config():
                             max_predictions=76, learning_rate=4e-3, warmup_steps=200))
   config.checkpoint.every = 500
   config.log_every = 10
-  # What makes it fit a v3-2048 (16.0 GiB usable per device; `bertjax compile`,
-  # docs/reproducing.md): as written it needs 34 GiB per device; with
-  # these settings 14.9 GiB, compiled FLOPs 0.997x the model FLOPs.
+  # A v3-2048's 16 GiB chips do not hold a step as written (docs/reproducing.md).
   memory_saving(config, grad_accum_steps=2)
   config.reference_params = 340_000_000
   return config

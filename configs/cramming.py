@@ -37,8 +37,7 @@ def get_config():
                                weight_decay=0.01, clip_norm=0.5))
   config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
   config.checkpoint.every = 1_000
-  # What makes it fit a v5e-1 (16.0 GiB usable per device; `bertjax compile`,
-  # docs/reproducing.md): as written it needs 23 GiB per device; with
-  # these settings 10.3 GiB (bf16 compute, remat), compiled FLOPs 0.996x the model FLOPs.
+  # One 16 GiB chip (v5e-1) does not hold a step in fp32 without remat (docs/reproducing.md);
+  # one device: nothing to shard, so no ZeRO-3.
   memory_saving(config, zero3=False)
   return config

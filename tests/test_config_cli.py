@@ -8,7 +8,7 @@ import pytest
 
 import hf_models
 from bertjax import checkpoint, cli, config as config_lib
-from bertjax.models import matches_reference, param_breakdown
+from bertjax.tools.param_report import matches_reference, param_breakdown
 
 # Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models;
 # Liu et al. 2019; Brown et al. 2020, Table 2.1) and the tolerance each is checked to (issue 6:
@@ -16,12 +16,16 @@ from bertjax.models import matches_reference, param_breakdown
 # 336.2M, 1.1%, in every implementation).
 PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 "bert_large_lamb": (340e6, 0.012), "roberta_base": (125e6, 0.01),
-                "gpt1": (117e6, 0.01), "gpt2_small": (124e6, 0.01),
-                "gpt2_medium": (355e6, 0.01), "gpt2_large": (774e6, 0.01),
-                "gpt2_xl": (1558e6, 0.01), "gpt3_125m": (125e6, 0.02),
-                "gpt3_350m": (350e6, 0.02), "gpt3_760m": (760e6, 0.02),
-                "gpt3_1p3b": (1.3e9, 0.02), "gpt3_2p7b": (2.7e9, 0.02),
-                "gpt3_6p7b": (6.7e9, 0.02), "gpt3_13b": (13e9, 0.02)}
+                "gpt1": (117e6, 0.01), "gpt2:size=small": (124e6, 0.01),
+                "gpt2:size=medium": (355e6, 0.01), "gpt2:size=large": (774e6, 0.01),
+                "gpt2:size=xl": (1558e6, 0.01), "gpt3:size=125m": (125e6, 0.02),
+                "gpt3:size=350m": (350e6, 0.02), "gpt3:size=760m": (760e6, 0.02),
+                "gpt3:size=1p3b": (1.3e9, 0.02), "gpt3:size=2p7b": (2.7e9, 0.02),
+                "gpt3:size=6p7b": (6.7e9, 0.02), "gpt3:size=13b": (13e9, 0.02)}
+# Every config a user can name: each file under configs/ with each variant it lists.
+ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
+                     for p in config_lib.CONFIGS_DIR.glob("*.py")
+                     for v in config_lib.file_variants(p.stem))
 
 
 @pytest.mark.parametrize("name", PAPER_COUNTS)
@@ -36,8 +40,9 @@ def test_parameter_counts_match_papers(name):
 
 
 def test_every_config_loads_and_builds_abstractly():
-  """Every file under configs/ loads, validates and builds its model without allocating."""
-  names = sorted(p.stem for p in config_lib.CONFIGS_DIR.glob("*.py"))
+  """Every config under configs/ (each variant) loads, validates and builds its model without
+  allocating."""
+  names = ALL_CONFIGS
   assert len(names) >= 20, names
   for name in names:
     config = config_lib.load_config(name)
@@ -81,6 +86,26 @@ def test_split_overrides_accepts_both_spellings():
       ["info", "--config", "x.py", "--config.model.num_layers=4", "--config.seed", "3"])
   assert rest == ["info", "--config", "x.py"]
   assert overrides == [("model.num_layers", "4"), ("seed", "3")]
+
+
+def test_split_overrides_needs_a_value():
+  with pytest.raises(ValueError, match=r"--config.seed needs a value \(--config.seed=VALUE\)"):
+    config_lib.split_overrides(["train", "--config.seed", "--workdir", "w"])
+  with pytest.raises(ValueError, match="needs a value"):
+    config_lib.split_overrides(["--config.seed"])
+  # A negative number after a space is a value.
+  assert config_lib.split_overrides(["--config.restore_step", "-1"])[1] == [("restore_step", "-1")]
+
+
+def test_a_group_is_overridden_key_by_key():
+  with pytest.raises(KeyError, match=r"'optimizer' is a group; override one of its keys \(e.g. "
+                     r"optimizer\.\w+\)"):
+    config_lib.load_config("bert_tiny", [("optimizer", "{}")])
+
+
+def test_overrides_apply_after_the_variant():
+  config = config_lib.load_config("gpt3:size=13b,runlocal", [("model.num_layers", "3")])
+  assert config.model.num_layers == 3 and config.model.hidden_size == 128
 
 
 def test_invalid_model_group_fails_early():

@@ -1,6 +1,7 @@
 """Every paper config resolves to the values checked in under tests/golden/resolved_configs.json.
 
-The dump was written from the configs before they were rewritten as variants; a refactor of
+The dump was written from the configs before they were rewritten as variants (its keys are the
+old per-size file names; SPELLINGS says how each is named now); a refactor of
 configs/ or bertjax/config.py that changes any resolved value (a learning rate, a layer count,
 a step count, a derived model setting) fails here with the key that moved. Regenerate only for
 an intended change: `python tests/test_config_dump.py --write`.
@@ -15,11 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from bertjax.config import CONFIGS_DIR, load_config, model_config
+from bertjax.config import CONFIGS_DIR, file_variants, load_config, model_config
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
-# The config names users and docs pass to --config (each must keep resolving).
-NAMES = sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if not p.stem.startswith("_"))
+# Golden key (the per-size file names the dump was written under) -> how that config is named
+# now; a key not listed is the name of a config file without variants.
+SPELLINGS = {
+    "gpt2_small": "gpt2:size=small", "gpt2_medium": "gpt2:size=medium",
+    "gpt2_large": "gpt2:size=large", "gpt2_xl": "gpt2:size=xl",
+    "gpt3_125m": "gpt3:size=125m", "gpt3_350m": "gpt3:size=350m",
+    "gpt3_760m": "gpt3:size=760m", "gpt3_1p3b": "gpt3:size=1p3b",
+    "gpt3_2p7b": "gpt3:size=2p7b", "gpt3_6p7b": "gpt3:size=6p7b", "gpt3_13b": "gpt3:size=13b",
+}
+# Every config users and docs can pass to --config: each file, with each variant it lists.
+NAMES = sorted(f"{p.stem}:{v}" if v else p.stem
+               for p in CONFIGS_DIR.glob("*.py") if not p.stem.startswith("_")
+               for v in file_variants(p.stem))
 
 
 def resolved(name: str) -> dict:
@@ -39,21 +51,33 @@ def _flat(tree, prefix=""):
   return {prefix[:-1]: tree}
 
 
+# Keys added after the dump was written, with the value every paper config must resolve them to
+# (a new setting whose default leaves old runs as they were). Nothing else may appear.
+ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate": 0.0}
+
+
 @pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())))
 def test_resolved_config_unchanged(name):
-  want = _flat(json.loads(GOLDEN.read_text())[name])
-  have = _flat(resolved(name))
+  want = {**ADDED, **_flat(json.loads(GOLDEN.read_text())[name])}
+  have = _flat(resolved(SPELLINGS.get(name, name)))
   moved = {k: (want.get(k, "<absent>"), have.get(k, "<absent>"))
            for k in sorted(set(want) | set(have)) if want.get(k, "<absent>") != have.get(k, "<absent>")}
   assert not moved, f"{name}: resolved values changed (golden, now): {moved}"
 
 
 def test_every_config_has_a_golden_entry():
-  assert set(NAMES) <= set(json.loads(GOLDEN.read_text())), (
-      "a config without a golden entry: add it with `python tests/test_config_dump.py --write`")
+  """Each config a user can name (file and variant) is one golden entry and each golden entry
+  one config: a new file or size without a golden entry fails, as does a stale spelling."""
+  golden = {SPELLINGS.get(key, key) for key in json.loads(GOLDEN.read_text())}
+  assert not set(NAMES) - golden, (
+      f"configs without a golden entry: {sorted(set(NAMES) - golden)}; add them with "
+      "`python tests/test_config_dump.py --write`")
+  assert not golden - set(NAMES), f"golden entries naming no config: {sorted(golden - set(NAMES))}"
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
   GOLDEN.parent.mkdir(exist_ok=True)
-  GOLDEN.write_text(json.dumps({n: resolved(n) for n in NAMES}, indent=1, sort_keys=True) + "\n")
+  keys = {SPELLINGS.get(key, key): key for key in json.loads(GOLDEN.read_text())}
+  GOLDEN.write_text(json.dumps({keys.get(n, n): resolved(n) for n in NAMES}, indent=1,
+                               sort_keys=True) + "\n")
   print(f"wrote {GOLDEN} ({len(NAMES)} configs)")

@@ -92,6 +92,19 @@ def test_tpu_vm_dry_run_of_a_4_host_pod():
   assert "--max-restarts=10" in r.stdout and "resumes" in r.stdout
 
 
+def test_tpu_vm_passes_a_config_variant_verbatim():
+  """`configs/gpt3.py:size=13b` (a variant, bertjax.config) reaches every worker unchanged:
+  its ':', '=' and ',' need no quoting and the launcher does not look inside --config."""
+  train = ["bertjax", "train", "--config", "configs/gpt3.py:size=13b,runlocal", "--workdir",
+           f"/gcs/{BUCKET}/gpt3", f"--config.data.dataset=/gcs/{BUCKET}/web_text"]
+  r = launch("tpu_vm.py", *TPU_ARGS, *train)
+  assert r.returncode == 0, r.stderr
+  run = [next(a for a in c if a.startswith("--command="))[10:] for c in commands(r.stdout)
+         if c[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]][-1]
+  assert run.endswith("exec " + shlex.join(train))
+  assert "--config configs/gpt3.py:size=13b,runlocal " in run
+
+
 def test_tpu_vm_builds_and_copies_a_wheel_without_package():
   args = [a for a in TPU_ARGS if a not in ("--package", "bertjax[tpu] @ git+https://example.com/"
                                            "bertjax")]

@@ -1,0 +1,125 @@
+"""`NAME:runlocal`: any config's recipe at laptop scale (bertjax.config.runlocal), and config
+variants (`configs/gpt3.py:size=13b`): what they keep, what they shrink, how they fail, and
+that a runlocal BERT and GPT train through the `bertjax train` entry point on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertjax import cli, config as config_lib
+from bertjax.models import abstract_params, build_model, count_params
+
+ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
+                     for p in config_lib.CONFIGS_DIR.glob("*.py")
+                     for v in config_lib.file_variants(p.stem))
+# What runlocal keeps of a config: the recipe, not its scale.
+KEPT = ("objective", "model.family", "model.norm_position", "model.activation",
+        "model.final_layer_norm", "model.scale_residual_init", "model.type_vocab_size",
+        "model.hidden_dropout", "model.attention_dropout", "model.dropout_rng",
+        "model.attention", "model.layer_norm_eps", "optimizer.name", "optimizer.schedule",
+        "optimizer.power", "optimizer.end_lr_fraction", "optimizer.b1", "optimizer.b2",
+        "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_norm",
+        "data.bert_instances", "data.dupe_factor", "data.mask_prob", "data.whole_word_mask",
+        "sharding_rules")
+
+
+def _get(config, key):
+  for part in key.split("."):
+    config = config[part]
+  return config
+
+
+def _fraction(part, whole):
+  return int(part) / int(whole)
+
+
+@pytest.mark.parametrize("name", ALL_CONFIGS)
+def test_runlocal_keeps_the_recipe_at_laptop_scale(name):
+  paper = config_lib.load_config(name)
+  local = config_lib.load_config(f"{name},runlocal" if ":" in name else f"{name}:runlocal")
+  for key in KEPT:
+    assert _get(local, key) == _get(paper, key), key
+  m = local.model
+  assert (m.num_layers, m.hidden_size, m.num_heads, m.max_positions) == (2, 128, 2, 128)
+  assert m.mlp_dim / m.hidden_size == paper.model.mlp_dim / paper.model.hidden_size
+  assert (m.dtype, m.remat_policy, local.grad_accum_steps) == ("float32", "none", 1)
+  assert count_params(abstract_params(build_model(config_lib.model_config(local)))) < 5e6
+  assert (local.batch_size, local.num_train_steps, local.reference_params) == (16, 200, 0)
+  assert local.data.sources == "embedded" and not local.data.dataset and not local.data.tokenizer
+  assert local.mesh.to_dict() == {"data": -1, "fsdp": 1, "tensor": 1}
+  # The schedule's shape: warmup, decay end and phase switch at the same fractions of the run.
+  for key in ("optimizer.warmup_steps", "optimizer.decay_steps", "phase2.start_step"):
+    want = _fraction(_get(paper, key), paper.num_train_steps)
+    assert _get(local, key) == (0 if not want else max(1, round(want * 200))), key
+  if paper.phase2.start_step:
+    p1, p2 = paper.seq_length, paper.phase2.seq_length or paper.seq_length
+    assert local.phase2.seq_length / local.seq_length == pytest.approx(p2 / p1, rel=0.05)
+    assert local.phase2.max_predictions <= local.phase2.seq_length
+
+
+def test_runlocal_combines_with_a_size_in_any_order():
+  a = config_lib.load_config("configs/gpt3.py:size=13b,runlocal")
+  b = config_lib.load_config("gpt3:runlocal,size=13b")
+  assert a.to_dict() == b.to_dict()
+  # The 13B recipe at CPU scale: GPT-3's schedule shape (decay over 260 of 300B tokens).
+  assert a.optimizer.decay_steps == round(200 * 260 / 300) and a.optimizer.warmup_steps == 1
+  assert a.model.hidden_dropout == 0.0 and a.seq_length == 128
+
+
+def test_variant_spellings_resolve_to_the_same_config():
+  assert (config_lib.load_config("gpt3:size=1.3b").to_dict()
+          == config_lib.load_config("configs/gpt3.py:size=1p3b").to_dict())
+  assert config_lib.load_config("gpt2.py:size=xl").model.num_layers == 48
+  # A file without variants loads as before, by name or path.
+  assert config_lib.load_config("configs/bert_base.py").model.num_layers == 12
+
+
+@pytest.mark.parametrize("name, message", [
+    ("gpt3", "gpt3.py: needs a variant size=125m|350m|760m|1p3b|2p7b|6p7b|13b"),
+    ("gpt3:size=14b", "gpt3.py: size='14b' is not one of 125m|350m|760m|1p3b|2p7b|6p7b|13b"),
+    ("gpt2:size=huge", "gpt2.py: size='huge' is not one of small|medium|large|xl"),
+    ("gpt3:sise=13b", "gpt3.py: unknown variant key 'sise' (accepted: size, runlocal)"),
+    ("gpt3:size", "gpt3.py: variant key 'size' needs a value"),
+    ("gpt3:=13b", "gpt3.py: variant item '=13b' has no key"),
+    ("bert_base:size=13b", "bert_base.py has no variants (got 'size=13b'); every config "
+     "accepts :runlocal"),
+    ("bert_base:runlocal=yes", "bert_base.py: runlocal takes no value"),
+])
+def test_a_variant_the_file_does_not_offer_is_a_one_line_error(name, message):
+  with pytest.raises(ValueError) as error:
+    config_lib.load_config(name)
+  assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_cli_reports_a_bad_variant_in_one_line(capsys):
+  assert cli.main(["info", "--config", "gpt3:size=14b"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and "size='14b' is not one of" in err
+
+
+def _steps(workdir):
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  return [r["step"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+@pytest.mark.timeout(900)
+def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys):
+  """Two paper configs, shrunk, through the real `bertjax train`: the embedded corpus is built
+  (tokenizer trained in the objective's style), BERT-base switches to its phase 2 (128 tokens
+  after 32), GPT-3 13B trains its causal LM; 3 steps each."""
+  bert = tmp_path / "bert"
+  assert cli.main(["train", "--config", "bert_base:runlocal", "--workdir", str(bert),
+                   "--config.num_train_steps=3", "--config.phase2.start_step=2",
+                   "--config.log_every=1", "--config.eval_every=0"]) == 0
+  out = capsys.readouterr().out
+  assert "run finished at step 3 of 3" in out and "mlm_loss" in out
+  assert _steps(bert) == [1, 2, 3]
+  gpt = tmp_path / "gpt"
+  assert cli.main(["train", "--config", "configs/gpt3.py:size=13b,runlocal", "--workdir",
+                   str(gpt), "--config.num_train_steps=3", "--config.log_every=1",
+                   "--config.eval_every=0"]) == 0
+  out = capsys.readouterr().out
+  assert "run finished at step 3 of 3" in out and "lm_loss" in out
+  assert _steps(gpt) == [1, 2, 3]
