@@ -1,4 +1,4 @@
-"""Issue 6: ahead-of-time compilation of the train step for named TPU topologies.
+"""Ahead-of-time compilation of the train step for named TPU topologies.
 
 Topology names, the HLO reader and the abstract batches are tested everywhere. Compiling needs
 libtpu (the TPU compiler, `pip install 'bertjax[tpu]'`; no TPU is needed): without it those
@@ -138,7 +138,7 @@ def test_bert_compiles_for_v4_16_fits_and_flops_match(libtpu):
   assert report.fits and report.shortfall_bytes == 0
   assert report.topology.devices == 8 and report.mesh == {"data": 8, "fsdp": 1, "tensor": 1}
   assert 0 < report.total_bytes < report.hbm_bytes
-  # Issue 8: no duplicated compute under sharding (the analytic count is a little generous).
+  # No duplicated compute under sharding (the analytic count is a little generous).
   assert 0.9 < report.flops_ratio <= 1.05
   assert "all-reduce" in report.collectives  # the gradient all-reduce of data parallelism
   text = aot.format_report(report)

@@ -1,4 +1,4 @@
-"""`bertjax bench` (issue 8): the model FLOPs formula against what XLA compiles, and the
+"""`bertjax bench`: the model FLOPs formula against what XLA compiles, and the
 harness's plumbing at toy size. No timing is asserted: speed is a benchmark's business.
 
 The runs of the transformers/PyTorch reference (`--compare hf`, `--best`) are marked `benchmark`

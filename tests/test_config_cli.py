@@ -1,4 +1,4 @@
-"""Config loading and overrides; the `bertjax` CLI: info (acceptance 5), init, import, export."""
+"""Config loading and overrides; the `bertjax` CLI: info, init, import, export."""
 
 import subprocess
 import sys
@@ -11,9 +11,9 @@ from bertjax import checkpoint, cli, config as config_lib
 from bertjax.tools.param_report import matches_reference, param_breakdown
 
 # Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models;
-# Liu et al. 2019; Brown et al. 2020, Table 2.1) and the tolerance each is checked to (issue 6:
+# Liu et al. 2019; Brown et al. 2020, Table 2.1) and the tolerance each is checked to:
 # within 2% for the GPT-3 table, whose figures are rounded labels; BERT-large's "340M" is
-# 336.2M, 1.1%, in every implementation).
+# 336.2M, 1.1%, in every implementation.
 PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 "bert_large_lamb": (340e6, 0.012), "roberta_base": (125e6, 0.01),
                 "gpt1": (117e6, 0.01), "gpt2:size=small": (124e6, 0.01),

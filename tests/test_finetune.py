@@ -1,4 +1,4 @@
-"""Fine-tuning (bertjax.finetune, bertjax.data.labeled): acceptance 4 — a tiny synthetic
+"""Fine-tuning (bertjax.finetune, bertjax.data.labeled): a tiny synthetic
 pair-classification task learnt to high dev accuracy from random init; frozen parameters
 bit-identical after training; metrics against hand-computed values and scipy; readers' errors
 name file and line; the fine-tuned model exported to Hugging Face gives our logits."""
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint, finetune as ft, objectives, optim, scores
+from bertjax import checkpoint, finetune as ft, objectives, optim
+from bertjax import scores as dev_scores
 from bertjax.data import labeled
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import load_tokenizer
@@ -72,7 +73,7 @@ def _flat(tree):
           traverse_util.flatten_dict(jax.device_get(tree)).items()}
 
 
-# --- acceptance 4 ------------------------------------------------------------------------
+# --- learning a task ------------------------------------------------------------------------
 
 def test_pair_classification_learns_from_random_init(tmp_path):
   vocab = _vocab(tmp_path)
@@ -236,20 +237,20 @@ def test_metrics_hand_computed():
   labels = np.array([1, 1, 1, 0, 0, 0, 0, 1])
   preds = np.array([1, 1, 0, 0, 0, 1, 0, 1])
   # tp=3 fp=1 fn=1 tn=3
-  assert scores.accuracy(labels, preds) == 0.75
-  assert scores.f1_binary(labels, preds) == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
-  assert scores.matthews(labels, preds) == pytest.approx((3 * 3 - 1 * 1) / np.sqrt(4 * 4 * 4 * 4))
-  assert scores.matthews(labels, np.ones_like(labels)) == 0.0  # constant prediction: undefined
-  assert scores.f1_binary(np.zeros(3), np.zeros(3)) == 0.0
-  assert scores.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
-  assert scores.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-  assert scores.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
-  assert scores._ranks([10, 20, 20, 30]).tolist() == [1, 2.5, 2.5, 4]
-  assert scores.bio_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "PER"]) == {
+  assert dev_scores.accuracy(labels, preds) == 0.75
+  assert dev_scores.f1_binary(labels, preds) == pytest.approx(2 * 3 / (2 * 3 + 1 + 1))
+  assert dev_scores.matthews(labels, preds) == pytest.approx((3 * 3 - 1 * 1) / np.sqrt(4 * 4 * 4 * 4))
+  assert dev_scores.matthews(labels, np.ones_like(labels)) == 0.0  # constant prediction: undefined
+  assert dev_scores.f1_binary(np.zeros(3), np.zeros(3)) == 0.0
+  assert dev_scores.pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+  assert dev_scores.pearson([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+  assert dev_scores.spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+  assert dev_scores._ranks([10, 20, 20, 30]).tolist() == [1, 2.5, 2.5, 4]
+  assert dev_scores.bio_spans(["B-PER", "I-PER", "O", "I-LOC", "B-LOC", "I-LOC", "PER"]) == {
       ("PER", 0, 2), ("LOC", 3, 4), ("LOC", 4, 6), ("PER", 6, 7)}
-  scores = scores.entity_f1([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
+  scores = dev_scores.entity_f1([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
   assert scores == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3)}
-  tok = scores.task_scores("token_classification", np.array([[-100, 1, 2, 0, -100]]),
+  tok = dev_scores.task_scores("token_classification", np.array([[-100, 1, 2, 0, -100]]),
                         np.array([[0, 1, 2, 1, 1]]), ["O", "B-X", "I-X"])
   assert tok["accuracy"] == pytest.approx(2 / 3) and tok["precision"] == 0.5
 
@@ -259,8 +260,8 @@ def test_metrics_match_scipy():
   rng = np.random.RandomState(0)
   x = rng.randint(0, 5, 50).astype(float)  # ties
   y = x + rng.standard_normal(50)
-  assert scores.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
-  assert scores.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
+  assert dev_scores.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-12)
+  assert dev_scores.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-12)
   # Multi-class Matthews against its definition via the confusion matrix (sklearn's formula).
   t, p = rng.randint(0, 3, 200), rng.randint(0, 3, 200)
   c = np.zeros((3, 3))
@@ -268,7 +269,7 @@ def test_metrics_match_scipy():
   s, n = c.trace(), c.sum()
   ts, ps = c.sum(1), c.sum(0)
   expected = (s * n - ts @ ps) / np.sqrt((n * n - ps @ ps) * (n * n - ts @ ts))
-  assert scores.matthews(t, p) == pytest.approx(expected)
+  assert dev_scores.matthews(t, p) == pytest.approx(expected)
 
 
 # --- readers -----------------------------------------------------------------------------

@@ -8,14 +8,14 @@ right before use, and its gradient is reduce-scattered (`psum_scatter`) back int
 layer is rematerialised, so a micro-batch gathers every layer weight twice (forward, backward)
 and reduce-scatters its gradient once. Micro-batches are a scan accumulating the sharded
 gradients. Its collective bytes per device per step, read from the compiled program by
-`bertjax.hlo.analyze_hlo` exactly like ours, are the yardstick: ours may be at most 1.25x.
+`bertjax.tools.hlo.analyze_hlo` exactly like ours, are the yardstick: ours may be at most 1.25x.
 
 What once read as "2x the ideal" was the reader's: libtpu splits an asynchronous all-gather
 into a start, continuation and done fusion that each hold a copy of the collective (one
 channel), and implements a reduce-scatter as a fusion around an all-reduce of the whole
 gradient; counted per copy and as an all-reduce, FSDP looked like ~5 gathers of every weight per
 micro-batch and no reduce-scatter. `analyze_hlo` now counts each such collective once, as what
-it is. (At gpt3_6p7b's width on v5e-64 the step is still 1.33x the reference: the tied
+it is. (At gpt3:size=6p7b's width on v5e-64 the step is still 1.33x the reference: the tied
 embedding's two gradients, lookup and LM head, are all-reduced separately per micro-batch.)
 
 v4 is compiled as v4-16 (a 2x2x2 torus, where libtpu turns every reduce-scatter, the
@@ -37,8 +37,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax import aot, hlo
 from bertjax.config import load_config, memory_saving
+from bertjax.tools import aot, hlo
 from bertjax.train import Trainer
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -127,18 +127,18 @@ def reference_collectives(mesh) -> tuple[hlo.HloStats, float]:
     x = x.astype(jnp.float32)
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return ((x - mean) * jax.lax.rsqrt(var + 1e-5) * ln[:, 0] + ln[:, 1]).astype(jnp.bfloat16)
+    return ((x - mean) * jax.lax.rsqrt(var + 1e-5) * ln[None, None, :, 0] + ln[None, None, :, 1]).astype(jnp.bfloat16)
 
   def block(x, w):
     b, l, d = x.shape
-    h = layer_norm(x, w["ln1"]) @ gather(w["qkv"], 0) + gather(w["qkv_b"], 0)
+    h = layer_norm(x, w["ln1"]) @ gather(w["qkv"], 0) + gather(w["qkv_b"], 0)[None, None]
     q, k, v = (t.reshape(b, l, HEADS, d // HEADS) for t in jnp.split(h, 3, axis=-1))
     s = jnp.einsum("blnh,bsnh->bnls", q, k).astype(jnp.float32) / (d // HEADS) ** 0.5
-    s = jnp.where(jnp.tril(jnp.ones((l, l), bool)), s, -1e9)
+    s = jnp.where(jnp.tril(jnp.ones((l, l), bool))[None, None], s, -1e9)
     a = jnp.einsum("bnls,bsnh->blnh", jax.nn.softmax(s).astype(jnp.bfloat16), v)
-    x = x + a.reshape(b, l, d) @ gather(w["out"], 0) + gather(w["out_b"], 0)
-    h = jax.nn.gelu(layer_norm(x, w["ln2"]) @ gather(w["wi"], 0) + gather(w["wi_b"], 0))
-    return x + h @ gather(w["wo"], 0) + gather(w["wo_b"], 0), None
+    x = x + a.reshape(b, l, d) @ gather(w["out"], 0) + gather(w["out_b"], 0)[None, None]
+    h = jax.nn.gelu(layer_norm(x, w["ln2"]) @ gather(w["wi"], 0) + gather(w["wi_b"], 0)[None, None])
+    return x + h @ gather(w["wo"], 0) + gather(w["wo_b"], 0)[None, None], None
 
   def loss_fn(params, ids, targets):
     wte = gather(params["wte"], 0)  # [D, V], one gather for the lookup and the LM head

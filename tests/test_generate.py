@@ -1,4 +1,4 @@
-"""Generation (issue 7): KV-cache decoding equals full recomputation; greedy and beam search
+"""Generation: KV-cache decoding equals full recomputation; greedy and beam search
 equal `transformers`' `generate` on the same GPT-2 weights; sampling is seeded; fill-mask
 equals the `transformers` fill-mask pipeline."""
 
@@ -275,7 +275,7 @@ def test_generate_and_fill_mask_commands(tmp_path, capsys):
 
 def test_printed_continuation_keeps_the_space_after_the_prompt(tmp_path):
   """`bertjax generate` prints prompt + continuation_text: SentencePiece drops the "▁" that
-  starts what it decodes, so the new ids decoded alone would glue "the" to "of" (issue 20)."""
+  starts what it decodes, so the new ids decoded alone would glue "the" to "of"."""
   import itertools
   from bertjax.data import wikipedia
   from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece

@@ -1,5 +1,5 @@
-"""Acceptance 2: bertjax -> HF -> bertjax is bit-identical; HF -> bertjax -> HF loads in
-`transformers` with identical logits. Plus the errors a bad checkpoint must produce."""
+"""Hugging Face conversion: bertjax -> HF -> bertjax is bit-identical; HF -> bertjax -> HF
+loads in `transformers` with identical logits. Plus the errors a bad checkpoint must produce."""
 
 import json
 

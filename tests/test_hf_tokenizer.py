@@ -1,4 +1,4 @@
-"""Exported Hugging Face directories read text as bertjax does (issue 20): AutoTokenizer gives
+"""Exported Hugging Face directories read text as bertjax does: AutoTokenizer gives
 bertjax's ids (SentencePiece BERT and GPT, cased WordPiece), fill-mask and greedy
 text-generation pipelines give `bertjax generate`'s answers, and export -> import keeps the
 tokenizer."""

@@ -1,4 +1,4 @@
-"""Acceptance 3: causality, document isolation, padding invariance; layout equivalences."""
+"""Model properties: causality, document isolation, padding invariance; layout equivalences."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance 6: schedules and the weight-decay mask against hand-computed values."""
+"""Optimizer: learning-rate schedules and the weight-decay mask against hand-computed values."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""Acceptance 1: logits of imported random-init `transformers` models match bertjax.
+"""Hugging Face parity: logits of imported random-init `transformers` models match bertjax.
 
 Tolerances: max abs difference <= 1e-5 (<= 1e-4 for 12-layer shapes), fp32, eval mode.
 """

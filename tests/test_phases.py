@@ -1,6 +1,6 @@
-"""Two-phase training (issue 6 acceptance 3): the run switches sequence length, batch and
-schedule by itself, and a resume exactly at the switch or inside phase 2 continues with the
-batches and losses of the uninterrupted run."""
+"""Two-phase training: the run switches sequence length, batch and schedule by itself, and a
+resume exactly at the switch or inside phase 2 continues with the batches and losses of the
+uninterrupted run."""
 
 import json
 import random

@@ -1,6 +1,7 @@
-"""The loader (issue 4 acceptance 1 and 3): exactly-once epochs over 1/2/4 hosts, bit-exact
-resume from a saved iterator state (also in a fresh process, also with worker processes),
-deterministic builds whatever the parallelism, packing without loss, dynamic masking, mixing."""
+"""The loader: exactly-once epochs over 1/2/4 hosts, bit-exact resume from a saved iterator
+state (also in a fresh process, also with worker processes), deterministic builds whatever the
+parallelism, packing without loss with the loss masked at document boundaries, dynamic
+masking, mixing."""
 
 import collections
 import json
@@ -126,11 +127,31 @@ def test_gpt_packing_loses_and_repeats_nothing(corpus):
   batches = list(CorpusBatches(cfg, "train", range(batch_size), batch_size))
   assert len(batches) > 3
   for row in range(batch_size):
-    expected = np.concatenate([np.append(d.tokens, eot) for d in order[row::batch_size]])
+    docs = order[row::batch_size]
+    expected = np.concatenate([np.append(d.tokens, eot) for d in docs])
     inputs = np.concatenate([b["input_ids"][row] for b in batches])
     np.testing.assert_array_equal(inputs, expected[:len(inputs)])
     np.testing.assert_array_equal(
         np.concatenate([b["target_ids"][row] for b in batches]), expected[1:len(inputs) + 1])
+    # Which document each token of the row's stream comes from (its end-of-text included),
+    # and where in it: from the document order alone, not from the batch's own fields.
+    owner = np.concatenate([np.full(len(d.tokens) + 1, k) for k, d in enumerate(docs)])
+    first = np.concatenate([[0], np.cumsum([len(d.tokens) + 1 for d in docs])])
+    for i, b in enumerate(batches):
+      here = f"batch {i} row {row}"
+      inputs_from, targets_from = owner[i * 64:i * 64 + 64], owner[i * 64 + 1:i * 64 + 65]
+      # Loss only where the target continues the input's document: 0 where it is the next
+      # document's first token (an all-ones mask trains across document boundaries).
+      np.testing.assert_array_equal(b["loss_mask"][row], inputs_from == targets_from,
+                                    err_msg=f"loss_mask, {here}")
+      np.testing.assert_array_equal(b["segment_ids"][row], inputs_from - inputs_from[0] + 1,
+                                    err_msg=f"segment_ids, {here}")
+      # Positions count from the document's start, or from the window's where the document
+      # began in an earlier window.
+      np.testing.assert_array_equal(
+          b["positions"][row],
+          np.arange(i * 64, i * 64 + 64) - np.maximum(first[inputs_from], i * 64),
+          err_msg=f"positions, {here}")
   # The data ends at the first batch some row cannot fill: its own row ran out.
   shortest = min(len(np.concatenate([np.append(d.tokens, eot) for d in order[r::batch_size]]))
                  for r in range(batch_size))
@@ -142,15 +163,40 @@ def test_gpt_packing_loses_and_repeats_nothing(corpus):
       np.testing.assert_array_equal(mine[key], whole[key][[1, 3]], err_msg=key)
   for b in batches:
     np.testing.assert_array_equal(b["target_ids"][:, :-1], b["input_ids"][:, 1:])
-    # Positions restart at every document; segments change exactly after an eot.
-    for ids, seg, pos in zip(b["input_ids"], b["segment_ids"], b["positions"]):
-      starts = np.flatnonzero(np.diff(seg)) + 1
-      assert np.all(ids[starts - 1] == eot)
-      assert np.all(pos[starts] == 0) and pos[0] == 0
-    # The loss mask is 0 exactly where the target starts the next document, i.e. after each
-    # end-of-text (an all-ones mask, training across document boundaries, fails here).
+    # Packed batches hold no padding: the boundaries are the only masked positions, and they
+    # are exactly the end-of-text inputs.
     np.testing.assert_array_equal(b["loss_mask"] == 0, b["input_ids"] == eot)
   assert sum(int((b["loss_mask"] == 0).sum()) for b in batches) > 10
+
+
+def test_gpt_packing_masks_exactly_the_document_boundaries():
+  """A hand-built stream with known boundaries (an empty document, documents ending inside
+  and at the end of a window): the loss mask, segment ids and positions of every window,
+  written out by hand."""
+  import grain
+  from bertjax.data.packing import DocumentElement, GptPackIterDataset
+  eot = 99
+  docs = [[10, 11, 12], [], [20, 21, 22, 23, 24, 25], [30], [40, 41, 42, 43, 44, 45, 46, 47]]
+  elements = [DocumentElement(ordinal=i, epoch=0, index=i, doc=records.TokenizedDocument(
+      key=f"t:{i}", sentence_lengths=np.array([len(d)], np.int32),
+      tokens=np.array(d, np.int32))) for i, d in enumerate(docs)]
+  packed = list(GptPackIterDataset(grain.MapDataset.source(elements).to_iter_dataset(),
+                                   seq_length=4, eot=eot))
+  # The stream 10 11 12 | | 20 21 22 23 24 25 | 30 | 40 ... 47, with an eot ending each
+  # document, cut into windows of 4 inputs and their 4 next tokens; the sixth window would
+  # need a 25th token. Positions restart in each document and in each window.
+  want = [  # (inputs, targets, loss_mask, segment_ids, positions)
+      ([10, 11, 12, eot], [11, 12, eot, eot], [1, 1, 1, 0], [1, 1, 1, 1], [0, 1, 2, 3]),
+      ([eot, 20, 21, 22], [20, 21, 22, 23], [0, 1, 1, 1], [1, 2, 2, 2], [0, 0, 1, 2]),
+      ([23, 24, 25, eot], [24, 25, eot, 30], [1, 1, 1, 0], [1, 1, 1, 1], [0, 1, 2, 3]),
+      ([30, eot, 40, 41], [eot, 40, 41, 42], [1, 0, 1, 1], [1, 1, 2, 2], [0, 1, 0, 1]),
+      ([42, 43, 44, 45], [43, 44, 45, 46], [1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 2, 3]),
+  ]
+  assert len(packed) == len(want)
+  for i, (got, expected) in enumerate(zip(packed, want)):
+    for key, values in zip(("input_ids", "target_ids", "loss_mask", "segment_ids", "positions"),
+                           expected):
+      np.testing.assert_array_equal(got[key], values, err_msg=f"window {i}: {key}")
 
 
 def _take(batches, n):
@@ -268,7 +314,7 @@ def test_loader_workers_do_not_change_the_batches(corpus):
 
 
 def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
-  """Acceptance 3 as production runs it: 2 loader worker processes, the state saved after k
+  """Bit-exact resume as production runs it: 2 loader worker processes, the state saved after k
   batches, restored by another Python process."""
   cfg = dict(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
              max_predictions=5, shuffle_window=16, num_workers=2, prefetch=2)

@@ -1,7 +1,14 @@
-"""Acceptance 4: every parameter gets the sharding its logical axes and the rules imply, on a
-real 8-device mesh; no large matrix is silently replicated; sharded == single-device."""
+"""Parameter sharding: every parameter gets the sharding its logical axes and the rules imply,
+on a real 8-device mesh, and the mesh axes of a reviewed golden dump; no large matrix is
+silently replicated; sharded == single-device."""
 
 import functools
+import json
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # `--write`: the test session's setup (8 host CPU devices) first
+  import conftest  # noqa: F401
 
 import flax.linen as nn
 import jax
@@ -117,3 +124,85 @@ def test_indivisible_dimension_is_reported_not_silent(devices, caplog):
                                       sharding.resolve_rules("fsdp_tensor"))
   assert "['wte']['embedding']: dimension 250 is not divisible by mesh axis 'tensor'" in caplog.text
   assert params["wte"]["embedding"].sharding.spec == P(None, "fsdp")  # vocab left whole
+
+
+# --- golden per-parameter shardings ---------------------------------------------------------
+# The tests above take each expected spec from the model's own logical names, so a layer that
+# names an axis wrongly ("mlp" for "heads", "embed" for "vocab") passes them. This one compares
+# the mesh axes every parameter of the small configs gets with a reviewed, checked-in dump.
+
+GOLDEN = Path(__file__).parent / "golden" / "param_shardings.json"
+GOLDEN_MESH = {"data": 2, "fsdp": 2, "tensor": 2}
+GOLDEN_RULES = ("fsdp_tensor", "data_parallel")
+# (config, head): every head the small configs build; num_labels 3 for the classifiers.
+GOLDEN_MODELS = (("bert_tiny", "pretraining"), ("bert_tiny", "sequence_classification"),
+                 ("bert_tiny", "token_classification"), ("bert_tiny_unrolled", "pretraining"),
+                 ("gpt_tiny", "lm"))
+
+
+def _golden_model(config_name: str, head: str) -> nn.Module:
+  from bertjax.config import load_config, model_config
+  from bertjax.models.bert import BertForTokenClassification
+  unrolled = config_name.endswith("_unrolled")
+  cfg = model_config(load_config(config_name.removesuffix("_unrolled")))
+  if unrolled:
+    cfg = cfg.replace(scan_layers=False)
+  if head == "sequence_classification":
+    return build_model(cfg.replace(num_labels=3), head="classification")
+  if head == "token_classification":
+    return BertForTokenClassification(cfg.replace(num_labels=3))
+  return build_model(cfg)
+
+
+def param_shardings() -> dict[str, dict[str, dict[str, list]]]:
+  """{"<config>/<head>/<rules>": {parameter path: {"spec": mesh axes per dimension,
+  "shape": ..., "logical": the model's axis names}}}, from the shardings a run creates its
+  parameters in (sharding.shardings_for). The logical names are kept too: a misnamed axis that
+  lands on the same mesh axis under these presets ("mlp" for "heads") differs under others."""
+  mesh = sharding.make_mesh(GOLDEN_MESH)
+  dump = {}
+  for config_name, head in GOLDEN_MODELS:
+    abstract = abstract_params(_golden_model(config_name, head))
+    shapes = jax.tree.leaves(nn.meta.unbox(abstract))
+    names = jax.tree.leaves(sharding.logical_specs(abstract), is_leaf=lambda x: isinstance(x, P))
+    for rules in GOLDEN_RULES:
+      shardings = sharding.shardings_for(abstract, mesh, sharding.resolve_rules(rules))
+      entry = {}
+      for (path, s), shape, logical in zip(jax.tree_util.tree_leaves_with_path(shardings),
+                                           shapes, names, strict=True):
+        spec = tuple(s.spec) + (None,) * (len(shape.shape) - len(s.spec))
+        entry[jax.tree_util.keystr(path)] = {
+            "spec": [list(a) if isinstance(a, tuple) else a for a in spec],
+            "shape": list(shape.shape), "logical": list(logical)}
+      dump[f"{config_name}/{head}/{rules}"] = entry
+  return dump
+
+
+def test_parameter_shardings_match_the_golden_dump(devices):
+  """Every parameter of bert_tiny (pre-training, both classifiers, unrolled) and gpt_tiny
+  gets the mesh axes of tests/golden/param_shardings.json on a 2x2x2 mesh, under the default
+  and the data_parallel rules. Regenerate only for an intended change, after reviewing the
+  new specs: `python tests/test_sharding.py --write`."""
+  want = json.loads(GOLDEN.read_text())
+  have = param_shardings()
+  assert sorted(have) == sorted(want), (
+      f"models/rules in the dump {sorted(want)}, computed {sorted(have)}")
+  differing = []
+  for key in sorted(want):
+    for path in sorted(set(want[key]) | set(have[key])):
+      old, new = want[key].get(path, "<absent>"), have[key].get(path, "<absent>")
+      if old != new:
+        differing.append(f"{key} {path}: golden {json.dumps(old, sort_keys=True)}, "
+                         f"now {json.dumps(new, sort_keys=True)}")
+  assert not differing, "parameter shardings changed:\n" + "\n".join(differing)
+
+
+if __name__ == "__main__" and "--write" in sys.argv:
+  GOLDEN.parent.mkdir(exist_ok=True)
+  # One line per parameter, so that a reviewer reads the specs in a column.
+  GOLDEN.write_text("{\n" + ",\n".join(
+      f" {json.dumps(key)}: {{\n" + ",\n".join(
+          f"  {json.dumps(path)}: {json.dumps(entry, sort_keys=True)}"
+          for path, entry in sorted(params.items())) + "\n }"
+      for key, params in sorted(param_shardings().items())) + "\n}\n")
+  print(f"wrote {GOLDEN}")

@@ -1,4 +1,4 @@
-"""Issue 3 acceptance 1-3: sharding invariance of the train step, FSDP memory, accumulation."""
+"""Sharding invariance of the train step, FSDP memory, accumulation."""
 
 import os
 import subprocess
@@ -134,7 +134,7 @@ _COMPILE_STEPS = textwrap.dedent("""
 
 
 def test_embedding_lookup_needs_no_involuntary_rematerialization():
-  """Issue 20: on an fsdp x tensor mesh the word-embedding gather (and its scatter-add in the
+  """On an fsdp x tensor mesh the word-embedding gather (and its scatter-add in the
   backward pass) must partition without XLA replicating a whole [B, L, D] activation."""
   # TF_CPP_MIN_LOG_LEVEL=1: XLA's warnings are printed even where the environment silences
   # them (2 and up would hide the very lines this test reads).

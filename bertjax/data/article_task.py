@@ -1,6 +1,6 @@
 """A labelled task made from a corpus: which of K articles does a sentence come from?
 
-Issue 7's transfer experiment needs a small supervised task built from data the project ships:
+The transfer experiment (docs/finetuning.md) needs a small supervised task built from data the project ships:
 the K articles of the corpus with the most sentences (of at least `min_words` words) become
 the classes, each contributes the same number of sentences, shuffled with a seed; the dev set
 takes `dev_per_article` sentences of each, and training sets of the requested sizes are nested

@@ -108,7 +108,7 @@ class BertForPreTraining(nn.Module):
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.weight_dtype)
     mlm_logits = bert.attend(h)
-    mlm_logits = mlm_logits + bias_V.astype(mlm_logits.dtype)
+    mlm_logits = mlm_logits + bias_V.astype(mlm_logits.dtype)[None, None, :]
     mlm_logits = layers.constrain(mlm_logits, ("batch", "length", "vocab"))
     nsp_logits_B2 = layers.Dense(cfg, "bd,dc->bc", (d, 2), ("embed", None), (2,), (None,),
                                  name="nsp")(pooled_BD)

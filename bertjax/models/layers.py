@@ -89,7 +89,8 @@ class Dense(nn.Module):
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.bias_axes),
                         self.bias_shape, cfg.weight_dtype)
-      y = y + bias.astype(y.dtype)
+      # The bias's leading axes spelled out: [*batch, *out] + [1.., *out].
+      y = y + jnp.expand_dims(bias.astype(y.dtype), tuple(range(y.ndim - bias.ndim)))
     return y
 
 
@@ -115,7 +116,7 @@ class Embed(nn.Module):
   rows sharded on embed over fsdp, and no collective turns that into the activations' batch
   sharding over the same fsdp axis: XLA replicates the whole [B, L, D] tensor and
   re-partitions it ("Involuntary full rematerialization"), in the forward gather and in the
-  backward pass's scatter-add alike (issue 20); pinning the output's layout alone does not
+  backward pass's scatter-add alike; pinning the output's layout alone does not
   help. With the feature axis gathered first (the all-gather FSDP does for every weight it
   uses) each device reads, for its own batch rows, the rows in its own vocab shard, and one
   all-reduce over the tensor axis completes them: Megatron's vocabulary-parallel embedding.
@@ -149,7 +150,8 @@ class Embed(nn.Module):
     # Rows keep their sharding, features are gathered: see the class docstring.
     table = constrain(table, (self.axes[0], None))
     if self.config.embed_lookup == "one_hot":
-      one_hot = ids[..., None] == jax.lax.iota(jnp.int32, self.num_embeddings)
+      one_hot = ids[..., None] == jax.lax.broadcasted_iota(
+          jnp.int32, (1,) * ids.ndim + (self.num_embeddings,), ids.ndim)
       # HIGHEST: full fp32 precision, so that each row comes out exactly (the default on TPU
       # and GPU rounds fp32 operands to bf16 or TF32). An id outside the table reads zeros
       # here, NaN from the gather.
