@@ -92,14 +92,11 @@ def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: b
   (finetune.json; its classifier included), a training workdir (the parameters of its latest
   or `step`'s checkpoint) or a Hugging Face directory (config.json; a fine-tuned model's
   `classifier.` is left out, heads the directory lacks are absent). Local or an object store."""
-  from bertjax import hf, objectives
+  from bertjax import hf
   from bertjax.train_checkpoint import run_params
   path = paths.path(source)
   if (path / FINETUNE_FILE).is_file():
-    info = json.loads((path / FINETUNE_FILE).read_text())
-    config = load_model_config(path)
-    abstract = nn.meta.unbox(abstract_params(objectives.model_for(info["task"], config)))
-    params, config = load_params(path, abstract=abstract)
+    params, config, _ = load_finetuned(path)
     return Weights(jax.device_get(params), config, tokenizer_dir(path), f"fine-tuned {source}")
   if (path / "model.json").is_file():
     params, config = load_params(path)
@@ -108,7 +105,8 @@ def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: b
     params, config, tokenizer, step = run_params(path, step)
     return Weights(jax.device_get(params), config, tokenizer, f"workdir {source} step {step}")
   if (path / "config.json").is_file():
-    params, config, report = hf.import_hf(path, scan_layers=scan_layers, drop=("classifier.",))
+    params, config, report = hf.import_hf(path, scan_layers=scan_layers,
+                                          drop=("classifier.", "qa_outputs."))
     # Heads the directory lacks were filled in at random: the run's own initialisation wins.
     flat = traverse_util.flatten_dict(params, sep="/")
     params = traverse_util.unflatten_dict(
@@ -120,6 +118,31 @@ def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: b
   raise ValueError(f"{source}: neither a params-only checkpoint (model.json), a fine-tuned "
                    "output (finetune.json), a training workdir (checkpoints/) nor a Hugging Face "
                    "directory (config.json)")
+
+
+def load_finetuned(directory: paths.PathLike, shardings: Any = None
+                   ) -> tuple[Any, ModelConfig, dict[str, Any]]:
+  """(params, model config, finetune.json) of a fine-tuned OUT/best (bertjax.finetune). A
+  parameter-efficient run's directory holds only its trained parameters (LoRA, adapters,
+  prefixes, the head) and names its base weights (`base`): they are loaded and combined."""
+  from bertjax import adapters, objectives
+  path = paths.path(directory)
+  info = json.loads((path / FINETUNE_FILE).read_text())
+  config = load_model_config(path)
+  model = objectives.model_for(objectives.objective_of(info["task"]), config)
+  abstract = nn.meta.unbox(abstract_params(model))
+  if not info.get("base"):
+    params, config = load_params(path, shardings, abstract=abstract)
+    return params, config, info
+  trained, config = load_params(path, abstract=adapters.trainable_params(abstract,
+                                                                         info["freeze"]))
+  base = load_weights(info["base"], info.get("base_step"))
+  wanted = traverse_util.flatten_dict(abstract, sep="/")
+  have = traverse_util.flatten_dict(base.params, sep="/")
+  # The base's own heads (pre-training) are not the model's; the trained subtree adds the rest.
+  base_params = traverse_util.unflatten_dict({k: v for k, v in have.items() if k in wanted},
+                                             sep="/")
+  return adapters.combine(base_params, jax.device_get(trained)), config, info
 
 
 def shape_mismatches(have: dict[str, Any], want: dict[str, Any], want_name: str,

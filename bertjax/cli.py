@@ -29,7 +29,7 @@ def _human(n: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.tools.param_report import matches_reference, param_breakdown
+  from bertjax.tools.param_report import matches_reference, param_breakdown, trainable_report
   config = config_lib.load_config(args.config, overrides)
   model = config_lib.model_config(config)
   counts = param_breakdown(model)
@@ -49,6 +49,10 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
     verdict = ("matches at the paper's rounding" if matches_reference(counts["total"], reference)
                else "DOES NOT match the paper's figure")
     print(f"  {'paper':13s}{reference:>15,d}  ({_human(reference)}; ours {diff:+.2%}, {verdict})")
+  # Trainable against total under optimizer.freeze, with LoRA/adapters/prefixes per target.
+  trainable = trainable_report(model, str(config.optimizer.get("freeze", "none")))
+  if trainable:
+    print(trainable)
   return 0
 
 
@@ -127,8 +131,10 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
   logging.getLogger("bertjax").setLevel(logging.INFO)
   if overrides:
     raise ValueError("finetune takes no --config.* overrides; its settings are flags (--help)")
-  values = {f.name: getattr(args, f.name) for f in dataclasses.fields(finetune.FinetuneSpec)
-            if f.name in _FINETUNE_FLAGS and getattr(args, f.name) is not None}
+  from bertjax.recipes import recipe_values
+  values = recipe_values(args.recipe) if args.recipe else {}
+  values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(finetune.FinetuneSpec)
+                 if f.name in _FINETUNE_FLAGS and getattr(args, f.name) is not None})
   if args.mesh:
     values["mesh_axes"] = {k: int(v) for k, v in (part.split("=") for part in
                                                   args.mesh.split(","))}
@@ -142,8 +148,21 @@ def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
 _FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "header", "num_labels",
                    "metric", "learning_rate", "head_learning_rate", "batch_size",
                    "eval_batch_size", "epochs", "warmup_fraction", "weight_decay", "clip_norm",
-                   "freeze", "patience", "eval_every", "seq_length", "seed", "dropout",
-                   "tokenizer", "lowercase", "step", "rules", "export_hf", "log_every")
+                   "freeze", "patience", "eval_every", "seq_length", "doc_stride",
+                   "max_query_length", "max_answer_length", "n_best", "null_threshold",
+                   "generate_examples", "max_new_tokens", "lora_rank", "lora_alpha",
+                   "lora_dropout", "lora_targets", "adapter_size", "prefix_length", "seed",
+                   "dropout", "tokenizer", "lowercase", "step", "rules", "export_hf",
+                   "log_every")
+
+
+def _recipes() -> dict:
+  from bertjax.recipes import RECIPES
+  return RECIPES
+
+
+def _recipe_names() -> list[str]:
+  return list(_recipes())
 
 
 def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
@@ -179,6 +198,40 @@ def _field_comments(cls: type) -> dict[str, str]:
     else:
       pending = []
   return comments
+
+
+def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import json
+
+  from bertjax import checkpoint, fewshot
+  from bertjax.data.tokenizers import load_tokenizer
+  if overrides:
+    raise ValueError("fewshot takes no --config overrides")
+  weights = checkpoint.load_weights(args.params)
+  if weights.config.family != "gpt":
+    raise ValueError(f"{args.params}: few-shot evaluation needs a GPT, this is a "
+                     f"{weights.config.family} model")
+  tokenizer_path = args.tokenizer or weights.tokenizer
+  if tokenizer_path is None:
+    raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
+  verbal = None
+  if args.verbalise:
+    verbal = dict(part.split("=", 1) for part in args.verbalise.split(","))
+  ks = [int(k) for k in args.k.split(",")]
+  result = fewshot.evaluate_fewshot(
+      weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"), args.data,
+      pool=args.pool, ks=ks, verbalisations=verbal, sampling=args.sampling, seed=args.seed,
+      text_column=args.text_column, label_column=args.label_column)
+  print(f"{'k':>3}  {'accuracy':>8}  {'length-norm':>11}  {'demos used':>10}  n")
+  for k, row in result["by_k"].items():
+    print(f"{k:>3}  {row['accuracy']:>8.4f}  {row['accuracy_length_normalised']:>11.4f}  "
+          f"{row['demonstrations']:>10.2f}  {row['n']}")
+  print(f"majority class {result['majority_baseline']:.4f}, chance "
+        f"{result['chance_baseline']:.4f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2, default=str)
+  return 0
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
@@ -220,6 +273,16 @@ def cmd_data_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) ->
   summary = make_article_task(args.source, args.out, num_articles=args.articles,
                               train_sizes=args.train_sizes, dev_per_article=args.dev_per_article,
                               seed=args.seed)
+  print(json.dumps(summary, indent=2))
+  return 0
+
+
+def cmd_data_qa_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import json
+
+  from bertjax.data.qa_task import make_qa_task
+  summary = make_qa_task(args.source, args.out, num_train=args.train_questions,
+                         num_dev=args.dev_questions, seed=args.seed)
   print(json.dumps(summary, indent=2))
   return 0
 
@@ -284,6 +347,8 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     from bertjax.train_checkpoint import run_params
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
     print(f"exporting step {step} of {args.workdir}")
+  elif (paths.path(args.params) / checkpoint.FINETUNE_FILE).is_file() or args.format == "peft":
+    return _export_finetuned(args)
   else:
     params, model_cfg = checkpoint.load_params(args.params)
     tokenizer = checkpoint.tokenizer_dir(args.params)
@@ -307,6 +372,27 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
       # The Hugging Face files too, so every export's tokenizer loads in `transformers`.
       hf.export_tokenizer(tokenizer, out / "tokenizer", model_cfg.max_positions)
     print(f"wrote a params-only checkpoint to {out} ({dtype})")
+  return 0
+
+
+def _export_finetuned(args: argparse.Namespace) -> int:
+  """A fine-tuned OUT/best: its task's Hugging Face model (LoRA merged), or the peft adapter."""
+  import json
+
+  from bertjax import checkpoint, finetune
+  if not (paths.path(args.params) / checkpoint.FINETUNE_FILE).is_file():
+    raise ValueError(f"--format peft exports a fine-tuned OUT/best; {args.params} has no "
+                     f"{checkpoint.FINETUNE_FILE}")
+  if args.format == "peft":
+    out = finetune.export_peft(args.params, args.out)
+    print(f"wrote a peft LoRA adapter to {out}")
+  elif args.format == "hf":
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+    out = finetune.export_hf(args.params, args.out, dtype)
+    architecture = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"wrote a Hugging Face {architecture} directory to {out} ({dtype})")
+  else:
+    raise ValueError(f"{args.params} is a fine-tuned output: export it with --format hf or peft")
   return 0
 
 
@@ -445,22 +531,35 @@ def _parser() -> argparse.ArgumentParser:
                  "the fastest projected setting that fits, and print its overrides (one "
                  "compile per setting tried)")
 
-  p = add("finetune", "fine-tune BERT on a labelled task",
-          "Fine-tunes a pre-trained BERT (a params checkpoint, a training run's directory or a "
-          "Hugging Face directory) on sentence or sentence-pair classification (GLUE), "
+  p = add("finetune", "fine-tune BERT or GPT on a task",
+          "Fine-tunes pre-trained weights (a params checkpoint, a training run's directory or a "
+          "Hugging Face directory): BERT on sentence or sentence-pair classification (GLUE), "
           "regression (STS-B) or token classification (NER), read from GLUE TSV, CSV or JSONL "
-          "with named columns. Devlin et al.'s recipe by default (AdamW lr 2e-5, batch 32, 3 "
-          "epochs, 10% warmup then linear decay, weight decay 0.01); freezing, a separate head "
-          "learning rate and early stopping on the dev metric. Writes OUT/metrics.jsonl, the "
-          "best parameters in OUT/best and, with --export-hf, a Hugging Face "
-          "BertForSequenceClassification / BertForTokenClassification in OUT/hf.",
+          "with named columns, or on extractive question answering (SQuAD v1.1/v2.0 JSON, "
+          "--task question_answering: exact match and F1); GPT on prompt/completion or chat "
+          "JSONL (--task completion: loss on the completions, dev perplexity, generations of "
+          "held-out prompts in OUT/generations.jsonl). Devlin et al.'s recipe by default (AdamW "
+          "lr 2e-5, batch 32, 3 epochs, 10% warmup then linear decay, weight decay 0.01); "
+          "--recipe picks a named preset (" + ", ".join(_recipe_names()) + "; join with +, "
+          "e.g. completion+lora), flags override it. Freezing, a separate head learning rate, "
+          "LoRA / adapters / prefix tuning (--freeze base: only they and the head train and are "
+          "saved) and early stopping on the dev metric. Writes OUT/metrics.jsonl, the best "
+          "parameters in OUT/best and, with --export-hf, a Hugging Face model in OUT/hf (LoRA "
+          "merged) and the unmerged LoRA adapter for peft in OUT/peft.",
           "examples:\n  bertjax finetune --init-from runs/bert_tiny/params --train sst2/train.tsv "
           "--dev sst2/dev.tsv --out runs/sst2\n  bertjax finetune --init-from runs/bert_hf "
           "--train mrpc/train.tsv --dev mrpc/dev.tsv --text-a '#1 String' --text-b "
           "'#2 String' --label Quality --metric f1 --out runs/mrpc --export-hf\n"
           "  bertjax finetune --init-from runs/bert_tiny --task token_classification "
-          "--train ner/train.jsonl --dev ner/dev.jsonl --freeze bottom:1 --out runs/ner",
+          "--train ner/train.jsonl --dev ner/dev.jsonl --freeze bottom:1 --out runs/ner\n"
+          "  bertjax finetune --recipe squad --init-from runs/bert_hf --train "
+          "squad/train-v1.1.json --dev squad/dev-v1.1.json --out runs/squad\n"
+          "  bertjax finetune --recipe completion+lora --init-from runs/gpt_tiny/params "
+          "--train chat/train.jsonl --dev chat/dev.jsonl --seq-length 128 --out runs/chat",
           cmd_finetune)
+  p.add_argument("--recipe", default=None,
+                 help="named preset(s) of the settings below, joined with +: "
+                 + "; ".join(f"{k}: {v.purpose}" for k, v in _recipes().items()))
   p.add_argument("--init-from", dest="init_from", required=True,
                  help="params checkpoint, training workdir or Hugging Face directory")
   p.add_argument("--train", required=True, help="training examples (.tsv, .csv, .jsonl)")
@@ -468,6 +567,34 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--out", required=True, help="output directory")
   p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")
   _add_finetune_flags(p)
+
+  p = add("fewshot", "few-shot accuracy of a GPT on a labelled set, per k",
+          "GPT-3-style in-context evaluation, no training: for each query of --data, k "
+          "demonstrations drawn (seeded) from --pool (default: --data without the query) are "
+          "written as '{text}\\nAnswer: {label}\\n\\n' before the query's '{text}\\nAnswer:', and "
+          "the predicted label is the one whose verbalisation (--verbalise, default the label "
+          "strings) has the highest log-likelihood. Prints accuracy (and length-normalised "
+          "accuracy) per k with the majority-class and chance baselines; demonstrations that "
+          "do not fit the model's positions are dropped and counted.",
+          "example:\n  bertjax data task --out runs/task && bertjax fewshot --params "
+          "runs/gpt_tiny/params --data runs/task/dev.tsv --pool runs/task/train_100.tsv "
+          "--k 0,1,4", cmd_fewshot)
+  p.add_argument("--params", required=True,
+                 help="GPT weights: params checkpoint, workdir, fine-tuned OUT/best or HF dir")
+  p.add_argument("--data", required=True, help="labelled queries (.tsv, .csv, .jsonl)")
+  p.add_argument("--pool", default=None, help="where demonstrations come from (default: --data)")
+  p.add_argument("--k", default="0,1,4,8", help="demonstration counts (0,1,4,8)")
+  p.add_argument("--text-column", dest="text_column", default="sentence",
+                 help="text column (sentence)")
+  p.add_argument("--label-column", dest="label_column", default="label",
+                 help="label column (label)")
+  p.add_argument("--verbalise", default="",
+                 help="label=words pairs, comma-separated (default: the label strings)")
+  p.add_argument("--sampling", choices=("random", "balanced"), default="random",
+                 help="demonstration draw: uniform (GPT-3) or classes in turn")
+  p.add_argument("--seed", type=int, default=0, help="demonstration draw seed (0)")
+  p.add_argument("--tokenizer", default=None, help="tokenizer (default: the weights' own)")
+  p.add_argument("--json", default=None, help="also write the full result here")
 
   p = add("generate", "sample text from a GPT, or fill masks with a BERT",
           "GPT parameters: continues each --prompt with a KV cache in one jitted decode loop: "
@@ -553,16 +680,21 @@ def _parser() -> argparse.ArgumentParser:
           "params' tokenizer/: tokenizer.json, tokenizer_config.json, special_tokens_map.json "
           "built from the run's SentencePiece model or vocab.txt, plus those files) load with "
           "AutoTokenizer and give bertjax's ids; a params checkpoint without tokenizer/ exports "
-          "weights only.",
+          "weights only. A fine-tuned OUT/best exports as its task's model "
+          "(BertForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering, "
+          "the GPT LM head model; LoRA merged into the weights), or with --format peft as the "
+          "unmerged LoRA adapter that peft.PeftModel loads over the base model's export.",
           "examples:\n  bertjax export --params runs/bert_params --format hf --out runs/bert_hf\n"
           "  bertjax export --workdir runs/bert --step 5000 --format params --out runs/b5k\n"
           "  bertjax export --params runs/bert_params --format params --dtype bf16 "
-          "--out runs/bert_bf16", cmd_export)
+          "--out runs/bert_bf16\n  bertjax export --params runs/chat/best --format peft "
+          "--out runs/chat_peft", cmd_export)
   p.add_argument("--params", help="params checkpoint directory")
   p.add_argument("--workdir", help="a training run's directory: export its checkpoint")
   p.add_argument("--step", type=int, default=None,
                  help="with --workdir: the checkpoint step (default: the latest)")
-  p.add_argument("--format", choices=("hf", "params"), default="hf", help="output format")
+  p.add_argument("--format", choices=("hf", "params", "peft"), default="hf",
+                 help="output format (peft: a LoRA fine-tune's unmerged adapter)")
   p.add_argument("--dtype", choices=("fp32", "bf16", "float32", "bfloat16"), default="fp32",
                  help="dtype of the exported weights")
   p.add_argument("--out", required=True, help="output directory")
@@ -626,6 +758,24 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--dev-per-article", dest="dev_per_article", type=int, default=100,
                  help="dev sentences per article (100)")
   p.add_argument("--seed", type=int, default=0, help="shuffle seed (0)")
+
+  p = data_sub.add_parser(
+      "qa-task", help="a SQuAD-format question-answering set from a corpus",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Cloze-style questions from a corpus's paragraphs (a sentence with a name, "
+      "number or noun phrase replaced by what/when/who/how many; the paragraph is the "
+      "context), split by article, seeded: train/dev SQuAD v1.1 JSON, and v2.0 files where a "
+      "third of the questions are asked of a paragraph without the answer (the QA "
+      "fine-tuning experiment of docs/finetuning.md).",
+      epilog="example:\n  bertjax data qa-task --source embedded --out runs/qa")
+  p.set_defaults(fn=cmd_data_qa_task)
+  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--train-questions", dest="train_questions", type=int, default=2000,
+                 help="training questions (2000)")
+  p.add_argument("--dev-questions", dest="dev_questions", type=int, default=300,
+                 help="dev questions (300)")
+  p.add_argument("--seed", type=int, default=0, help="seed (0)")
 
   p = data_sub.add_parser(
       "bench", help="measure tokens/s per core of the data pipeline",

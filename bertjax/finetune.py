@@ -1,28 +1,35 @@
-"""`bertjax finetune`: BERT on a labelled task — sentence / sentence-pair classification
-(GLUE), regression (STS-B), token classification (NER) — from pre-trained weights.
+"""`bertjax finetune`: pre-trained weights on a task — BERT for sentence / sentence-pair
+classification (GLUE), regression (STS-B), token classification (NER) and extractive question
+answering (SQuAD v1.1/v2.0); GPT on prompts and completions (instructions, dialogue,
+summaries) — fully or parameter-efficiently (LoRA, adapters, prefix tuning).
 
-The encoder comes from a params-only checkpoint, a training workdir (the parameters of its
-latest or a given step) or a Hugging Face directory; a fresh head goes on the pooled [CLS]
-output (sequence tasks) or on every token. Training runs on the one trainer
-(bertjax.train.Trainer) with a fine-tuning objective (bertjax.objectives.Finetuning) and the
+The weights come from a params-only checkpoint, a training workdir (the parameters of its
+latest or a given step) or a Hugging Face directory; a BERT gets a fresh head (on the pooled
+[CLS] output, on every token, or the span head), a GPT keeps its tied LM head. Training runs on
+the one trainer (bertjax.train.Trainer) with the task's objective (bertjax.objectives) and the
 config `trainer_config` builds from the spec: the same jitted, sharded, donated step as
-pre-training. This module holds what is particular to a labelled task: reading and encoding
-the examples, epochs over them, dev scores, keeping the best parameters.
+pre-training. What a task reads and how it is scored lives in bertjax.tasks; this module runs
+the epochs, evaluates, keeps the best parameters and writes them.
 
 Optimisation follows Devlin et al.'s fine-tuning recipe: AdamW (weight decay 0.01 on kernels
 and embeddings only, bertjax.optim.decay_mask), linear warmup over `warmup_fraction` of the
 steps then linear decay to 0, gradients clipped to global norm 1. The head may have its own
-(larger) learning rate and parts of the encoder may be frozen (bertjax.optim: `freeze`,
+(larger) learning rate and parts of the model may be frozen (bertjax.optim: `freeze`,
 `head_learning_rate`, options pre-training has too): "embeddings", "bottom:K" (the embeddings
-and encoder layers 0..K-1), "all_but_head" (feature extraction: the whole encoder, pooler
-included) — frozen parameters get a zero update (bit-identical after training) and, when
-frozen whole, no optimizer state.
+and encoder layers 0..K-1), "all_but_head" (feature extraction), "base" (everything but the
+parameter-efficient additions and the head) — frozen parameters get a zero update
+(bit-identical after training) and, when frozen whole, no optimizer state. Named presets of
+these settings: bertjax.recipes (`--recipe`).
 
 After every epoch (or every `eval_every` steps) the dev set is scored with the task's metrics;
 the best parameters by `spec.metric` are kept and written at the end as a params-only
-checkpoint (OUT/best, with finetune.json: task, labels, metric) that `export_hf` turns into a
-Hugging Face BertForSequenceClassification / BertForTokenClassification. `patience` stops after
-that many evaluations without improvement. OUT/metrics.jsonl has one line per evaluation.
+checkpoint (OUT/best, with finetune.json: task, labels, metric, settings) that `export_hf` turns
+into a Hugging Face BertForSequenceClassification / BertForTokenClassification /
+BertForQuestionAnswering or GPT LM head model. With parameter-efficient tuning OUT/best holds only
+the trained parameters (the additions and the head) and names its base weights; the export
+merges LoRA into the base, and `export_peft` writes the unmerged adapter for `peft`.
+`patience` stops after that many evaluations without improvement. OUT/metrics.jsonl has one
+line per evaluation.
 """
 
 from __future__ import annotations
@@ -34,35 +41,29 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
-from bertjax import checkpoint, objectives, optim, sharding
+from bertjax import checkpoint, objectives, optim, sharding, tasks
 from bertjax.checkpoint import FINETUNE_FILE
 from bertjax.data import labeled
-from bertjax.models import ModelConfig, abstract_params
-from bertjax.scores import task_scores
+from bertjax.models import ModelConfig
 from bertjax.train import Trainer
 
 log = logging.getLogger(__name__)
-
-# Metrics where lower is better; every other selection metric is maximised.
-_LOWER_IS_BETTER = ("mse", "loss")
-_DEFAULT_METRIC = {"classification": "accuracy", "regression": "pearson",
-                   "token_classification": "f1"}
 
 
 @dataclasses.dataclass
 class FinetuneSpec:
   """Everything a fine-tuning run needs besides its files (no config file involved)."""
 
-  # classification | regression | token_classification
+  # classification | regression | token_classification | question_answering (BERT) |
+  # completion (GPT: prompt/completion or chat JSONL)
   task: str = "classification"
   # Input columns (names, or 0-based numbers for header-less TSV/CSV); text_b for pairs.
   text_a: str = "sentence"
@@ -76,8 +77,9 @@ class FinetuneSpec:
   # Number of labels: inferred from the training labels (1 for regression); checked if given.
   num_labels: int | None = None
   # Selection metric for the best checkpoint and early stopping (default by task:
-  # accuracy / pearson / f1). Classification also reports f1 (binary) and matthews;
-  # regression pearson, spearman, mse; token classification f1 (entity-level), accuracy.
+  # accuracy / pearson / f1 / f1 / loss). Classification also reports f1 (binary) and
+  # matthews; regression pearson, spearman, mse; token classification f1 (entity-level),
+  # accuracy; question answering exact_match, f1; completion loss, perplexity.
   metric: str | None = None
   learning_rate: float = 2e-5
   # The new head's peak learning rate (None: learning_rate).
@@ -88,13 +90,41 @@ class FinetuneSpec:
   warmup_fraction: float = 0.1
   weight_decay: float = 0.01
   clip_norm: float = 1.0
-  # none | embeddings | bottom:K | all_but_head
+  # none | embeddings | bottom:K | all_but_head | base (train only LoRA/adapter/prefix
+  # parameters and the head)
   freeze: str = "none"
   # Stop after this many evaluations without improvement (0: never).
   patience: int = 0
   # Evaluate every N steps (0: at the end of every epoch).
   eval_every: int = 0
+  # Tokens per row: a sentence (pair), a question-answering window, a packed completion row.
   seq_length: int = 128
+  # Question answering: tokens between the starts of a context's overlapping windows.
+  doc_stride: int = 128
+  # Question answering: question tokens kept (longer questions are cut).
+  max_query_length: int = 64
+  # Question answering: longest answer decoded, in tokens.
+  max_answer_length: int = 30
+  # Question answering: start and end candidates considered per window.
+  n_best: int = 20
+  # Question answering (SQuAD v2.0): answer "no answer" unless the best span's score beats
+  # the null score by more than this.
+  null_threshold: float = 0.0
+  # Completion: held-out prompts generated from after training (OUT/generations.jsonl).
+  generate_examples: int = 8
+  # Completion: tokens generated per held-out prompt (greedy, to <|endoftext|>).
+  max_new_tokens: int = 32
+  # LoRA rank (0: off), scaling alpha (0: the model's default, peft's 8; the update is scaled
+  # by alpha/rank), dropout on its input and target modules (empty: the family's default,
+  # peft's: BERT query,value, GPT qkv).
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_dropout: float = 0.0
+  lora_targets: str = ""
+  # Bottleneck adapters' width after each attention and MLP block (0: off).
+  adapter_size: int = 0
+  # Learned key/value prefix positions per layer (0: off).
+  prefix_length: int = 0
   seed: int = 0
   # Dropout override (None: the checkpoint's hidden/attention dropout).
   dropout: float | None = None
@@ -108,23 +138,43 @@ class FinetuneSpec:
   # Mesh axis sizes (bertjax.sharding.make_mesh) and sharding rules when no mesh is given.
   mesh_axes: dict = dataclasses.field(default_factory=lambda: {"data": -1})
   rules: str = "fsdp_tensor"
-  # Also write OUT/hf (Hugging Face) from the best parameters.
+  # Also write OUT/hf (Hugging Face) from the best parameters (and OUT/peft with LoRA).
   export_hf: bool = False
   log_every: int = 50
 
   def __post_init__(self) -> None:
-    if self.task not in labeled.TASKS:
-      raise ValueError(f"task must be one of {', '.join(labeled.TASKS)}, got {self.task!r}")
+    if self.task not in tasks.TASKS:
+      raise ValueError(f"task must be one of {', '.join(tasks.TASKS)}, got {self.task!r}")
     optim.parse_freeze(self.freeze)
     if not 0 <= self.warmup_fraction < 1:
       raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
   @property
   def selection_metric(self) -> str:
-    return self.metric or _DEFAULT_METRIC[self.task]
+    return self.metric or tasks.DEFAULT_METRIC[self.task]
+
+  @property
+  def family(self) -> str:
+    return tasks.FAMILY[self.task]
 
   def columns(self) -> labeled.Columns:
     return labeled.Columns(self.text_a, self.text_b, self.label, self.tokens, self.tags)
+
+  def model_changes(self) -> dict[str, Any]:
+    """The parameter-efficient additions and the dropout override, as ModelConfig changes."""
+    changes: dict[str, Any] = {}
+    if self.dropout is not None:
+      changes.update(hidden_dropout=self.dropout, attention_dropout=self.dropout)
+    if self.lora_rank:
+      changes.update(lora_rank=self.lora_rank, lora_dropout=self.lora_dropout,
+                     lora_targets=self.lora_targets)
+      if self.lora_alpha:
+        changes["lora_alpha"] = self.lora_alpha
+    if self.adapter_size:
+      changes["adapter_size"] = self.adapter_size
+    if self.prefix_length:
+      changes["prefix_length"] = self.prefix_length
+    return changes
 
 
 # Below this width the paper's rate (tuned for BERT-base/large) barely moves the weights in a
@@ -141,27 +191,37 @@ def recipe_note(spec: FinetuneSpec, hidden_size: int) -> str | None:
           "(docs/finetuning.md)")
 
 
-def load_finetuned(directory: str | Path, shardings: Any = None
-                   ) -> tuple[Any, ModelConfig, dict[str, Any]]:
-  """(params, model config, finetune.json) of a fine-tuned OUT/best directory."""
-  directory = Path(directory).absolute()
-  info = json.loads((directory / FINETUNE_FILE).read_text())
-  model = objectives.model_for(info["task"], checkpoint.load_model_config(directory))
-  params, config = checkpoint.load_params(directory, shardings,
-                                          abstract=nn.meta.unbox(abstract_params(model)))
-  return params, config, info
+# Read back by the same helper `init_from` uses (checkpoint.load_weights).
+load_finetuned = checkpoint.load_finetuned
+
+
+_EXPORT_HEADS = {"classification": "sequence_classification",
+                 "regression": "sequence_classification",
+                 "token_classification": "token_classification",
+                 "question_answering": "question_answering", "completion": "pretraining"}
 
 
 def export_hf(directory: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
-  """A fine-tuned OUT/best as a Hugging Face BertForSequenceClassification (classification,
-  regression) or BertForTokenClassification directory, with id2label and the tokenizer."""
-  from bertjax import hf
+  """A fine-tuned OUT/best as a Hugging Face directory: BertForSequenceClassification
+  (classification, regression), BertForTokenClassification, BertForQuestionAnswering or the
+  GPT LM head model, with id2label and the tokenizer. LoRA is merged into the base weights
+  (adapters and prefixes have no plain `transformers` equivalent: an error says so)."""
+  from bertjax import adapters, hf
   params, config, info = load_finetuned(directory)
-  head = ("token_classification" if info["task"] == "token_classification"
-          else "sequence_classification")
-  labels = info["labels"] or None
+  if config.lora_rank:
+    params, config = adapters.merge_lora(params, config)
+  labels = info.get("labels") or None
   return hf.export_hf(params, config, out_dir, dtype, checkpoint.tokenizer_dir(directory),
-                      head=head, labels=labels)
+                      head=_EXPORT_HEADS[info["task"]], labels=labels)
+
+
+def export_peft(directory: str | Path, out_dir: str | Path) -> Path:
+  """A LoRA fine-tune's OUT/best as a `peft` adapter directory (adapter_config.json,
+  adapter_model.safetensors) for the base model exported by `export_hf` of its base."""
+  from bertjax import adapters
+  params, config, info = load_finetuned(directory)
+  return adapters.export_peft(params, config, out_dir, info.get("base") or "",
+                              head=_EXPORT_HEADS[info["task"]])
 
 
 # --- the run -----------------------------------------------------------------------------
@@ -177,47 +237,45 @@ def trainer_config(spec: FinetuneSpec, model: ModelConfig, total_steps: int
                   weight_decay=spec.weight_decay, clip_norm=spec.clip_norm,
                   freeze=spec.freeze, head_learning_rate=spec.head_learning_rate or 0.0))
   return ml_collections.ConfigDict({
-      "model": dataclasses.asdict(model), "objective": spec.task, "optimizer": opt,
-      "num_train_steps": total_steps, "grad_accum_steps": 1, "sharding_rules": spec.rules,
-      "seed": spec.seed})
-
-
-def _put(arrays: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> dict:
-  """Host arrays (every process holds all rows) -> global arrays in `shardings`."""
-  return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
-          for k, v in arrays.items()}
-
-
-def _rows(data: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, np.ndarray]:
-  return {k: v[idx] for k, v in data.items() if k != "word_index"}
-
-
-def _evaluate(trainer: Trainer, params, data: dict[str, np.ndarray], batch_size: int,
-              task: str, label_names: Sequence[str]) -> dict[str, float]:
-  n = len(data["labels"])
-  preds = []
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size) % n  # the last batch padded with repeats
-    out = trainer.predict(params, _put(_rows(data, idx), trainer.batch_shardings))
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      out = multihost_utils.process_allgather(out, tiled=True)
-    preds.append(np.asarray(jax.device_get(out))[:min(batch_size, n - start)])
-  return task_scores(task, data["labels"], np.concatenate(preds), label_names)
+      "model": dataclasses.asdict(model), "objective": objectives.objective_of(spec.task),
+      "optimizer": opt, "num_train_steps": total_steps, "grad_accum_steps": 1,
+      "sharding_rules": spec.rules, "seed": spec.seed})
 
 
 def _better(metric: str, value: float, best: float | None) -> bool:
   if best is None:
     return True
-  return value < best if metric in _LOWER_IS_BETTER else value > best
+  return value < best if metric in tasks.LOWER_IS_BETTER else value > best
+
+
+def _start_weights(spec: FinetuneSpec, init_from: str | Path | None) -> checkpoint.Weights:
+  """What training starts from: a BERT's encoder (its checkpoint's heads make way for the
+  task's fresh one), a GPT whole (its LM head is the tied embedding), or nothing (spec.model
+  initialised at random)."""
+  if not init_from:
+    if spec.model is None:
+      raise ValueError("finetune: give init_from, or spec.model for a random initialisation")
+    return checkpoint.Weights(None, spec.model, None, "random init")
+  weights = checkpoint.load_weights(init_from, spec.step)
+  if weights.config.family != spec.family:
+    raise ValueError(f"{init_from}: a {weights.config.family} model; task {spec.task} needs "
+                     f"a {spec.family} model")
+  if spec.family == "gpt":
+    return weights
+  if "bert" not in weights.params:
+    raise ValueError(f"{init_from}: no BERT encoder in these parameters (top-level keys: "
+                     f"{', '.join(weights.params)})")
+  return checkpoint.Weights({"bert": weights.params["bert"]}, weights.config,
+                            weights.tokenizer, weights.source)
 
 
 def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str | Path,
              dev_path: str | Path, out_dir: str | Path, mesh: Mesh | None = None
              ) -> dict[str, Any]:
-  """Fine-tunes BERT on `train_path`, scoring `dev_path`; writes OUT/metrics.jsonl and the best
-  parameters to OUT/best (and OUT/hf with spec.export_hf). Returns a summary: the selection
-  metric, best value/step/epoch, the evaluation history, labels and the output paths."""
+  """Fine-tunes on `train_path`, scoring `dev_path`; writes OUT/metrics.jsonl and the best
+  parameters to OUT/best (and OUT/hf, OUT/peft with spec.export_hf). Returns a summary: the
+  selection metric, best value/step/epoch, the evaluation history, labels and the output
+  paths."""
   from bertjax.data.tokenizers import load_tokenizer
   out = Path(out_dir)
   is_main = jax.process_index() == 0
@@ -226,68 +284,40 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
   if (out / "best").exists():
     raise FileExistsError(f"{out / 'best'} already exists; choose a new output directory")
 
-  # Weights and model.
-  if init_from:
-    weights = checkpoint.load_weights(init_from, spec.step)
-    if "bert" not in weights.params:
-      raise ValueError(f"{init_from}: no BERT encoder in these parameters (top-level keys: "
-                       f"{', '.join(weights.params)})")
-    # A checkpoint's own heads (pre-training or an earlier task) make way for a fresh one.
-    encoder = checkpoint.Weights({"bert": weights.params["bert"]}, weights.config,
-                                 weights.tokenizer, weights.source)
-  elif spec.model is not None:
-    encoder = checkpoint.Weights(None, spec.model, None, "random init")
-  else:
-    raise ValueError("finetune: give init_from, or spec.model for a random initialisation")
-  tokenizer_path = spec.tokenizer or encoder.tokenizer
+  start = _start_weights(spec, init_from)
+  tokenizer_path = spec.tokenizer or start.tokenizer
   if tokenizer_path is None:
-    raise ValueError(f"{encoder.source} ships no tokenizer: set spec.tokenizer")
-  tokenizer = load_tokenizer(tokenizer_path, _lowercase(spec, tokenizer_path), require="bert")
-
-  # Data.
-  columns = spec.columns()
-  train_examples = labeled.read_examples(train_path, spec.task, columns, header=spec.header)
-  dev_examples = labeled.read_examples(dev_path, spec.task, columns, header=spec.header)
-  label_names = labeled.label_vocabulary(train_examples, spec.task)
-  num_labels = 1 if spec.task == "regression" else len(label_names)
-  if spec.num_labels is not None and spec.num_labels != num_labels:
-    raise ValueError(f"num_labels={spec.num_labels} but {train_path} has {num_labels} "
-                     f"label(s): {', '.join(label_names)}")
-  if num_labels < 1 or (spec.task != "regression" and num_labels < 2):
-    raise ValueError(f"{train_path}: {num_labels} distinct label(s); classification needs 2+")
-  train = labeled.encode(train_examples, tokenizer, spec.seq_length, label_names, spec.task)
-  dev = labeled.encode(dev_examples, tokenizer, spec.seq_length, label_names, spec.task)
-
-  changes: dict[str, Any] = {"num_labels": num_labels}
-  if spec.dropout is not None:
-    changes.update(hidden_dropout=spec.dropout, attention_dropout=spec.dropout)
-  config = encoder.config.replace(**changes)
+    raise ValueError(f"{start.source} ships no tokenizer: set spec.tokenizer")
+  tokenizer = load_tokenizer(tokenizer_path, _lowercase(spec, tokenizer_path),
+                             require=spec.family)
+  data = tasks.build(spec, tokenizer, train_path, dev_path)
+  config = start.config.replace(**data.model_changes, **spec.model_changes())
   if spec.seq_length > config.max_positions:
     raise ValueError(f"seq_length={spec.seq_length} exceeds the model's max_positions="
                      f"{config.max_positions}")
   if len(tokenizer) > config.vocab_size:
     raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                      f"only {config.vocab_size}")
-  if is_main and (note := recipe_note(spec, config.hidden_size)):
+  if is_main and spec.family == "bert" and (note := recipe_note(spec, config.hidden_size)):
     log.warning("%s", note)
 
   # The one trainer: mesh, shardings, the initial state (a fresh head on the encoder).
   mesh = mesh or sharding.make_mesh(dict(spec.mesh_axes))
   eval_batch = spec.eval_batch_size or spec.batch_size
-  steps_per_epoch = math.ceil(len(train["labels"]) / spec.batch_size)
+  num_rows = len(data.train["input_ids"])
+  steps_per_epoch = math.ceil(num_rows / spec.batch_size)
   total_steps = max(1, round(spec.epochs * steps_per_epoch))
   trainer = Trainer(trainer_config(spec, config, total_steps), mesh)
   for size in (spec.batch_size, eval_batch):
     sharding.check_batch(size, 1, mesh, trainer.rules)
   state = trainer.init_state(spec.seed)
-  if encoder.params is not None:
-    state, _, _ = trainer.with_weights(state, encoder.params, encoder.source)
-  trainer.compile_step(_rows(train, np.arange(spec.batch_size) % len(train["labels"])))
+  if start.params is not None:
+    state, _, _ = trainer.with_weights(state, start.params, start.source)
+  trainer.compile_step(tasks.take(data.train, np.arange(spec.batch_size) % num_rows))
   metric = spec.selection_metric
-  log.info("fine-tuning %s from %s: %d train / %d dev examples, %d labels, %d steps "
-           "(%d per epoch), mesh %s, freeze %s", spec.task, encoder.source,
-           len(train["labels"]), len(dev["labels"]), num_labels, total_steps, steps_per_epoch,
-           dict(mesh.shape), spec.freeze)
+  log.info("fine-tuning %s from %s: %d train / %d dev examples (%d training rows), %d steps "
+           "(%d per epoch), mesh %s, freeze %s", spec.task, start.source, data.num_train,
+           data.num_dev, num_rows, total_steps, steps_per_epoch, dict(mesh.shape), spec.freeze)
 
   history: list[dict[str, Any]] = []
   best: dict[str, Any] = {"value": None, "step": 0, "epoch": 0.0}
@@ -296,29 +326,27 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
   order_rng = np.random.RandomState(spec.seed)
   metrics_path = out / "metrics.jsonl"
   start_time = time.perf_counter()
-  train_loss: list[float] = []
   step = 0
   stopped_early = False
   with jax.set_mesh(mesh):
     while step < total_steps and not stopped_early:
-      order = order_rng.permutation(len(train["labels"]))
+      order = order_rng.permutation(num_rows)
       for b in range(steps_per_epoch):
         if step >= total_steps:
           break
         # The last batch of an epoch is filled up from the epoch's start.
         idx = order[np.arange(b * spec.batch_size, (b + 1) * spec.batch_size) % len(order)]
-        state, step_metrics = trainer.step(state, _put(_rows(train, idx),
-                                                       trainer.batch_shardings))
+        state, step_metrics = trainer.step(state, tasks.put(tasks.take(data.train, idx),
+                                                            trainer.batch_shardings))
         step += 1
         if spec.log_every and step % spec.log_every == 0:
-          train_loss.append(float(step_metrics["loss"]))
-          log.info("step %d/%d loss %.4f lr %.3g", step, total_steps, train_loss[-1],
-                   float(step_metrics["learning_rate"]))
+          log.info("step %d/%d loss %.4f lr %.3g", step, total_steps,
+                   float(step_metrics["loss"]), float(step_metrics["learning_rate"]))
         end_of_epoch = b == steps_per_epoch - 1 or step == total_steps
         due = (step % spec.eval_every == 0) if spec.eval_every else end_of_epoch
         if not (due or step == total_steps):
           continue
-        scores = _evaluate(trainer, state.params, dev, eval_batch, spec.task, label_names)
+        scores = data.evaluate(trainer, state.params)
         if metric not in scores:
           raise ValueError(f"metric {metric!r} is not reported for {spec.task} "
                            f"({', '.join(scores)})")
@@ -343,11 +371,37 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
             stopped_early = True
             break
 
-  best_dir = checkpoint.save_params(out / "best", best_params, config)
-  if is_main:
-    info = {"task": spec.task, "labels": label_names, "metric": metric,
-            "best": best, "text_b": spec.text_b is not None,
-            "seq_length": spec.seq_length, "init_from": str(init_from) if init_from else None}
+  final = data.final(trainer, best_params, out) if data.final else {}
+  best_dir = _save_best(spec, out / "best", best_params, config, init_from, tokenizer_path,
+                        {**data.info, "metric": metric, "best": best})
+  hf_dir = peft_dir = None
+  if spec.export_hf and is_main:
+    hf_dir = export_hf(best_dir, out / "hf")
+    if spec.lora_rank and init_from:
+      peft_dir = export_peft(best_dir, out / "peft")
+  return {"metric": metric, "best_value": best["value"], "best_step": best["step"],
+          "best_epoch": best["epoch"], "steps": step, "total_steps": total_steps,
+          "stopped_early": stopped_early, "labels": data.info.get("labels"),
+          "history": history, "best_dir": str(best_dir),
+          "hf_dir": str(hf_dir) if hf_dir else None,
+          "peft_dir": str(peft_dir) if peft_dir else None, **final}
+
+
+def _save_best(spec: FinetuneSpec, directory: Path, params: Any, config: ModelConfig,
+               init_from: str | Path | None, tokenizer_path: str | Path,
+               info: dict[str, Any]) -> Path:
+  """OUT/best: the parameters (with freeze=base and a base checkpoint, only the trained
+  ones: the additions and the head), finetune.json and the tokenizer."""
+  base = None
+  from bertjax import adapters
+  if spec.freeze == "base" and init_from and adapters.has_additions(params):
+    params = adapters.trainable_params(params, spec.freeze)
+    base = str(Path(init_from).absolute()) if Path(init_from).exists() else str(init_from)
+  best_dir = checkpoint.save_params(directory, params, config)
+  if jax.process_index() == 0:
+    info = {"task": spec.task, **info, "seq_length": spec.seq_length, "freeze": spec.freeze,
+            "init_from": str(init_from) if init_from else None, "base": base,
+            "base_step": spec.step if base else None}
     (best_dir / FINETUNE_FILE).write_text(json.dumps(info, indent=2) + "\n")
     src = Path(tokenizer_path)
     if src.is_file():
@@ -355,13 +409,7 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
       shutil.copy2(src, best_dir / "tokenizer" / src.name)
     else:
       shutil.copytree(src, best_dir / "tokenizer", dirs_exist_ok=True)
-  hf_dir = None
-  if spec.export_hf and is_main:
-    hf_dir = export_hf(best_dir, out / "hf")
-  return {"metric": metric, "best_value": best["value"], "best_step": best["step"],
-          "best_epoch": best["epoch"], "steps": step, "total_steps": total_steps,
-          "stopped_early": stopped_early, "labels": label_names, "history": history,
-          "best_dir": str(best_dir), "hf_dir": str(hf_dir) if hf_dir else None}
+  return Path(best_dir)
 
 
 def _lowercase(spec: FinetuneSpec, tokenizer_path: str | Path) -> bool | None:
@@ -374,15 +422,3 @@ def _lowercase(spec: FinetuneSpec, tokenizer_path: str | Path) -> bool | None:
     value = json.loads(config.read_text()).get("do_lower_case")
     return None if value is None else bool(value)
   return None
-
-
-def _check_encoder(encoder: Encoder, target: Any) -> None:
-  shapes = lambda tree: {jax.tree_util.keystr(p): tuple(np.shape(x))
-                         for p, x in jax.tree_util.tree_leaves_with_path(tree)}
-  have, want = shapes(encoder.params), shapes(target)
-  problems = [f"bert{k}: {have.get(k)} vs model {v}" for k, v in want.items()
-              if have.get(k) != v]
-  problems += [f"bert{k}: not in the model" for k in have if k not in want]
-  if problems:
-    raise ValueError(f"{encoder.source}: the encoder does not fit the model "
-                     f"({len(problems)} parameter(s)):\n  " + "\n  ".join(problems[:20]))

@@ -2,8 +2,8 @@
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
 initialised and reported), GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
-Fine-tuned BERT (bertjax.finetune) exports as BertForSequenceClassification or
-BertForTokenClassification (`head=`).
+Fine-tuned BERT (bertjax.finetune) exports as BertForSequenceClassification,
+BertForTokenClassification or BertForQuestionAnswering (`head=`).
 Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
 wrong shape, missing tensor) is an error naming the tensor.
 
@@ -47,7 +47,10 @@ _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_t
 # classifier on the pooled [CLS] output / on every token (bertjax.models.bert).
 EXPORT_HEADS = {"pretraining": "BertForPreTraining",
                 "sequence_classification": "BertForSequenceClassification",
-                "token_classification": "BertForTokenClassification"}
+                "token_classification": "BertForTokenClassification",
+                "question_answering": "BertForQuestionAnswering"}
+# Heads on every token: Hugging Face's models have no pooler under them.
+_TOKEN_HEADS = ("token_classification", "question_answering")
 
 
 class HFConversionError(ValueError):
@@ -252,6 +255,9 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
   _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+  if model_type == "bert" and head == "question_answering":
+    # qa_outputs: two outputs per token (start, end), HF's num_labels for this head.
+    return {**hf_config_dict(cfg, dtype), "architectures": [EXPORT_HEADS[head]], "num_labels": 2}
   if model_type == "bert" and head != "pretraining":
     labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in
                                                       range(cfg.num_labels)]
@@ -298,13 +304,15 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
 # --- export ------------------------------------------------------------------------------
 
 def _classifier_entries(cfg: ModelConfig, head: str) -> list[Entry]:
-  """The encoder (no pre-training heads; no pooler under a token classifier, as Hugging Face's
-  BertForTokenClassification has none) plus `classifier.weight` / `classifier.bias`."""
+  """The encoder (no pre-training heads; no pooler under a per-token head, as Hugging Face's
+  BertForTokenClassification and BertForQuestionAnswering have none) plus the head:
+  `classifier.weight` / `classifier.bias`, or the span head `qa_outputs.weight` / `.bias`."""
   entries = [e for e in _bert_entries(cfg, "bert.") if e.ours[0] == "bert"]
-  if head == "token_classification":
+  if head in _TOKEN_HEADS:
     entries = [e for e in entries if e.ours[:2] != ("bert", "pooler")]
-  return entries + [_transposed(("classifier", "kernel"), "classifier.weight"),
-                    _same(("classifier", "bias"), "classifier.bias")]
+  name = "qa_outputs" if head == "question_answering" else "classifier"
+  return entries + [_transposed((name, "kernel"), f"{name}.weight"),
+                    _same((name, "bias"), f"{name}.bias")]
 
 
 def _check_head(cfg: ModelConfig, head: str) -> None:
@@ -326,8 +334,8 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   entries = _entries(cfg, model_type, prefix)
   if head != "pretraining":
     entries = _classifier_entries(cfg, head)
-    if head == "token_classification":
-      # The pooler is trained by nothing under a token classifier; HF's model has none.
+    if head in _TOKEN_HEADS:
+      # The pooler is trained by nothing under a per-token head; HF's model has none.
       for key in [k for k in flat if k[:2] == ("bert", "pooler")]:
         flat.pop(key)
   for entry in entries:
@@ -353,7 +361,8 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: paths.PathLike, dtype: str
 
   `head`: "pretraining" (BertForPreTraining / the GPT LM head models), or for fine-tuned BERT
   "sequence_classification" / "token_classification" (BertForSequenceClassification /
-  BertForTokenClassification), with `labels` (names in id order) written as id2label."""
+  BertForTokenClassification, with `labels`, names in id order, written as id2label) or
+  "question_answering" (BertForQuestionAnswering)."""
   out = paths.path(out_dir)  # local or an object store
   out.mkdir(parents=True, exist_ok=True)
   tensors = to_hf_state_dict(params, cfg, head)

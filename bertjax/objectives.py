@@ -12,7 +12,9 @@ Batches (dicts of arrays) by objective:
   google-research/bert; for sentence-order prediction 1 = swapped).
 - GPT: input_ids, target_ids, loss_mask, segment_ids, positions [B, L].
 - Fine-tuning (bertjax.data.labeled): input_ids, token_type_ids, attention_mask [B, L];
-  labels [B] (classes, or floats for regression) or [B, L] (tags; IGNORE where no loss).
+  labels [B] (classes, or floats for regression) or [B, L] (tags; IGNORE where no loss);
+  question answering (bertjax.data.squad): start_positions, end_positions [B] instead of labels
+  (0, the [CLS] token, where the window holds no answer).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import optax
 
 from bertjax.data.labeled import IGNORE
 from bertjax.models import build_model, precision
-from bertjax.models.bert import BertForSequenceClassification, BertForTokenClassification
+from bertjax.models.bert import (BertForQuestionAnswering, BertForSequenceClassification,
+                                 BertForTokenClassification)
 from bertjax.models.config import ModelConfig
 
 Array = jax.Array
@@ -37,7 +40,7 @@ Batch = dict[str, Array]
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
 PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "causal_lm")
-FINETUNING = ("classification", "regression", "token_classification")
+FINETUNING = ("classification", "regression", "token_classification", "question_answering")
 OBJECTIVES = PRETRAINING + FINETUNING
 
 
@@ -198,10 +201,13 @@ class CausalLM:
 @dataclasses.dataclass(frozen=True)
 class Finetuning:
   """A task head on BERT: cross-entropy over classes (`classification`: sentence or pair
-  on the pooled [CLS]; `token_classification`: every token whose label is not IGNORE) or mean
-  squared error of one output (`regression`, STS-B). Means over the global batch's examples
-  (or labelled tokens), as sums divided by normalisers, so accumulation changes nothing.
-  `predict` gives what the task's dev metrics score: classes or the regression output."""
+  on the pooled [CLS]; `token_classification`: every token whose label is not IGNORE), mean
+  squared error of one output (`regression`, STS-B), or the mean of the start and end
+  positions' cross-entropies over each window's tokens (`question_answering`, as Hugging Face's
+  BertForQuestionAnswering). Means over the global batch's examples (or labelled tokens), as
+  sums divided by normalisers, so accumulation changes nothing. `predict` gives what the
+  task's dev metrics score: classes, the regression output, or the span logits [B, L, 2]
+  (bertjax.data.squad decodes answers from them)."""
 
   model: nn.Module
   task: str = "classification"
@@ -210,7 +216,7 @@ class Finetuning:
     if self.task == "token_classification":
       labelled = (batch["labels"] != IGNORE).sum().astype(jnp.float32)
       return {"examples": jnp.maximum(labelled, 1.0)}
-    return {"examples": jnp.asarray(batch["labels"].shape[0], jnp.float32)}
+    return {"examples": jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
 
   def _logits(self, params: Any, batch: Batch, rng: Array | None) -> Array:
     return self.model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
@@ -220,6 +226,16 @@ class Finetuning:
   def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
                rng: Array | None) -> tuple[Array, dict[str, Array]]:
     logits = self._logits(params, batch, rng)
+    if self.task == "question_answering":
+      # [B, L] per boundary; one class per token position.
+      start = optax.softmax_cross_entropy_with_integer_labels(logits[..., 0],
+                                                              batch["start_positions"])
+      end = optax.softmax_cross_entropy_with_integer_labels(logits[..., 1],
+                                                            batch["end_positions"])
+      exact = ((jnp.argmax(logits[..., 0], -1) == batch["start_positions"])
+               & (jnp.argmax(logits[..., 1], -1) == batch["end_positions"]))
+      return (0.5 * (start + end).sum() / norm["examples"],
+              {"span_accuracy": exact.sum() / norm["examples"]})
     labels = batch["labels"]
     if self.task == "regression":
       loss = ((logits[:, 0] - labels) ** 2).sum() / norm["examples"]
@@ -232,9 +248,17 @@ class Finetuning:
 
   def predict(self, params: Any, batch: Batch) -> Array:
     logits = self._logits(params, batch, None)
+    if self.task == "question_answering":
+      return logits
     if self.task == "regression":
       return logits[:, 0]
     return jnp.argmax(logits, -1).astype(jnp.int32)
+
+
+def objective_of(task: str) -> str:
+  """The objective a fine-tuning task trains with: its own name, except `completion` (GPT on
+  prompts and completions), which is next-token prediction under a loss mask."""
+  return "causal_lm" if task == "completion" else task
 
 
 def model_for(name: str, config: ModelConfig) -> nn.Module:
@@ -245,6 +269,8 @@ def model_for(name: str, config: ModelConfig) -> nn.Module:
       raise ValueError(f"objective {name} needs a BERT model, got family={config.family!r}")
     if name == "token_classification":
       return BertForTokenClassification(config)
+    if name == "question_answering":
+      return BertForQuestionAnswering(config)
     return BertForSequenceClassification(config)
   return build_model(config)
 

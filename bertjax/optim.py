@@ -6,12 +6,16 @@
   floor and constant after (GPT-2/3), or constant after warmup.
 - Global-norm gradient clipping.
 - Parameter groups (pre-training and fine-tuning alike): `freeze` gives parts of the encoder
-  no update (the embeddings, the bottom K layers, or all of it), and `head_learning_rate` gives
-  the parameters outside the encoder (a fresh classifier, or pre-training heads) their own peak
-  learning rate — `optax.multi_transform` over per-parameter labels (`parameter_groups`).
+  no update (the embeddings, the bottom K layers, or all of it, or — "base" — every parameter
+  of the base model, training only the parameter-efficient additions and the heads), and
+  `head_learning_rate` gives the parameters outside the encoder (a fresh classifier, or
+  pre-training heads) their own peak learning rate — `optax.multi_transform` over
+  per-parameter labels (`parameter_groups`).
 
 Weight decay applies to matrices and embedding tables only: `decay_mask` is the one place that
-decides, from the parameter's leaf name.
+decides, from the parameter's leaf name. `is_added` is the one place that tells the
+parameter-efficient additions (LoRA, adapters, prefixes: bertjax/adapters.py) from the base
+model's parameters, from their names.
 """
 
 from __future__ import annotations
@@ -30,26 +34,45 @@ log = logging.getLogger(__name__)
 
 # Leaves that are decayed; everything else (LayerNorm scale/bias, biases, mlm_bias) is not.
 DECAYED_LEAVES = ("kernel", "embedding")
+# Leaf-name prefixes of matrices and tables added by parameter-efficient tuning (LoRA's A and
+# B, prefix keys/values): decayed too, as Hugging Face's Trainer decays every non-bias,
+# non-LayerNorm parameter of a peft model.
+DECAYED_PREFIXES = ("lora_", "prefix_")
+
+# Names (of a leaf or of a module on its path) that start with one of these are the
+# parameter-efficient additions: LoRA's `lora_a*`/`lora_b*`, the adapters' `adapter_*`
+# modules, the prefixes' `prefix_key`/`prefix_value` (bertjax/models/layers.py names them).
+ADDED_PREFIXES = ("lora_", "adapter_", "prefix_")
+
+
+def is_added(names: tuple[str, ...]) -> bool:
+  """Whether the parameter at path `names` is a parameter-efficient addition (not part of the
+  base model): the one test every other module (freezing, adapters.py, reports) uses."""
+  return any(name.startswith(ADDED_PREFIXES) for name in names)
 
 
 def decay_mask(params: Any) -> Any:
-  """True for parameters that get weight decay: kernels and embedding tables."""
+  """True for parameters that get weight decay: kernels, embedding tables and the added
+  matrices (LoRA, prefixes)."""
   def is_decayed(path, _):
-    last = path[-1]
-    return getattr(last, "key", getattr(last, "name", None)) in DECAYED_LEAVES
+    last = str(getattr(path[-1], "key", getattr(path[-1], "name", None)))
+    return last in DECAYED_LEAVES or last.startswith(DECAYED_PREFIXES)
   return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
 # The encoder's embedding tables and their norm (BERT) / the token and position tables (GPT).
 EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings",
               "embeddings_norm", "wte", "wpe")
-FREEZE_KINDS = "none, embeddings, bottom:K (the embeddings and layers 0..K-1) or encoder"
+FREEZE_KINDS = ("none, embeddings, bottom:K (the embeddings and layers 0..K-1), encoder or "
+                "base (all but the LoRA/adapter/prefix additions and the heads)")
 
 
 def parse_freeze(freeze: str) -> tuple[str, int]:
   """`optimizer.freeze`: "none" | "embeddings" | "bottom:K" | "encoder" (alias "all_but_head",
-  feature extraction) -> (kind, K)."""
-  if freeze in ("none", "embeddings", "encoder"):
+  feature extraction) | "base" (parameter-efficient tuning: only the additions of
+  bertjax/adapters.py and the heads outside the encoder train, as peft's modules_to_save)
+  -> (kind, K)."""
+  if freeze in ("none", "embeddings", "encoder", "base"):
     return freeze, 0
   if freeze == "all_but_head":
     return "encoder", 0
@@ -95,9 +118,12 @@ def frozen_rows(params: Any, freeze: str) -> Any:
     raise ValueError(f"optimizer.freeze=bottom:{k} but the model has {num_layers} layers")
 
   def rule(path, leaf):
-    inner = encoder_path(_names(path))
+    names = _names(path)
+    inner = encoder_path(names)
     if inner is None or kind == "none":
       return False
+    if kind == "base":
+      return not is_added(names)
     if kind == "encoder" or inner[0] in EMBEDDINGS:
       return True
     if kind != "bottom" or inner[0] not in ("encoder", "decoder"):
@@ -250,7 +276,8 @@ def default_optimizer_config() -> ml_collections.ConfigDict:
       # Global-norm gradient clipping (0: off).
       "clip_norm": 1.0,
       # Parameters given no update: none | embeddings | bottom:K (the embeddings and encoder
-      # layers 0..K-1) | encoder (everything but the heads: feature extraction).
+      # layers 0..K-1) | encoder (everything but the heads: feature extraction) | base (all
+      # but the LoRA/adapter/prefix additions of model.lora_rank etc. and the heads).
       "freeze": "none",
       # Peak learning rate of the parameters outside the encoder (a fresh head); 0: the same as
       # learning_rate. Same warmup and decay as the encoder's.

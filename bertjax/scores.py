@@ -121,3 +121,64 @@ def task_scores(task: str, labels: np.ndarray, preds: np.ndarray,
   true_tags = [[label_names[t] for t in row[k]] for row, k in zip(labels, keep)]
   pred_tags = [[label_names[p] for p in row[k]] for row, k in zip(preds, keep)]
   return {**entity_f1(true_tags, pred_tags), "accuracy": accuracy(labels[keep], preds[keep])}
+
+
+# --- SQuAD ------------------------------------------------------------------------------------
+# The official evaluation scripts (evaluate-v1.1.py, evaluate-v2.0.py), with one difference: a
+# question without a prediction scores 0 under both (v2.0's script cannot score that case).
+
+def _squad_normalize(text: str) -> str:
+  """Lower case, no punctuation, no articles (a, an, the), single spaces."""
+  import re
+  import string
+  punctuation = set(string.punctuation)
+  text = "".join(c for c in text.lower() if c not in punctuation)
+  return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def _squad_f1(prediction: str, gold: str, version_2: bool) -> float:
+  import collections
+  pred, true = _squad_normalize(prediction).split(), _squad_normalize(gold).split()
+  if version_2 and (not pred or not true):
+    return float(pred == true)  # v2.0: an empty answer matches only an empty one
+  same = sum((collections.Counter(pred) & collections.Counter(true)).values())
+  if not same:
+    return 0.0
+  precision, recall = same / len(pred), same / len(true)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions: dict[str, str], examples: Sequence,
+                 version: str | None = None) -> dict[str, float]:
+  """exact_match and f1 in percent (each the best over a question's gold answers), as the
+  official SQuAD scripts score them; `examples` are bertjax.data.squad.QAExample. `version`
+  "1.1" or "2.0" (default: "2.0" when any question is unanswerable). v2.0: gold answers that
+  normalise to nothing are dropped and an unanswerable question's gold is [""]; adds the
+  HasAns_ / NoAns_ splits (exact, f1, total)."""
+  if version is None:
+    version = "2.0" if any(ex.is_impossible for ex in examples) else "1.1"
+  if version not in ("1.1", "2.0"):
+    raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
+  v2 = version == "2.0"
+  exact, f1, has_answer = [], [], []
+  for ex in examples:
+    golds = [text for text, _ in ex.answers]
+    if v2:
+      golds = [g for g in golds if _squad_normalize(g)] or [""]
+    pred = predictions.get(ex.id)
+    has_answer.append(bool(ex.answers))  # the script's split: answers listed, normalised or not
+    if pred is None:
+      exact.append(0.0)
+      f1.append(0.0)
+      continue
+    exact.append(max(float(_squad_normalize(pred) == _squad_normalize(g)) for g in golds))
+    f1.append(max(_squad_f1(pred, g, v2) for g in golds))
+  def mean(values: list[float]) -> float:
+    return 100.0 * sum(values) / len(values) if values else 0.0
+  out = {"exact_match": mean(exact), "f1": mean(f1), "total": float(len(exact))}
+  if v2:
+    for name, keep in (("HasAns", True), ("NoAns", False)):
+      picked = [i for i, h in enumerate(has_answer) if h == keep]
+      out.update({f"{name}_exact": mean([exact[i] for i in picked]),
+                  f"{name}_f1": mean([f1[i] for i in picked]), f"{name}_total": float(len(picked))})
+  return out

@@ -226,7 +226,10 @@ class Trainer:
     earlier task's classifier) are left out. Every encoder parameter must be there with its
     shape: a partial or different encoder is a wrong checkpoint, and a ValueError lists the
     parameters. Returns the state and the names of the fresh and the left-out parameters."""
-    is_encoder = lambda name: optim.encoder_path(tuple(name.split("/"))) is not None  # noqa: E731
+    # The parameter-efficient additions (LoRA, adapters, prefixes) are new like a fresh head: a
+    # base checkpoint lacks them, and they keep their initialisation.
+    is_encoder = lambda name: (optim.encoder_path(tuple(name.split("/"))) is not None  # noqa: E731
+                               and not optim.is_added(tuple(name.split("/"))))
     flat_state = flatten_dict(state.params, sep="/")
     flat_weights = flatten_dict(weights, sep="/")
     fresh = [k for k in flat_state if k not in flat_weights]

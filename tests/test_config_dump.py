@@ -53,7 +53,12 @@ def _flat(tree, prefix=""):
 
 # Keys added after the dump was written, with the value every paper config must resolve them to
 # (a new setting whose default leaves old runs as they were). Nothing else may appear.
-ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate": 0.0}
+ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate": 0.0,
+         # Parameter-efficient tuning (bertjax/adapters.py), all off.
+         **{f"{group}.{key}": value for group in ("config.model", "model")
+            for key, value in (("lora_rank", 0), ("lora_alpha", 8.0), ("lora_dropout", 0.0),
+                               ("lora_targets", ""), ("adapter_size", 0),
+                               ("prefix_length", 0))}}
 
 
 @pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())))

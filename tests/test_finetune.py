@@ -363,6 +363,54 @@ def test_hf_export_logits_equal(tmp_path, task, num_labels):
     assert ours.shape == theirs.shape and np.abs(ours - theirs).max() <= 1e-5
 
 
+def test_hf_export_question_answering_logits_equal(tmp_path):
+  """The span head exports as BertForQuestionAnswering (no pooler, `qa_outputs`): start and
+  end logits equal ours, and the directory imports back with the span head left out."""
+  import hf_models
+  from bertjax import hf
+  cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                    mlp_dim=48, max_positions=16)
+  model = objectives.model_for("question_answering", cfg)
+  params = _perturbed(jit_init(model)(jax.random.key(0)))
+  hf.export_hf(params, cfg, tmp_path, head="question_answering")
+  theirs_model = hf_models.transformers.BertForQuestionAnswering.from_pretrained(tmp_path).eval()
+  ids, types, mask, lengths = hf_models.batch(cfg.vocab_size, length=10)
+  out = hf_models.run(theirs_model, input_ids=ids, token_type_ids=types, attention_mask=mask)
+  ours = np.asarray(model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
+                                jnp.asarray(mask)))
+  for b, n in enumerate(lengths):
+    assert np.abs(ours[b, :n, 0] - out.start_logits.numpy()[b, :n]).max() <= 1e-5
+    assert np.abs(ours[b, :n, 1] - out.end_logits.numpy()[b, :n]).max() <= 1e-5
+  encoder = checkpoint.load_weights(tmp_path)
+  assert set(encoder.params) == {"bert"}
+  np.testing.assert_array_equal(
+      np.asarray(encoder.params["bert"]["word_embeddings"]["embedding"]),
+      np.asarray(params["bert"]["word_embeddings"]["embedding"]))
+
+
+def test_question_answering_loss_is_the_mean_of_start_and_end_cross_entropy():
+  """objectives.Finetuning's span loss against a hand computation from the logits:
+  (CE(start) + CE(end)) / 2 averaged over the batch, as Hugging Face's model."""
+  cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
+                    mlp_dim=48, max_positions=16, hidden_dropout=0.0, attention_dropout=0.0)
+  model = objectives.model_for("question_answering", cfg)
+  objective = objectives.build_objective("question_answering", model)
+  params = _perturbed(jit_init(model)(jax.random.key(1)))
+  rng = np.random.RandomState(0)
+  batch = {"input_ids": rng.randint(5, 64, (3, 12)).astype(np.int32),
+           "token_type_ids": np.zeros((3, 12), np.int32),
+           "attention_mask": np.ones((3, 12), np.int32),
+           "start_positions": np.array([0, 4, 7], np.int32),
+           "end_positions": np.array([0, 6, 7], np.int32)}
+  loss, _ = objective(params, batch, objective.normalizers(batch), None)
+  logits = np.asarray(objective.predict(params, batch), np.float64)
+  log_p = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+  rows = np.arange(3)
+  expected = -0.5 * (log_p[rows, batch["start_positions"], 0]
+                     + log_p[rows, batch["end_positions"], 1]).mean()
+  assert abs(float(loss) - expected) <= 1e-5
+
+
 def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   import hf_models
   ref = hf_models.bert(tmp_path / "ref", cls=hf_models.transformers.BertForSequenceClassification,

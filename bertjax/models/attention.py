@@ -11,8 +11,8 @@ config key (`model.attention`):
 - "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash
   attention on NVIDIA GPUs (bf16/fp16 inputs).
 - "auto": the fused kernel of the platform the program is compiled for when it supports the
-  configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype), else "xla"
-  (`resolve`).
+  configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype; no prefix
+  tuning), else "xla" (`resolve`).
 
 Masks travel as an `AttentionMask`: the boolean [B|1, 1, L|1, S] mask the XLA path applies,
 and the structured form fused kernels read (document segment ids and a causal flag), built
@@ -86,12 +86,16 @@ def decoder_mask(length: int, segment_ids_BL: Array | None = None,
 
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
   """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
-  "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration."""
+  "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration
+  (not prefix tuning: "xla" then)."""
   if config.attention != "auto":
     return config
   dropout = training and config.attention_dropout > 0
   choice = "xla"
-  if platform == "tpu" and not dropout:
+  if config.prefix_length:
+    # Prefix keys are read by every query: outside the fused kernels' causal/segment masks.
+    pass
+  elif platform == "tpu" and not dropout:
     choice = "splash"
   elif platform in ("gpu", "cuda") and not dropout and config.dtype in ("bfloat16", "float16"):
     choice = "cudnn"

@@ -1,4 +1,5 @@
-"""BERT (Devlin et al. 2019): encoder, pooler, MLM/NSP pre-training heads, classification head.
+"""BERT (Devlin et al. 2019): encoder, pooler, MLM/NSP pre-training heads, fine-tuning heads
+(sequence and token classification, extractive question answering).
 
 Numerically identical to Hugging Face `BertForPreTraining` given the same weights (tests/
 test_parity_hf.py); the name mapping lives in bertjax/hf.py.
@@ -156,3 +157,24 @@ class BertForTokenClassification(nn.Module):
                               ("embed", None), (cfg.num_labels,), (None,),
                               name="classifier")(sequence_BLD)
     return logits_BLC.astype(jnp.float32)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """BERT with a linear span head on every token (SQuAD, Devlin et al. 2019 §4.2): the start and
+  end logits of the answer span, [B, L, 2] in fp32 (`[..., 0]` start, `[..., 1]` end), as
+  Hugging Face's BertForQuestionAnswering (`qa_outputs`, no dropout before it).
+
+  Parameters: `bert` (pooler included though unused, so a pre-trained checkpoint's tree fits
+  unchanged) and `qa_outputs`."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+               attention_mask_BL: Array | None = None, deterministic: bool = True) -> Array:
+    cfg = self.config
+    sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
+                                                  attention_mask_BL, deterministic)
+    logits_BL2 = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, 2), ("embed", None), (2,),
+                              (None,), name="qa_outputs")(sequence_BLD)
+    return logits_BL2.astype(jnp.float32)

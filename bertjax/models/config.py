@@ -20,6 +20,12 @@ RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
 Attention = Literal["auto", "xla", "splash", "cudnn"]
+
+# The projections LoRA may target, per family (`lora_targets`), and peft's default targets
+# (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: BERT query/value, GPT-2 c_attn).
+LORA_TARGETS = {"bert": ("query", "key", "value", "out", "wi", "wo"),
+                "gpt": ("qkv", "out", "wi", "wo")}
+DEFAULT_LORA_TARGETS = {"bert": ("query", "value"), "gpt": ("qkv",)}
 MatmulOutput = Literal["auto", "compute", "float32"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -88,6 +94,29 @@ class ModelConfig:
   scan_layers: bool = True
   # Number of labels of a sequence-classification head (fine-tuning).
   num_labels: int = 2
+  # Parameter-efficient fine-tuning (bertjax/adapters.py; train only the additions with
+  # optimizer.freeze=base). All off by default: the parameter tree is then unchanged.
+  # LoRA (Hu et al. 2021): the rank r of a low-rank update W + (lora_alpha / r)·A·B of every
+  # targeted projection; B starts at zero, so a fresh update changes nothing. 0: off.
+  lora_rank: int = 0
+  # The update's scale is lora_alpha / lora_rank (peft's LoraConfig: lora_alpha 8, no
+  # rank-stabilised scaling).
+  lora_alpha: float = 8.0
+  # Dropout on a targeted projection's input on the LoRA path only (peft's lora_dropout).
+  lora_dropout: float = 0.0
+  # Comma-separated projections LoRA updates. BERT: query, key, value (the three slices of the
+  # fused qkv kernel, one update each, as Hugging Face's separate Linear layers), out (the
+  # attention output), wi, wo (the MLP). GPT: qkv (the fused kernel, GPT-2's one c_attn), out,
+  # wi, wo. "": peft's default for the family (BERT query,value; GPT qkv).
+  lora_targets: str = ""
+  # Houlsby et al. (2019) bottleneck adapters: width of the down/up projection added after the
+  # attention output and the MLP output of every layer (the up-projection starts at zero: a
+  # fresh adapter is the identity). 0: off.
+  adapter_size: int = 0
+  # Prefix tuning (Li & Liang 2021): learned key/value positions per layer, prepended to every
+  # layer's keys and values and attended by every query (no causal or padding mask on them);
+  # they take no token positions. Needs the XLA attention core. 0: off.
+  prefix_length: int = 0
 
   def __post_init__(self) -> None:
     if self.hidden_size % self.num_heads:
@@ -113,6 +142,53 @@ class ModelConfig:
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
                          f"{getattr(self, name)!r}")
+    self._check_peft()
+
+  def _check_peft(self) -> None:
+    for name in ("lora_rank", "adapter_size", "prefix_length"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"model.{name} must be >= 0 (0: off), got {getattr(self, name)!r}")
+    if not 0.0 <= self.lora_dropout < 1.0:
+      raise ValueError(f"model.lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
+    if self.lora_rank and self.lora_alpha <= 0:
+      raise ValueError(f"model.lora_alpha must be > 0, got {self.lora_alpha!r}")
+    self._parse_lora_targets()
+    if self.prefix_length and self.attention in ("splash", "cudnn"):
+      raise ValueError(f"model.prefix_length={self.prefix_length} needs the XLA attention core "
+                       f"(its prefix keys are outside the fused kernels' masks): set "
+                       f"model.attention=xla or auto, not {self.attention!r}")
+
+  def _parse_lora_targets(self) -> tuple[str, ...]:
+    allowed = LORA_TARGETS.get(self.family, ())
+    if not self.lora_targets.strip():
+      return DEFAULT_LORA_TARGETS.get(self.family, ())
+    names = tuple(t.strip() for t in self.lora_targets.split(","))
+    for name in names:
+      if name not in allowed:
+        hint = {"qkv": " (BERT's fused kernel is targeted per slice: query, key, value)",
+                "query": " (GPT-2's fused c_attn is one target: qkv)",
+                "key": " (GPT-2's fused c_attn is one target: qkv)",
+                "value": " (GPT-2's fused c_attn is one target: qkv)"}.get(name, "")
+        raise ValueError(f"model.lora_targets: {name!r} is not a LoRA target of a "
+                         f"{self.family} model{hint}; choose from {', '.join(allowed)}")
+    if len(set(names)) != len(names):
+      raise ValueError(f"model.lora_targets lists a target twice: {self.lora_targets!r}")
+    return names
+
+  @property
+  def lora_modules(self) -> tuple[str, ...]:
+    """The projections LoRA updates (`lora_targets` resolved); () when LoRA is off."""
+    return self._parse_lora_targets() if self.lora_rank else ()
+
+  @property
+  def lora_scale(self) -> float:
+    """alpha / r: what A·B is multiplied by."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+  @property
+  def peft(self) -> bool:
+    """Whether any parameter-efficient addition (LoRA, adapters, prefixes) is on."""
+    return bool(self.lora_rank or self.adapter_size or self.prefix_length)
 
   @property
   def head_dim(self) -> int:

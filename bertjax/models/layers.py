@@ -9,6 +9,12 @@ query/key/value projection), mlp (MLP hidden), vocab, layers (the scanned layer 
 
 Shape suffixes in names: B batch, L (query) length, S (key) length, D model width, N heads,
 H head dim, F MLP width.
+
+Parameter-efficient additions (bertjax/adapters.py, off by default) live here too, so that
+they scan and shard like the weights they modify: LoRA updates inside `Dense` (parameters
+`lora_a*`/`lora_b*`), bottleneck adapters in `Block` (modules `adapter_*`) and key/value
+prefixes in `SelfAttention` (`prefix_key`, `prefix_value`). Their names all start with a
+prefix that bertjax.optim.is_added recognises.
 """
 
 from __future__ import annotations
@@ -59,6 +65,39 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
   return _ACTIVATIONS[name]
 
 
+# Where each LoRA target sits in a layer: (module path inside a Block, the index of its slice
+# along the kernel's first output axis or None for the whole kernel). BERT's query, key and
+# value are the slices of the fused qkv kernel [D, 3, N, H], in that order.
+LORA_SITES: dict[str, tuple[tuple[str, ...], int | None]] = {
+    "query": (("attention", "qkv"), 0), "key": (("attention", "qkv"), 1),
+    "value": (("attention", "qkv"), 2), "qkv": (("attention", "qkv"), None),
+    "out": (("attention", "out"), None), "wi": (("mlp", "wi"), None),
+    "wo": (("mlp", "wo"), None)}
+
+
+def lora_param_names(target: str) -> tuple[str, str]:
+  """The (A, B) parameter names of a LoRA target inside its Dense: `lora_a`/`lora_b` for a
+  whole kernel, `lora_a_query`/`lora_b_query` for a slice of the fused one."""
+  sliced = LORA_SITES[target][1] is not None
+  return (f"lora_a_{target}", f"lora_b_{target}") if sliced else ("lora_a", "lora_b")
+
+
+def _lora_updates(config: ModelConfig, site: tuple[str, ...]) -> tuple[tuple[str, int | None],
+                                                                         ...]:
+  """The (target, slice) LoRA updates `config` puts on the Dense at `site`."""
+  return tuple((t, LORA_SITES[t][1]) for t in config.lora_modules if LORA_SITES[t][0] == site)
+
+
+def lora_a_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
+  """peft's A: kaiming-uniform with a = sqrt(5) (nn.Linear's default), i.e. U(-b, b) with
+  b = 1/sqrt(fan_in); A is [*in, r], so fan_in is the product of all but the last axis."""
+  fan_in = 1
+  for size in shape[:-1]:
+    fan_in *= size
+  bound = 1.0 / fan_in ** 0.5
+  return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+
 def constrain(x: Array, axes: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, axes)
 
@@ -77,6 +116,11 @@ class Dense(nn.Module):
   bias_shape: tuple[int, ...] | None
   bias_axes: tuple[str | None, ...] | None = None
   init: Initializer | None = None
+  # LoRA updates of this kernel, (target, slice) each (`LORA_SITES`); the kernel's input axes
+  # must come before its output axes in `equation`.
+  lora: tuple[tuple[str, int | None], ...] = ()
+  # LoRA's input dropout runs only when False (training).
+  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x: Array) -> Array:
@@ -85,6 +129,8 @@ class Dense(nn.Module):
     kernel = self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes),
                         self.kernel_shape, cfg.weight_dtype)
     y = precision.einsum(cfg, self.equation, x, kernel)
+    if self.lora:
+      y = y + self._lora_delta(x).astype(y.dtype)
     if self.bias_shape is not None:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.bias_axes),
@@ -92,6 +138,50 @@ class Dense(nn.Module):
       # The bias's leading axes spelled out: [*batch, *out] + [1.., *out].
       y = y + jnp.expand_dims(bias.astype(y.dtype), tuple(range(y.ndim - bias.ndim)))
     return y
+
+  def _lora_delta(self, x: Array) -> Array:
+    """(alpha / r) · dropout(x) A B in the layout of the einsum's output: A [*in, r] and B
+    [r, *out] (a slice's B without the sliced axis; untargeted slices get zeros)."""
+    cfg = self.config
+    x_sub, rest = self.equation.split(",")
+    k_sub, y_sub = rest.split("->")
+    n_in = sum(c in x_sub for c in k_sub)
+    in_sub, out_sub = k_sub[:n_in], k_sub[n_in:]
+    if any(c in x_sub for c in out_sub):
+      raise ValueError(f"LoRA needs the kernel's input axes first, got {self.equation!r}")
+    r = next(c for c in "rzyxwvutsq" if c not in self.equation)
+    batch_sub = "".join(c for c in x_sub if c not in k_sub)
+    rank = cfg.lora_rank
+    x = Dropout(cfg.lora_dropout, cfg.dropout_rng, name="lora_dropout")(
+        x, deterministic=self.deterministic)
+    in_shape, in_axes = self.kernel_shape[:n_in], self.kernel_axes[:n_in]
+    out_shape, out_axes = self.kernel_shape[n_in:], self.kernel_axes[n_in:]
+    slices: dict[int, Array] = {}
+    whole = None
+    for target, index in self.lora:
+      a_name, b_name = lora_param_names(target)
+      sub, b_shape, b_axes = out_sub, out_shape, out_axes
+      if index is not None:
+        sub, b_shape, b_axes = out_sub[1:], out_shape[1:], out_axes[1:]
+      a = self.param(a_name, nn.with_logical_partitioning(lora_a_init, in_axes + (None,)),
+                     in_shape + (rank,), cfg.weight_dtype)
+      b = self.param(b_name, nn.with_logical_partitioning(nn.initializers.zeros,
+                                                          (None,) + b_axes),
+                     (rank,) + b_shape, cfg.weight_dtype)
+      h = precision.einsum(cfg, f"{x_sub},{in_sub}{r}->{batch_sub}{r}", x, a) * cfg.lora_scale
+      out = "".join(c for c in y_sub if c in batch_sub + sub)
+      delta = precision.einsum(cfg, f"{batch_sub}{r},{r}{sub}->{out}", h, b)
+      if index is None:
+        whole = delta
+      else:
+        slices[index] = delta
+    if whole is not None:
+      return whole
+    # Targeted slices of the fused kernel stacked along its first output axis, zeros between.
+    axis = y_sub.index(out_sub[0])
+    some = next(iter(slices.values()))
+    return jnp.stack([slices.get(i, jnp.zeros_like(some)) for i in range(out_shape[0])],
+                     axis=axis)
 
 
 def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.LayerNorm:
@@ -195,6 +285,10 @@ class SelfAttention(nn.Module):
   length; later calls write their L keys at `cache_index`, attend causally by slot over the
   whole cache, and advance the index by L. `mask.dense_B1LS` then masks cache slots (key
   padding), [B, 1, 1, S] or [B, 1, L, S].
+
+  `config.prefix_length` P > 0 (prefix tuning): learned `prefix_key`/`prefix_value` [P, N, H]
+  go before the keys and values (after the cache, which holds tokens only) and every query
+  reads them: the mask gains P leading True columns.
   """
 
   config: ModelConfig
@@ -206,7 +300,9 @@ class SelfAttention(nn.Module):
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
-                      (3, n, h), ("qkv", "heads", "kv"), name="qkv")(x_BLD)
+                      (3, n, h), ("qkv", "heads", "kv"),
+                      lora=_lora_updates(cfg, ("attention", "qkv")),
+                      deterministic=self.deterministic, name="qkv")(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     q_BLNH = constrain(q_BLNH, ACT_BLNH)
     if self.decode:
@@ -228,24 +324,70 @@ class SelfAttention(nn.Module):
       query_slots_L = index + jnp.arange(x_BLD.shape[1])
       causal_LS = jnp.arange(k_BSNH.shape[1])[None, :] <= query_slots_L[:, None]
       mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
+    if cfg.prefix_length:
+      k_BSNH, v_BSNH, mask = self._prepend_prefix(k_BSNH, v_BSNH, mask)
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
                                 deterministic=self.deterministic, decode=self.decode)
     out_BLNH = constrain(out_BLNH, ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), (d,), ("embed",),
-                 init=residual_init(cfg), name="out")(out_BLNH)
+                 init=residual_init(cfg), lora=_lora_updates(cfg, ("attention", "out")),
+                 deterministic=self.deterministic, name="out")(out_BLNH)
+
+  def _prepend_prefix(self, k_BSNH: Array, v_BSNH: Array, mask: attention.AttentionMask
+                      ) -> tuple[Array, Array, attention.AttentionMask]:
+    """Keys and values with the P learned prefix positions in front, and the dense mask with
+    P always-readable columns. The structured mask (segments, causal flag) is dropped: only
+    the XLA core, which reads the dense one, runs with prefixes (ModelConfig refuses the
+    fused kernels)."""
+    cfg = self.config
+    p, n, h = cfg.prefix_length, cfg.num_heads, cfg.head_dim
+    axes = (None, "heads", "kv")
+    out = []
+    for name, x_BSNH in (("prefix_key", k_BSNH), ("prefix_value", v_BSNH)):
+      prefix_PNH = self.param(name, nn.with_logical_partitioning(kernel_init(cfg), axes),
+                              (p, n, h), cfg.weight_dtype)
+      prefix_BPNH = jnp.broadcast_to(prefix_PNH.astype(x_BSNH.dtype)[None],
+                                     (x_BSNH.shape[0], p, n, h))
+      out.append(jnp.concatenate([prefix_BPNH, x_BSNH], axis=1))
+    dense = mask.dense_B1LS
+    visible = jnp.ones(dense.shape[:3] + (p,), bool)
+    return out[0], out[1], attention.AttentionMask(jnp.concatenate([visible, dense], axis=-1))
 
 
 class Mlp(nn.Module):
   config: ModelConfig
+  # Only LoRA's input dropout reads it; the block applies the residual dropout.
+  deterministic: bool = True
 
   @nn.compact
   def __call__(self, x_BLD: Array) -> Array:
     cfg = self.config
     d, f = cfg.hidden_size, cfg.mlp_dim
-    h_BLF = Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,), ("mlp",), name="wi")(x_BLD)
+    h_BLF = Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,), ("mlp",),
+                  lora=_lora_updates(cfg, ("mlp", "wi")), deterministic=self.deterministic,
+                  name="wi")(x_BLD)
     h_BLF = constrain(activation_fn(cfg.activation)(h_BLF), ACT_BLF)
     return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,), ("embed",),
-                 init=residual_init(cfg), name="wo")(h_BLF)
+                 init=residual_init(cfg), lora=_lora_updates(cfg, ("mlp", "wo")),
+                 deterministic=self.deterministic, name="wo")(h_BLF)
+
+
+class Adapter(nn.Module):
+  """A Houlsby et al. (2019) bottleneck adapter, x + up(act(down(x))): D -> adapter_size ->
+  D with the model's activation. `up` starts at zero, so a fresh adapter is the identity."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BLD: Array) -> Array:
+    cfg = self.config
+    d, a = cfg.hidden_size, cfg.adapter_size
+    h_BLA = Dense(cfg, "bld,da->bla", (d, a), ("embed", None), (a,), (None,),
+                  name="down")(x_BLD)
+    h_BLA = activation_fn(cfg.activation)(h_BLA)
+    up_BLD = Dense(cfg, "bla,ad->bld", (a, d), (None, "embed"), (d,), ("embed",),
+                   init=nn.initializers.zeros, name="up")(h_BLA)
+    return x_BLD + up_BLD
 
 
 class Block(nn.Module):
@@ -263,16 +405,24 @@ class Block(nn.Module):
     cfg = self.config
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
-    attention = SelfAttention(cfg, self.deterministic, self.decode, name="attention")
-    mlp = Mlp(cfg, name="mlp")
+    self_attention = SelfAttention(cfg, self.deterministic, self.decode, name="attention")
+    mlp = Mlp(cfg, self.deterministic, name="mlp")
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
+    if cfg.adapter_size:
+      # Houlsby's placement: on each sub-block's output, before dropout and the residual add.
+      attention_adapter = Adapter(cfg, name="adapter_attention")
+      mlp_adapter = Adapter(cfg, name="adapter_mlp")
+      attention = lambda x, m: attention_adapter(self_attention(x, m))  # noqa: E731
+      mlp_block = lambda x: mlp_adapter(mlp(x))  # noqa: E731
+    else:
+      attention, mlp_block = self_attention, mlp
     if cfg.norm_position == "post":
       x_BLD = attention_norm(x_BLD + dropout(attention(x_BLD, mask)))
-      x_BLD = mlp_norm(x_BLD + dropout(mlp(x_BLD)))
+      x_BLD = mlp_norm(x_BLD + dropout(mlp_block(x_BLD)))
     else:
       x_BLD = x_BLD + dropout(attention(attention_norm(x_BLD), mask))
-      x_BLD = x_BLD + dropout(mlp(mlp_norm(x_BLD)))
+      x_BLD = x_BLD + dropout(mlp_block(mlp_norm(x_BLD)))
     return constrain(x_BLD, ACT_BLD), None
 
 

@@ -1,4 +1,5 @@
-"""Parameter counts for reports: by group (`bertjax info`), and against the papers' figures.
+"""Parameter counts for reports: by group (`bertjax info`), against the papers' figures, and
+trainable against total for parameter-efficient tuning (LoRA, adapters, prefixes).
 
 The counts come from the abstract parameters (`jax.eval_shape`): nothing is allocated, so a
 billion-parameter config is counted on a laptop. tests/test_config_cli.py holds every paper
@@ -46,3 +47,22 @@ def matches_reference(count: int, reference: int) -> bool:
   digits = str(int(reference))
   unit = 10 ** (len(digits) - len(digits.rstrip("0")))
   return abs(count - reference) <= unit / 2
+
+
+def trainable_report(config: ModelConfig, freeze: str = "none",
+                     head: Head = "pretraining") -> str | None:
+  """Trainable against total parameters, with a per-addition breakdown (bertjax/adapters.py),
+  for `bertjax info`; None when nothing is frozen and nothing added.
+
+  A model with additions under `freeze="none"` trains everything; the report then counts what
+  `optimizer.freeze=base` (the parameter-efficient recipe) would train, and says so."""
+  from bertjax import adapters
+  if not config.peft and freeze == "none":
+    return None
+  counted = "base" if config.peft and freeze == "none" else freeze
+  counts = adapters.report(abstract_params(build_model(config, head)), config, counted)
+  text = adapters.format_report(counts)
+  if counted != freeze:
+    text += (f"\n  (optimizer.freeze={freeze} trains all {counts['total']:,d}; set "
+             "--config.optimizer.freeze=base to train only the additions and heads)")
+  return text

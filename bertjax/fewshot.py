@@ -1,0 +1,307 @@
+"""Few-shot evaluation of a GPT without training, as GPT-3 (Brown et al. 2020): k labelled
+demonstrations, then the query; the predicted label is the one whose verbalisation the model
+finds most likely after the prompt.
+
+Template (`Template`, each part overridable; `{text}` and `{label}` are replaced):
+
+    demonstration = query.format(text) + answer.format(verbalisation) + separator
+                  = "{text}\\nAnswer:" + " {label}" + "\\n\\n"
+    prompt        = demonstration_1 + ... + demonstration_k + "{query text}\\nAnswer:"
+    candidate     = " {label}" for each label's verbalisation
+
+so a 2-shot prompt reads "t1\\nAnswer: v1\\n\\nt2\\nAnswer: v2\\n\\nq\\nAnswer:". Verbalisations
+default to the label strings; a mapping overrides them (e.g. {"0": "Paris"}).
+
+Demonstrations: for each query one seeded draw orders the pool without the query (every pool
+example whose text equals the query's is excluded), and the k-shot prompt takes the first k of
+that order, so a larger k extends a smaller k's demonstrations. `sampling="random"` (default,
+GPT-3's) draws uniformly; `"balanced"` takes the classes in turn (a seeded class order, then
+round-robin), so any k that is a multiple of the number of classes sees each equally. The
+demonstration drawn first is the one nearest the query. A prompt whose longest candidate does
+not fit `max_length` (default: the model's positions) loses its last-drawn demonstrations one by
+one (counted per k); a query too long even alone keeps the end of its prompt (counted).
+
+Scoring: sum over the candidate's tokens of log p(token | prompt, earlier candidate tokens), and
+that sum divided by its token count ("length-normalised", reported too: it costs nothing more).
+Prompt + candidate is encoded as one text and split where `encode(prompt)` stops being a prefix,
+as in pre-training's tokenization (lm-evaluation-harness does the same). One row per (query,
+candidate), right-padded with attention restricted to the real tokens (the causal mask already
+keeps padding out of every real token's view; the padding mask makes it explicit), batched into
+fixed shapes: a fixed batch size and lengths rounded up to a multiple of `bucket`, so each length
+bucket compiles once.
+
+Baselines: the majority class of the demonstration pool (its accuracy on the queries) and
+chance (1 / number of labels).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.data import labeled
+from bertjax.data.completions import split_encode
+from bertjax.data.errors import CorpusError
+from bertjax.models import ModelConfig, build_model
+
+Array = jax.Array
+SAMPLING = ("random", "balanced")
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+  """How demonstrations and the query are written (see the module docstring)."""
+
+  query: str = "{text}\nAnswer:"
+  answer: str = " {label}"
+  separator: str = "\n\n"
+
+  def demonstration(self, text: str, verbalisation: str) -> str:
+    return (self.query.replace("{text}", text) + self.answer.replace("{label}", verbalisation)
+            + self.separator)
+
+  def prompt(self, text: str, demonstrations: Sequence[tuple[str, str]]) -> str:
+    """The prompt for query `text` after (text, verbalisation) demonstrations, in order."""
+    return "".join(self.demonstration(t, v) for t, v in demonstrations) + \
+        self.query.replace("{text}", text)
+
+  def candidate(self, verbalisation: str) -> str:
+    return self.answer.replace("{label}", verbalisation)
+
+
+@dataclasses.dataclass(frozen=True)
+class Labelled:
+  """A text and its label; `where` ("file:line") names it in errors."""
+
+  text: str
+  label: str
+  where: str = ""
+
+
+def read_labelled(path: str | Path, text_column: str = "sentence",
+                  label_column: str = "label") -> list[Labelled]:
+  """Labelled texts of a TSV/CSV/JSONL file with named columns (bertjax.data.labeled)."""
+  examples = labeled.read_examples(
+      path, "classification", labeled.Columns(text_a=text_column, label=label_column))
+  return [Labelled(e.text_a, str(e.label), e.where) for e in examples]
+
+
+def _as_labelled(data: str | Path | Sequence[Any], text_column: str,
+                 label_column: str) -> list[Labelled]:
+  if isinstance(data, (str, Path)):
+    return read_labelled(data, text_column, label_column)
+  out = []
+  for i, item in enumerate(data):
+    if isinstance(item, Labelled):
+      out.append(item)
+    elif isinstance(item, labeled.Example):
+      out.append(Labelled(item.text_a, str(item.label), item.where))
+    else:
+      text, label = item
+      out.append(Labelled(str(text), str(label), f"example {i}"))
+  return out
+
+
+def demonstration_order(pool: Sequence[Labelled], query: Labelled, count: int,
+                        rng: random.Random, sampling: str = "random",
+                        labels: Sequence[str] | None = None) -> list[int]:
+  """Indices of up to `count` pool examples, the query's text excluded, in draw order."""
+  allowed = [i for i, e in enumerate(pool) if e.text != query.text]
+  if sampling == "random":
+    return rng.sample(allowed, min(count, len(allowed)))
+  if sampling != "balanced":
+    raise ValueError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
+  by_label: dict[str, list[int]] = collections.defaultdict(list)
+  for i in allowed:
+    by_label[pool[i].label].append(i)
+  classes = [c for c in (labels or sorted(by_label)) if by_label[c]]
+  rng.shuffle(classes)
+  queues = {c: rng.sample(by_label[c], min(count, len(by_label[c]))) for c in classes}
+  order: list[int] = []
+  while len(order) < count and any(queues.values()):
+    for c in classes:
+      if queues[c] and len(order) < count:
+        order.append(queues[c].pop(0))
+  return order
+
+
+# --- scoring -----------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _summed_log_probs(params: Any, ids_BL: Array, targets_BL: Array, weights_BL: Array,
+                      mask_BL: Array, *, config: ModelConfig) -> Array:
+  """Σ over weighted slots of log p(target | inputs so far), per row [B]."""
+  logits_BLV = build_model(config).apply({"params": params}, ids_BL, attention_mask_BL=mask_BL)
+  log_probs_BLV = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
+  picked_BL = jnp.take_along_axis(log_probs_BLV, targets_BL[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(weights_BL > 0, picked_BL, 0.0), axis=-1)
+
+
+def score_continuations(params: Any, model_config: ModelConfig,
+                        pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+                        batch_size: int = 16, bucket: int = 32, pad_id: int = 0) -> np.ndarray:
+  """Σ log p(continuation tokens | context tokens) for each (context, continuation) pair
+  (float32 [N]). Rows are right-padded to a multiple of `bucket` (at most the model's
+  positions) and run `batch_size` at a time, so each length bucket compiles once."""
+  if model_config.family != "gpt":
+    raise ValueError(f"few-shot scoring needs a GPT model, got family={model_config.family!r}")
+  limit = model_config.max_positions
+  config = model_config.replace(hidden_dropout=0.0, attention_dropout=0.0)
+  lengths = []
+  for i, (context, continuation) in enumerate(pairs):
+    if not context or not continuation:
+      raise ValueError(f"pair {i}: context and continuation need at least one token each")
+    if len(context) + len(continuation) > limit:
+      raise ValueError(f"pair {i}: {len(context) + len(continuation)} tokens exceed the "
+                       f"model's {limit} positions")
+    lengths.append(len(context) + len(continuation))
+  out = np.zeros(len(pairs), np.float32)
+  by_bucket: dict[int, list[int]] = collections.defaultdict(list)
+  for i, n in enumerate(lengths):
+    by_bucket[min(-(-n // bucket) * bucket, limit)].append(i)
+  for length, members in sorted(by_bucket.items()):
+    for start in range(0, len(members), batch_size):
+      chunk = members[start:start + batch_size]
+      ids = np.full((batch_size, length), pad_id, np.int32)
+      targets = np.full((batch_size, length), pad_id, np.int32)
+      weights = np.zeros((batch_size, length), np.int32)
+      mask = np.zeros((batch_size, length), np.int32)
+      for b, i in enumerate(chunk):
+        context, continuation = pairs[i]
+        row = list(context) + list(continuation)
+        ids[b, :len(row)] = row
+        targets[b, :len(row) - 1] = row[1:]
+        # Slot t predicts token t + 1: the continuation's tokens are predicted from slots
+        # len(context) - 1 ... len(row) - 2.
+        weights[b, len(context) - 1:len(row) - 1] = 1
+        mask[b, :len(row)] = 1
+      sums = _summed_log_probs(params, jnp.asarray(ids), jnp.asarray(targets),
+                               jnp.asarray(weights), jnp.asarray(mask), config=config)
+      out[chunk] = np.asarray(sums)[:len(chunk)]
+  return out
+
+
+# --- evaluation --------------------------------------------------------------------------
+
+
+def evaluate_fewshot(params: Any, model_config: ModelConfig, tokenizer: Any,
+                     examples: str | Path | Sequence[Any], *,
+                     pool: str | Path | Sequence[Any] | None = None,
+                     ks: Sequence[int] = (0, 1, 4, 8),
+                     verbalisations: Mapping[str, str] | None = None,
+                     template: Template = Template(), sampling: str = "random", seed: int = 0,
+                     text_column: str = "sentence", label_column: str = "label",
+                     max_length: int | None = None, batch_size: int = 16, bucket: int = 32,
+                     return_prompts: bool = False) -> dict[str, Any]:
+  """Few-shot accuracy of a GPT on labelled `examples` for each k in `ks` (module docstring).
+
+  `examples` and `pool` (where demonstrations come from; default: `examples`, the query
+  excluded) are a TSV/CSV/JSONL path with `text_column` and `label_column`, or a sequence of
+  `Labelled`, `labeled.Example` or (text, label). Returns
+  {"by_k": {k: {"accuracy", "accuracy_length_normalised", "correct", "n", "predicted" (label ->
+  count), "demonstrations" (mean used), "dropped_demonstrations", "shortened_prompts",
+  "truncated_queries"}}, "majority_label", "majority_baseline", "chance_baseline", "labels",
+  "verbalisations", "n", "sampling", "seed"}, and with `return_prompts` "prompts": {k: the
+  prompt of each query}.
+  """
+  queries = _as_labelled(examples, text_column, label_column)
+  demos = queries if pool is None else _as_labelled(pool, text_column, label_column)
+  if not queries:
+    raise ValueError("no examples to evaluate")
+  if any(k < 0 for k in ks):
+    raise ValueError(f"ks must be >= 0, got {list(ks)}")
+  if sampling not in SAMPLING:
+    raise ValueError(f"sampling must be one of {', '.join(SAMPLING)}, got {sampling!r}")
+  if verbalisations is None:
+    labels = sorted({e.label for e in [*demos, *queries]}, key=labeled._sort_key)
+    verbal = {label: label for label in labels}
+  else:
+    verbal = {str(k): str(v) for k, v in verbalisations.items()}
+    labels = list(verbal)
+  if not labels or not all(verbal.values()):
+    raise ValueError(f"every label needs a non-empty verbalisation, got {verbal}")
+  if len(set(verbal.values())) < len(verbal):
+    raise ValueError(f"two labels share a verbalisation: {verbal}")
+  for e in [*queries, *demos]:
+    if e.label not in verbal:
+      raise CorpusError(f"{e.where}: label {e.label!r} has no verbalisation (labels: "
+                        f"{', '.join(labels)})")
+  limit = min(max_length or model_config.max_positions, model_config.max_positions)
+  pad = getattr(tokenizer, "pad_id", None)
+  pad = 0 if pad is None else pad
+
+  pairs: list[tuple[list[int], list[int]]] = []
+  plan = []  # (k, query index, first pair index)
+  stats = {k: collections.Counter() for k in ks}
+  prompts: dict[int, list[str]] = {k: [] for k in ks}
+  k_max = max(ks, default=0)
+  for q, query in enumerate(queries):
+    rng = random.Random(f"{seed}:{q}")
+    order = demonstration_order(demos, query, k_max, rng, sampling, labels)
+    for k in ks:
+      chosen = order[:k]
+      while True:
+        prompt = template.prompt(query.text, [(demos[i].text, verbal[demos[i].label])
+                                              for i in reversed(chosen)])
+        rows = [split_encode(tokenizer, prompt, template.candidate(verbal[label]))
+                for label in labels]
+        if max(len(p) + len(c) for p, c in rows) <= limit or not chosen:
+          break
+        chosen = chosen[:-1]
+        stats[k]["dropped_demonstrations"] += 1
+      stats[k]["shortened_prompts"] += len(chosen) < min(k, len(order))
+      stats[k]["demonstrations"] += len(chosen)
+      longest = max(len(p) + len(c) for p, c in rows)
+      if longest > limit:
+        # The query alone does not fit: keep the end of the prompt (at least one token).
+        stats[k]["truncated_queries"] += 1
+        rows = [(p[max(0, len(p) + len(c) - limit):], c) for p, c in rows]
+        if any(not p for p, _ in rows):
+          raise ValueError(f"{query.where}: a candidate alone fills max_length={limit}")
+      prompts[k].append(prompt)
+      plan.append((k, q, len(pairs)))
+      pairs += rows
+
+  sums = score_continuations(params, model_config, pairs, batch_size=batch_size,
+                             bucket=bucket, pad_id=pad)
+  counts = np.asarray([len(c) for _, c in pairs], np.float32)
+  pool_counts = collections.Counter(e.label for e in demos)
+  majority = max(labels, key=lambda label: (pool_counts[label], -labels.index(label)))
+  by_k: dict[int, dict[str, Any]] = {}
+  for k in ks:
+    correct = correct_norm = 0
+    predicted = collections.Counter()
+    for kk, q, first in plan:
+      if kk != k:
+        continue
+      scores = sums[first:first + len(labels)]
+      norm = scores / counts[first:first + len(labels)]
+      guess = labels[int(np.argmax(scores))]
+      predicted[guess] += 1
+      correct += guess == queries[q].label
+      correct_norm += labels[int(np.argmax(norm))] == queries[q].label
+    n = len(queries)
+    by_k[k] = {"accuracy": correct / n, "accuracy_length_normalised": correct_norm / n,
+               "correct": correct, "n": n,
+               "predicted": {label: predicted[label] for label in labels},
+               "demonstrations": stats[k]["demonstrations"] / n,
+               "dropped_demonstrations": stats[k]["dropped_demonstrations"],
+               "shortened_prompts": stats[k]["shortened_prompts"],
+               "truncated_queries": stats[k]["truncated_queries"]}
+  result = {"by_k": by_k, "labels": labels, "verbalisations": verbal, "n": len(queries),
+            "majority_label": majority,
+            "majority_baseline": sum(e.label == majority for e in queries) / len(queries),
+            "chance_baseline": 1.0 / len(labels), "sampling": sampling, "seed": seed}
+  if return_prompts:
+    result["prompts"] = prompts
+  return result

@@ -1,0 +1,226 @@
+"""What each fine-tuning task reads, trains on and is scored by: the rows the one trainer steps
+over and the dev evaluation, for `bertjax.finetune`.
+
+- labelled tasks (classification, regression, token_classification; BERT): GLUE-style TSV/CSV/
+  JSONL or CoNLL (bertjax.data.labeled), dev scores by bertjax.scores.task_scores.
+- question_answering (BERT): SQuAD v1.1/v2.0 JSON (bertjax.data.squad): questions and contexts
+  cut into overlapping windows; dev answers decoded from the span logits of every window of a
+  question, scored by the official exact match and F1.
+- completion (GPT): prompt/completion or chat JSONL (bertjax.data.completions), packed into rows
+  with the loss on completion tokens only; dev completion loss and perplexity, and after
+  training the best parameters' greedy generations for held-out prompts (OUT/generations.jsonl).
+
+A `TaskData` holds the training rows (every field [N, ...], host arrays) and the functions the
+runner calls; nothing here steps or saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from bertjax import scores
+from bertjax.data import labeled
+from bertjax.train import Trainer
+
+log = logging.getLogger(__name__)
+
+LABELLED = labeled.TASKS
+TASKS = LABELLED + ("question_answering", "completion")
+# The module each task trains: BERT with a head, or the GPT language model.
+FAMILY = {**{t: "bert" for t in LABELLED}, "question_answering": "bert", "completion": "gpt"}
+# Metrics where lower is better; every other selection metric is maximised.
+LOWER_IS_BETTER = ("mse", "loss", "perplexity")
+DEFAULT_METRIC = {"classification": "accuracy", "regression": "pearson",
+                  "token_classification": "f1", "question_answering": "f1",
+                  "completion": "loss"}
+
+Rows = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class TaskData:
+  # Training rows: every field [N, ...]; one row per example (a window for QA, a packed row
+  # of several examples for completion).
+  train: Rows
+  # Counts for the log: training / dev examples.
+  num_train: int
+  num_dev: int
+  # (trainer, params) -> dev scores by name.
+  evaluate: Callable[[Trainer, Any], dict[str, float]]
+  # ModelConfig changes the task needs (a classifier's num_labels).
+  model_changes: dict[str, Any]
+  # What finetune.json records about the task (labels, preprocessing settings).
+  info: dict[str, Any]
+  # (trainer, best params, OUT) -> summary, run once after training (generations).
+  final: Callable[[Trainer, Any, Path], dict[str, Any]] | None = None
+
+
+def put(arrays: Rows, shardings: dict[str, NamedSharding]) -> dict[str, jax.Array]:
+  """Host arrays (every process holds all rows) -> global arrays in `shardings`."""
+  return {k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
+          for k, v in arrays.items()}
+
+
+def take(rows: Rows, idx: np.ndarray) -> Rows:
+  return {k: v[idx] for k, v in rows.items()}
+
+
+def _gathered(out: jax.Array) -> np.ndarray:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    out = multihost_utils.process_allgather(out, tiled=True)
+  return np.asarray(jax.device_get(out))
+
+
+def predict_rows(trainer: Trainer, params: Any, rows: Rows, batch_size: int) -> np.ndarray:
+  """The objective's `predict` over every row, in order (the last batch padded with repeats
+  and trimmed)."""
+  n = len(next(iter(rows.values())))
+  preds = []
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size) % n
+    out = trainer.predict(params, put(take(rows, idx), trainer.batch_shardings))
+    preds.append(_gathered(out)[:min(batch_size, n - start)])
+  return np.concatenate(preds)
+
+
+def lm_loss_over_rows(trainer: Trainer, params: Any, rows: Rows, batch_size: int
+                      ) -> dict[str, float]:
+  """The token-weighted mean LM loss over every row (each batch's mean times its loss tokens;
+  the last batch padded with rows that carry no loss) and its perplexity."""
+  n = len(rows["loss_mask"])
+  total, tokens = 0.0, 0.0
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size) % n
+    batch = take(rows, idx)
+    batch["loss_mask"] = np.where((np.arange(start, start + batch_size) < n)[:, None],
+                                  batch["loss_mask"], 0).astype(batch["loss_mask"].dtype)
+    count = float(batch["loss_mask"].sum())
+    if count == 0:
+      continue
+    metrics = trainer.evaluate(params, put(batch, trainer.batch_shardings))
+    total += float(metrics["lm_loss"]) * count
+    tokens += count
+  loss = total / max(tokens, 1.0)
+  return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": tokens}
+
+
+# --- labelled tasks ------------------------------------------------------------------------
+
+def labelled(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
+             ) -> TaskData:
+  columns = spec.columns()
+  train_examples = labeled.read_examples(train_path, spec.task, columns, header=spec.header)
+  dev_examples = labeled.read_examples(dev_path, spec.task, columns, header=spec.header)
+  label_names = labeled.label_vocabulary(train_examples, spec.task)
+  num_labels = 1 if spec.task == "regression" else len(label_names)
+  if spec.num_labels is not None and spec.num_labels != num_labels:
+    raise ValueError(f"num_labels={spec.num_labels} but {train_path} has {num_labels} "
+                     f"label(s): {', '.join(label_names)}")
+  if num_labels < 1 or (spec.task != "regression" and num_labels < 2):
+    raise ValueError(f"{train_path}: {num_labels} distinct label(s); classification needs 2+")
+  train = labeled.encode(train_examples, tokenizer, spec.seq_length, label_names, spec.task)
+  dev = labeled.encode(dev_examples, tokenizer, spec.seq_length, label_names, spec.task)
+  train.pop("word_index", None)
+  dev.pop("word_index", None)
+
+  def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
+    preds = predict_rows(trainer, params, dev, spec.eval_batch_size or spec.batch_size)
+    return scores.task_scores(spec.task, dev["labels"], preds, label_names)
+
+  return TaskData(train, len(train_examples), len(dev_examples), evaluate,
+                  {"num_labels": num_labels},
+                  {"labels": label_names, "text_b": spec.text_b is not None})
+
+
+# --- extractive question answering ---------------------------------------------------------
+
+def question_answering(spec: Any, tokenizer: Any, train_path: str | Path,
+                       dev_path: str | Path) -> TaskData:
+  from bertjax.data import squad
+  from bertjax.hf_tokenizer import fast_tokenizer
+  fast = fast_tokenizer(tokenizer)  # offsets, and exactly bertjax's ids
+  settings = dict(max_seq_length=spec.seq_length, doc_stride=spec.doc_stride,
+                  max_query_length=spec.max_query_length)
+  train_examples = squad.read_squad(train_path)
+  dev_examples = squad.read_squad(dev_path)
+  train = squad.build_features(train_examples, fast, **settings)
+  dev = squad.build_features(dev_examples, fast, **settings)
+  version_2 = any(e.is_impossible for e in train_examples + dev_examples)
+
+  def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
+    logits = predict_rows(trainer, params, dev.batch(), spec.eval_batch_size or spec.batch_size)
+    answers = squad.postprocess(dev_examples, dev, logits, n_best=spec.n_best,
+                                max_answer_length=spec.max_answer_length, version_2=version_2,
+                                null_threshold=spec.null_threshold)
+    return scores.squad_scores({k: v["answer"] for k, v in answers.items()}, dev_examples)
+
+  return TaskData(train.batch(), len(train_examples), len(dev_examples), evaluate, {},
+                  {"version_2": version_2, "doc_stride": spec.doc_stride,
+                   "max_query_length": spec.max_query_length,
+                   "max_answer_length": spec.max_answer_length, "n_best": spec.n_best,
+                   "null_threshold": spec.null_threshold, "train_windows": len(train),
+                   "dev_windows": len(dev)})
+
+
+# --- GPT on prompts and completions --------------------------------------------------------
+
+def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
+               ) -> TaskData:
+  from bertjax.data import completions
+  train = completions.load_completions(train_path, tokenizer, spec.seq_length)
+  dev = completions.load_completions(dev_path, tokenizer, spec.seq_length)
+
+  def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
+    result = lm_loss_over_rows(trainer, params, dev.rows, spec.eval_batch_size or spec.batch_size)
+    return {"loss": result["loss"], "perplexity": result["perplexity"]}
+
+  def final(trainer: Trainer, params: Any, out: Path) -> dict[str, Any]:
+    """Greedy generations of the dev file's first prompts, from exactly the tokens training
+    puts before a completion, to <|endoftext|>."""
+    from bertjax import generate
+    records = completions.read_completion_records(dev_path)[:spec.generate_examples]
+    if not records or not spec.max_new_tokens:
+      return {}
+    held_out = [completions.held_out_example(r, tokenizer) for r in records]
+    keep = trainer.model_config.max_positions - spec.max_new_tokens
+    eot = tokenizer.eot_id
+    new = generate.generate(jax.device_get(params), trainer.model_config,
+                            [list(h.prompt_ids)[-keep:] for h in held_out],
+                            max_new_tokens=spec.max_new_tokens, stop_tokens=(eot,))
+    lines = [{"where": h.where, "prompt": h.prompt, "reference": h.completion,
+              "generated": generate.continuation_text(tokenizer, list(h.prompt_ids),
+                                                      [t for t in ids if t != eot])}
+             for h, ids in zip(held_out, new)]
+    if jax.process_index() == 0:
+      with (out / "generations.jsonl").open("w") as f:
+        for line in lines:
+          f.write(json.dumps(line) + "\n")
+    return {"generations": str(out / "generations.jsonl")}
+
+  log.info("completion data: %d train examples in %d rows (%d loss tokens), %d dev examples "
+           "in %d rows", train.examples, len(train.rows["input_ids"]), train.loss_tokens,
+           dev.examples, len(dev.rows["input_ids"]))
+  return TaskData(train.rows, train.examples, dev.examples, evaluate, {},
+                  {"truncated": train.truncated + dev.truncated,
+                   "skipped": train.skips.summary() if train.skips.counts else ""},
+                  final)
+
+
+def build(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
+          ) -> TaskData:
+  """The task `spec.task` reads from `train_path` and `dev_path`."""
+  if spec.task == "question_answering":
+    return question_answering(spec, tokenizer, train_path, dev_path)
+  if spec.task == "completion":
+    return completion(spec, tokenizer, train_path, dev_path)
+  return labelled(spec, tokenizer, train_path, dev_path)
