@@ -237,8 +237,10 @@ def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
 def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   from bertjax import checkpoint, generate
   from bertjax.data.tokenizers import load_tokenizer
-  params, model = checkpoint.load_params(args.params)
-  tokenizer_path = args.tokenizer or checkpoint.tokenizer_dir(args.params)
+  # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
+  weights = checkpoint.load_weights(args.params)
+  params, model = weights.params, weights.config
+  tokenizer_path = args.tokenizer or weights.tokenizer
   if tokenizer_path is None:
     raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
   tokenizer = load_tokenizer(tokenizer_path)

@@ -121,6 +121,9 @@ def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
                    str(tmp_path / "base_hf")]) == 0
   assert cli.main(["export", "--params", best, "--format", "peft", "--out",
                    str(tmp_path / "peft")]) == 0
+  # OUT/best generates as it is (its base weights read back from finetune.json's `base`).
+  assert cli.main(["generate", "--params", best, "--prompt", "Which town is on the river",
+                   "--max-new-tokens", "3"]) == 0
   base_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base_hf")
   with_adapter = peft.PeftModel.from_pretrained(base_model, tmp_path / "peft").eval()
   with torch.no_grad():
@@ -184,3 +187,30 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   real = rows["attention_mask"].astype(bool)
   assert np.abs(out.start_logits.numpy()[real] - ours[..., 0][real]).max() <= 1e-5
   assert np.abs(out.end_logits.numpy()[real] - ours[..., 1][real]).max() <= 1e-5
+
+
+def test_fewshot_command_prints_accuracy_per_k(tmp_path, gpt_base, capsys):
+  """`bertjax fewshot` on a labelled TSV: one line per k with the accuracy the library
+  computes, the baselines, and the full result as JSON."""
+  lines = ["sentence\tlabel"] + [f"Which town is on the river {r}?\t{t}"
+                                 for r, t in zip(RIVERS, TOWNS)][:4]
+  (tmp_path / "dev.tsv").write_text("\n".join(lines) + "\n")
+  assert cli.main(["fewshot", "--params", str(gpt_base), "--data", str(tmp_path / "dev.tsv"),
+                   "--k", "0,2", "--json", str(tmp_path / "result.json")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  result = json.loads((tmp_path / "result.json").read_text())
+  rows = {line.split()[0]: line.split() for line in out if line.split()[0] in ("0", "2")}
+  for k in ("0", "2"):
+    assert float(rows[k][1]) == pytest.approx(result["by_k"][k]["accuracy"], abs=1e-4)
+  assert out[-1].startswith("majority class") and result["chance_baseline"] == 0.25
+
+
+def test_docs_recipe_table_is_the_code():
+  """docs/finetuning.md's recipe table is generated from bertjax.recipes.RECIPES."""
+  from pathlib import Path
+  rows = ["| recipe | for | settings |", "|---|---|---|"]
+  for name, recipe in recipes.RECIPES.items():
+    settings = ", ".join(f"{k}={v}" for k, v in recipe.values.items())
+    rows.append(f"| `{name}` | {recipe.purpose} | {settings} |")
+  docs = (Path(__file__).parent.parent / "docs" / "finetuning.md").read_text()
+  assert "\n".join(rows) in docs, "regenerate the recipe table in docs/finetuning.md"
