@@ -78,12 +78,14 @@ def load_params(directory: paths.PathLike, shardings: Any = None,
 @dataclasses.dataclass
 class Weights:
   """Parameters to start a run from (host arrays), the model config they were trained with,
-  their tokenizer directory (or None) and a description of where they came from."""
+  their tokenizer directory (or None), a description of where they came from and, from a
+  training workdir, the checkpoint step read."""
 
   params: Any
   config: ModelConfig
   tokenizer: Path | None
   source: str
+  step: int | None = None
 
 
 def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: bool = True
@@ -103,7 +105,8 @@ def load_weights(source: paths.PathLike, step: int | None = None, scan_layers: b
     return Weights(jax.device_get(params), config, tokenizer_dir(path), f"params {source}")
   if (path / "checkpoints").is_dir():
     params, config, tokenizer, step = run_params(path, step)
-    return Weights(jax.device_get(params), config, tokenizer, f"workdir {source} step {step}")
+    return Weights(jax.device_get(params), config, tokenizer, f"workdir {source} step {step}",
+                   step)
   if (path / "config.json").is_file():
     params, config, report = hf.import_hf(path, scan_layers=scan_layers,
                                           drop=("classifier.", "qa_outputs."))
@@ -136,7 +139,11 @@ def load_finetuned(directory: paths.PathLike, shardings: Any = None
     return params, config, info
   trained, config = load_params(path, abstract=adapters.trainable_params(abstract,
                                                                          info["freeze"]))
-  base = load_weights(info["base"], info.get("base_step"))
+  try:
+    base = load_weights(info["base"], info.get("base_step"))
+  except (ValueError, OSError) as e:
+    raise ValueError(f"{directory}: its base weights {info['base']!r} (finetune.json) cannot "
+                     f"be loaded: {e}") from e
   wanted = traverse_util.flatten_dict(abstract, sep="/")
   have = traverse_util.flatten_dict(base.params, sep="/")
   # The base's own heads (pre-training) are not the model's; the trained subtree adds the rest.

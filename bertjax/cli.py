@@ -216,7 +216,13 @@ def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
     raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
   verbal = None
   if args.verbalise:
-    verbal = dict(part.split("=", 1) for part in args.verbalise.split(","))
+    pairs = [part.split("=", 1) for part in args.verbalise.split(",")]
+    bad = [p[0] for p in pairs if len(p) != 2 or not p[0] or not p[1]]
+    if bad:
+      raise ValueError(f"--verbalise: expected label=words[,label=words...], got {bad[0]!r}")
+    verbal = dict(pairs)
+  if not all(k.strip().isdigit() for k in args.k.split(",")):
+    raise ValueError(f"--k: expected demonstration counts like 0,1,4,8, got {args.k!r}")
   ks = [int(k) for k in args.k.split(",")]
   result = fewshot.evaluate_fewshot(
       weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"), args.data,
@@ -345,6 +351,8 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
     raise ValueError("export takes no --config overrides")
   if bool(args.params) == bool(args.workdir):
     raise ValueError("give exactly one of --params DIR or --workdir DIR")
+  if args.format == "peft" and args.workdir:
+    raise ValueError("--format peft exports a fine-tuned OUT/best: give it with --params")
   if args.workdir:
     from bertjax.train_checkpoint import run_params
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)

@@ -114,12 +114,14 @@ class FinetuneSpec:
   generate_examples: int = 8
   # Completion: tokens generated per held-out prompt (greedy, to <|endoftext|>).
   max_new_tokens: int = 32
-  # LoRA rank (0: off), scaling alpha (0: the model's default, peft's 8; the update is scaled
-  # by alpha/rank), dropout on its input and target modules (empty: the family's default,
-  # peft's: BERT query,value, GPT qkv).
+  # LoRA rank (0: off).
   lora_rank: int = 0
+  # LoRA scaling alpha: the update is scaled by alpha/rank (0: peft's default, 8).
   lora_alpha: float = 0.0
+  # Dropout on the LoRA branch's input.
   lora_dropout: float = 0.0
+  # LoRA target modules, comma-separated: BERT query,key,value,out,wi,wo; GPT qkv,out,wi,wo
+  # (empty: peft's default, BERT query,value, GPT qkv).
   lora_targets: str = ""
   # Bottleneck adapters' width after each attention and MLP block (0: off).
   adapter_size: int = 0
@@ -146,6 +148,14 @@ class FinetuneSpec:
     if self.task not in tasks.TASKS:
       raise ValueError(f"task must be one of {', '.join(tasks.TASKS)}, got {self.task!r}")
     optim.parse_freeze(self.freeze)
+    added = self.lora_rank or self.adapter_size or self.prefix_length
+    if self.freeze == "base" and not added:
+      raise ValueError("freeze=base trains only LoRA / adapter / prefix parameters (and a BERT "
+                       "head): set lora_rank, adapter_size or prefix_length, or freeze "
+                       "all_but_head")
+    if self.export_hf and (self.adapter_size or self.prefix_length):
+      raise ValueError("export_hf: adapters and prefixes have no transformers equivalent "
+                       "(only LoRA merges into the weights); leave export_hf off")
     if not 0 <= self.warmup_fraction < 1:
       raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
 
@@ -220,6 +230,9 @@ def export_peft(directory: str | Path, out_dir: str | Path) -> Path:
   adapter_model.safetensors) for the base model exported by `export_hf` of its base."""
   from bertjax import adapters
   params, config, info = load_finetuned(directory)
+  if not info.get("base") or not config.lora_rank:
+    raise ValueError(f"{directory}: not a --freeze base LoRA fine-tune; only such a run has an "
+                     "adapter apart from its base weights (export it with --format hf)")
   return adapters.export_peft(params, config, out_dir, info.get("base") or "",
                               head=_EXPORT_HEADS[info["task"]])
 
@@ -285,6 +298,13 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
     raise FileExistsError(f"{out / 'best'} already exists; choose a new output directory")
 
   start = _start_weights(spec, init_from)
+  positions = start.config.max_positions
+  if spec.seq_length > positions:
+    raise ValueError(f"seq_length={spec.seq_length} exceeds the model's max_positions="
+                     f"{positions} (a --recipe sets its paper's length; give --seq-length)")
+  if spec.family == "gpt" and spec.max_new_tokens >= positions:
+    raise ValueError(f"max_new_tokens={spec.max_new_tokens} leaves no room for a prompt in the "
+                     f"model's {positions} positions")
   tokenizer_path = spec.tokenizer or start.tokenizer
   if tokenizer_path is None:
     raise ValueError(f"{start.source} ships no tokenizer: set spec.tokenizer")
@@ -292,9 +312,6 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
                              require=spec.family)
   data = tasks.build(spec, tokenizer, train_path, dev_path)
   config = start.config.replace(**data.model_changes, **spec.model_changes())
-  if spec.seq_length > config.max_positions:
-    raise ValueError(f"seq_length={spec.seq_length} exceeds the model's max_positions="
-                     f"{config.max_positions}")
   if len(tokenizer) > config.vocab_size:
     raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                      f"only {config.vocab_size}")
@@ -371,13 +388,13 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
             stopped_early = True
             break
 
+  best_dir = _save_best(spec, out / "best", best_params, config, start, init_from,
+                        tokenizer_path, {**data.info, "metric": metric, "best": best})
   final = data.final(trainer, best_params, out) if data.final else {}
-  best_dir = _save_best(spec, out / "best", best_params, config, init_from, tokenizer_path,
-                        {**data.info, "metric": metric, "best": best})
   hf_dir = peft_dir = None
   if spec.export_hf and is_main:
     hf_dir = export_hf(best_dir, out / "hf")
-    if spec.lora_rank and init_from:
+    if spec.lora_rank and spec.freeze == "base" and init_from:
       peft_dir = export_peft(best_dir, out / "peft")
   return {"metric": metric, "best_value": best["value"], "best_step": best["step"],
           "best_epoch": best["epoch"], "steps": step, "total_steps": total_steps,
@@ -388,8 +405,8 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
 
 
 def _save_best(spec: FinetuneSpec, directory: Path, params: Any, config: ModelConfig,
-               init_from: str | Path | None, tokenizer_path: str | Path,
-               info: dict[str, Any]) -> Path:
+               start: checkpoint.Weights, init_from: str | Path | None,
+               tokenizer_path: str | Path, info: dict[str, Any]) -> Path:
   """OUT/best: the parameters (with freeze=base and a base checkpoint, only the trained
   ones: the additions and the head), finetune.json and the tokenizer."""
   base = None
@@ -401,7 +418,7 @@ def _save_best(spec: FinetuneSpec, directory: Path, params: Any, config: ModelCo
   if jax.process_index() == 0:
     info = {"task": spec.task, **info, "seq_length": spec.seq_length, "freeze": spec.freeze,
             "init_from": str(init_from) if init_from else None, "base": base,
-            "base_step": spec.step if base else None}
+            "base_step": start.step if base else None}
     (best_dir / FINETUNE_FILE).write_text(json.dumps(info, indent=2) + "\n")
     src = Path(tokenizer_path)
     if src.is_file():

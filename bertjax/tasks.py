@@ -8,7 +8,8 @@ over and the dev evaluation, for `bertjax.finetune`.
   question, scored by the official exact match and F1.
 - completion (GPT): prompt/completion or chat JSONL (bertjax.data.completions), packed into rows
   with the loss on completion tokens only; dev completion loss and perplexity, and after
-  training the best parameters' greedy generations for held-out prompts (OUT/generations.jsonl).
+  training the best parameters' greedy generations for the dev file's first prompts
+  (OUT/generations.jsonl: generated beside the reference completion).
 
 A `TaskData` holds the training rows (every field [N, ...], host arrays) and the functions the
 runner calls; nothing here steps or saves.
@@ -151,6 +152,12 @@ def question_answering(spec: Any, tokenizer: Any, train_path: str | Path,
   fast = fast_tokenizer(tokenizer)  # offsets, and exactly bertjax's ids
   settings = dict(max_seq_length=spec.seq_length, doc_stride=spec.doc_stride,
                   max_query_length=spec.max_query_length)
+  # Context tokens per window beside the longest question.
+  window = spec.seq_length - spec.max_query_length - 3
+  if spec.doc_stride >= window:
+    log.warning("doc_stride=%d >= the %d context tokens of a window: windows do not overlap, "
+                "and an answer across a window edge is in none; try doc_stride %d",
+                spec.doc_stride, window, max(1, window // 2))
   train_examples = squad.read_squad(train_path)
   dev_examples = squad.read_squad(dev_path)
   train = squad.build_features(train_examples, fast, **settings)
@@ -192,19 +199,24 @@ def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str 
     if not records or not spec.max_new_tokens:
       return {}
     held_out = [completions.held_out_example(r, tokenizer) for r in records]
-    keep = trainer.model_config.max_positions - spec.max_new_tokens
+    keep = trainer.model_config.max_positions - spec.max_new_tokens  # > 0: checked up front
     eot = tokenizer.eot_id
+    if jax.process_count() > 1:  # parameters sharded across processes: gathered first
+      from jax.experimental import multihost_utils
+      params = multihost_utils.process_allgather(params)
+    if jax.process_index() != 0:
+      return {"generations": str(out / "generations.jsonl")}
     new = generate.generate(jax.device_get(params), trainer.model_config,
-                            [list(h.prompt_ids)[-keep:] for h in held_out],
+                            [list(h.prompt_ids)[max(0, len(h.prompt_ids) - keep):]
+                             for h in held_out],
                             max_new_tokens=spec.max_new_tokens, stop_tokens=(eot,))
     lines = [{"where": h.where, "prompt": h.prompt, "reference": h.completion,
               "generated": generate.continuation_text(tokenizer, list(h.prompt_ids),
                                                       [t for t in ids if t != eot])}
              for h, ids in zip(held_out, new)]
-    if jax.process_index() == 0:
-      with (out / "generations.jsonl").open("w") as f:
-        for line in lines:
-          f.write(json.dumps(line) + "\n")
+    with (out / "generations.jsonl").open("w") as f:
+      for line in lines:
+        f.write(json.dumps(line) + "\n")
     return {"generations": str(out / "generations.jsonl")}
 
   log.info("completion data: %d train examples in %d rows (%d loss tokens), %d dev examples "

@@ -161,7 +161,8 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
                       num_heads=2, mlp_dim=64, max_positions=64)
   spec = ft.FinetuneSpec(**{**recipes.recipe_values("squad"), "model": model,
                             "tokenizer": str(spm_dir), "seq_length": 64, "doc_stride": 32,
-                            "max_query_length": 24, "batch_size": 8, "epochs": 1, "learning_rate": 1e-3})
+                            "max_query_length": 24, "batch_size": 8, "epochs": 1,
+                            "learning_rate": 1e-3})
   result = ft.finetune(spec, None, tmp_path / "qa" / "train-v2.0.json",
                        tmp_path / "qa" / "dev-v2.0.json", tmp_path / "out")
   record = result["history"][-1]
@@ -214,3 +215,31 @@ def test_docs_recipe_table_is_the_code():
     rows.append(f"| `{name}` | {recipe.purpose} | {settings} |")
   docs = (Path(__file__).parent.parent / "docs" / "finetuning.md").read_text()
   assert "\n".join(rows) in docs, "regenerate the recipe table in docs/finetuning.md"
+
+
+@pytest.mark.parametrize("values,message", [
+    (dict(freeze="base"), "freeze=base trains only LoRA / adapter / prefix parameters"),
+    (dict(freeze="base", adapter_size=8, export_hf=True), "adapters and prefixes have no "
+     "transformers equivalent"),
+    (dict(task="qa"), "task must be one of classification"),
+])
+def test_spec_refuses_settings_that_would_train_or_export_nothing(values, message):
+  with pytest.raises(ValueError, match=message):
+    ft.FinetuneSpec(**values)
+
+
+def test_fewshot_and_export_user_errors_are_one_line(tmp_path, gpt_base, capsys):
+  """A malformed --verbalise or --k, and --format peft on a workdir or a plain params
+  checkpoint, end in one line on stderr and exit code 2."""
+  (tmp_path / "dev.tsv").write_text("sentence\tlabel\nabc\tx\n")
+  for argv in (["fewshot", "--params", str(gpt_base), "--data", str(tmp_path / "dev.tsv"),
+                "--verbalise", "x:y"],
+               ["fewshot", "--params", str(gpt_base), "--data", str(tmp_path / "dev.tsv"),
+                "--k", "0,x"],
+               ["export", "--workdir", str(tmp_path), "--format", "peft", "--out",
+                str(tmp_path / "p")],
+               ["export", "--params", str(gpt_base), "--format", "peft", "--out",
+                str(tmp_path / "p")]):
+    assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
