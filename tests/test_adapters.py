@@ -21,6 +21,7 @@ from bertjax import generate as gen
 from bertjax import hf
 from bertjax.models import ModelConfig, abstract_params, attention, build_model, jit_init
 from bertjax.models import unscanned
+from train_helpers import uncached_greedy
 
 BERT_TARGETS = "query,key,value,out,wi,wo"
 GPT_TARGETS = "qkv,out,wi,wo"
@@ -435,16 +436,6 @@ def test_prefix_of_a_prompt_equals_the_prompt():
   np.testing.assert_allclose(got[0], want[0, 5:], rtol=0, atol=1e-5)
 
 
-def _uncached_greedy(params, cfg, prompt, steps):
-  """Greedy decoding by a full forward pass per new token (as tests/test_generate.py)."""
-  model = build_model(cfg)
-  forward = jax.jit(lambda ids: model.apply({"params": params}, ids))
-  seq = list(prompt)
-  for _ in range(steps):
-    ids = np.zeros((1, cfg.max_positions), np.int32)
-    ids[0, :len(seq)] = seq
-    seq.append(int(jnp.argmax(forward(jnp.asarray(ids))[0, len(seq) - 1])))
-  return seq[len(prompt):]
 
 
 def test_prefix_generation_cached_equals_uncached():
@@ -454,5 +445,5 @@ def test_prefix_generation_cached_equals_uncached():
   params = _random_params(cfg)
   prompts = [[5, 17, 3, 44, 9, 2], [33, 8]]
   got = gen.generate(params, cfg, prompts, max_new_tokens=6)
-  want = [_uncached_greedy(params, cfg, p, 6) for p in prompts]
+  want = [uncached_greedy(params, cfg, p, 6) for p in prompts]
   assert got == want

@@ -13,6 +13,7 @@ import pytest
 from bertjax import fewshot
 from bertjax.data.errors import CorpusError
 from bertjax.models import ModelConfig, build_model, jit_init
+from train_helpers import perturbed
 
 
 class CharTokenizer:
@@ -39,10 +40,7 @@ def _example(rng):
 
 @pytest.fixture(scope="module")
 def random_params():
-  params = jit_init(build_model(CFG))(jax.random.key(0))
-  rng = np.random.RandomState(0)
-  return jax.tree.map(lambda x: np.asarray(x) + 0.2 * rng.standard_normal(x.shape)
-                      .astype(np.float32), params)
+  return perturbed(jit_init(build_model(CFG))(jax.random.key(0)))
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from bertjax import generate as gen
 from bertjax import hf
 from bertjax.data.wordpiece import WordPiece
 from bertjax.models import ModelConfig, build_model, jit_init
+from train_helpers import uncached_greedy
 
 torch = hf_models.torch
 transformers = hf_models.transformers
@@ -32,17 +33,6 @@ def _gpt(scan: bool, seed: int = 0):
   return params, cfg
 
 
-def _uncached_greedy(params, cfg, prompt, steps):
-  """Greedy decoding by a full forward pass over the whole sequence for every new token (one
-  fixed-length program: positions after the sequence cannot affect it under the causal mask)."""
-  model = build_model(cfg)
-  forward = jax.jit(lambda ids: model.apply({"params": params}, ids))
-  seq = list(prompt)
-  for _ in range(steps):
-    ids = np.zeros((1, cfg.max_positions), np.int32)
-    ids[0, :len(seq)] = seq
-    seq.append(int(jnp.argmax(forward(jnp.asarray(ids))[0, len(seq) - 1])))
-  return seq[len(prompt):]
 
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
@@ -50,7 +40,7 @@ def test_cached_greedy_equals_full_recomputation(scan):
   params, cfg = _gpt(scan)
   steps = 10
   got = gen.generate(params, cfg, PROMPTS, max_new_tokens=steps)
-  expected = [_uncached_greedy(params, cfg, p, steps) for p in PROMPTS]
+  expected = [uncached_greedy(params, cfg, p, steps) for p in PROMPTS]
   assert got == expected
   assert len({tuple(r) for r in got}) > 1 and all(len(set(r)) > 1 for r in got)
 

@@ -1,4 +1,4 @@
-"""Small training configs and one-step helpers shared by the training tests."""
+"""Small training configs, one-step helpers and model helpers shared by the tests."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bertjax import config as config_lib, distributed, sharding
 from bertjax.data import make_batches
+from bertjax.models import build_model
 from bertjax.train import Trainer
 
 
@@ -65,3 +67,24 @@ def step_losses(workdir: Path) -> dict[int, float]:
     if record["split"] == "train":
       out[record["step"]] = record["loss"]
   return out
+
+
+def perturbed(tree, scale: float = 0.2, seed: int = 0):
+  """Parameters moved far from their 0.02-scale init (Gaussian noise of `scale`), so that
+  outputs differ clearly between positions, tokens and labels."""
+  rng = np.random.RandomState(seed)
+  return jax.tree.map(lambda x: np.asarray(x) + scale * rng.standard_normal(x.shape)
+                      .astype(np.float32), tree)
+
+
+def uncached_greedy(params, cfg, prompt, steps):
+  """Greedy decoding by a full forward pass over the whole sequence for every new token (one
+  fixed-length program: positions after the sequence cannot affect it under the causal mask)."""
+  model = build_model(cfg)
+  forward = jax.jit(lambda ids: model.apply({"params": params}, ids))
+  seq = list(prompt)
+  for _ in range(steps):
+    ids = np.zeros((1, cfg.max_positions), np.int32)
+    ids[0, :len(seq)] = seq
+    seq.append(int(jnp.argmax(forward(jnp.asarray(ids))[0, len(seq) - 1])))
+  return seq[len(prompt):]

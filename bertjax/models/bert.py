@@ -117,6 +117,14 @@ class BertForPreTraining(nn.Module):
                              pooled_BD, sequence_BLD)
 
 
+def per_token_logits(cfg: ModelConfig, sequence_BLD: Array, num: int, name: str) -> Array:
+  """A linear head on every token's output: [B, L, num] in fp32 (called inside a compact
+  module, whose parameter `name` it creates)."""
+  logits_BLC = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, num), ("embed", None),
+                            (num,), (None,), name=name)(sequence_BLD)
+  return logits_BLC.astype(jnp.float32)
+
+
 class BertForSequenceClassification(nn.Module):
   """BERT with dropout and a linear classifier on the pooled [CLS] output."""
 
@@ -153,10 +161,7 @@ class BertForTokenClassification(nn.Module):
                                                   attention_mask_BL, deterministic)
     sequence_BLD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(sequence_BLD,
                                                                 deterministic=deterministic)
-    logits_BLC = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, cfg.num_labels),
-                              ("embed", None), (cfg.num_labels,), (None,),
-                              name="classifier")(sequence_BLD)
-    return logits_BLC.astype(jnp.float32)
+    return per_token_logits(cfg, sequence_BLD, cfg.num_labels, "classifier")
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -175,6 +180,4 @@ class BertForQuestionAnswering(nn.Module):
     cfg = self.config
     sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                   attention_mask_BL, deterministic)
-    logits_BL2 = layers.Dense(cfg, "bld,dc->blc", (cfg.hidden_size, 2), ("embed", None), (2,),
-                              (None,), name="qa_outputs")(sequence_BLD)
-    return logits_BL2.astype(jnp.float32)
+    return per_token_logits(cfg, sequence_BLD, 2, "qa_outputs")
