@@ -1,0 +1,210 @@
+"""The fine-tuning commands of `bertjax`: `finetune` (FinetuneSpec fields as flags, `--recipe`
+presets), `fewshot`, and the export of a fine-tuned OUT/best (`bertjax export`'s handler calls
+`export_finetuned` for such a directory). bertjax/cli.py registers them with `add_commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+
+from bertjax import paths
+from bertjax.recipes import RECIPES, recipe_values
+
+
+def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import dataclasses
+  import json
+
+  from bertjax import finetune
+  logging.getLogger("bertjax").setLevel(logging.INFO)
+  if overrides:
+    raise ValueError("finetune takes no --config.* overrides; its settings are flags (--help)")
+  values = recipe_values(args.recipe) if args.recipe else {}
+  values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(finetune.FinetuneSpec)
+                 if f.name in _FINETUNE_FLAGS and getattr(args, f.name) is not None})
+  if args.mesh:
+    values["mesh_axes"] = {k: int(v) for k, v in (part.split("=") for part in
+                                                  args.mesh.split(","))}
+  spec = finetune.FinetuneSpec(**values)
+  result = finetune.finetune(spec, args.init_from, args.train, args.dev, args.out)
+  print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
+  return 0
+
+
+# FinetuneSpec fields offered as flags (the model/mesh objects are not).
+_FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "header", "num_labels",
+                   "metric", "learning_rate", "head_learning_rate", "batch_size",
+                   "eval_batch_size", "epochs", "warmup_fraction", "weight_decay", "clip_norm",
+                   "freeze", "patience", "eval_every", "seq_length", "doc_stride",
+                   "max_query_length", "max_answer_length", "n_best", "null_threshold",
+                   "generate_examples", "max_new_tokens", "lora_rank", "lora_alpha",
+                   "lora_dropout", "lora_targets", "adapter_size", "prefix_length", "seed",
+                   "dropout", "tokenizer", "lowercase", "step", "rules", "export_hf",
+                   "log_every")
+
+
+def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
+  import dataclasses
+
+  from bertjax.finetune import FinetuneSpec
+  comments = _field_comments(FinetuneSpec)
+  for f in dataclasses.fields(FinetuneSpec):
+    if f.name not in _FINETUNE_FLAGS:
+      continue
+    flag = "--" + f.name.replace("_", "-")
+    kind = str(f.type)
+    help_text = comments.get(f.name, "") + f" (default: {f.default})"
+    if "bool" in kind:
+      p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                     help=help_text)
+    else:
+      caster = int if kind.startswith("int") else float if kind.startswith("float") else str
+      p.add_argument(flag, dest=f.name, type=caster, default=None, help=help_text)
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+  """The comment lines above each dataclass field: the flags' help texts."""
+  import inspect
+  comments, pending = {}, []
+  for line in inspect.getsource(cls).splitlines():
+    stripped = line.strip()
+    if stripped.startswith("#"):
+      pending.append(stripped.lstrip("# "))
+    elif ":" in stripped and not stripped.startswith(("def ", "class ", "@", '"""')):
+      comments[stripped.split(":")[0]] = " ".join(pending)
+      pending = []
+    else:
+      pending = []
+  return comments
+
+
+def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+  import json
+
+  from bertjax import checkpoint, fewshot
+  from bertjax.data.tokenizers import load_tokenizer
+  if overrides:
+    raise ValueError("fewshot takes no --config overrides")
+  weights = checkpoint.load_weights(args.params)
+  if weights.config.family != "gpt":
+    raise ValueError(f"{args.params}: few-shot evaluation needs a GPT, this is a "
+                     f"{weights.config.family} model")
+  tokenizer_path = args.tokenizer or weights.tokenizer
+  if tokenizer_path is None:
+    raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
+  verbal = None
+  if args.verbalise:
+    pairs = [part.split("=", 1) for part in args.verbalise.split(",")]
+    bad = [p[0] for p in pairs if len(p) != 2 or not p[0] or not p[1]]
+    if bad:
+      raise ValueError(f"--verbalise: expected label=words[,label=words...], got {bad[0]!r}")
+    verbal = dict(pairs)
+  if not all(k.strip().isdigit() for k in args.k.split(",")):
+    raise ValueError(f"--k: expected demonstration counts like 0,1,4,8, got {args.k!r}")
+  ks = [int(k) for k in args.k.split(",")]
+  result = fewshot.evaluate_fewshot(
+      weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"), args.data,
+      pool=args.pool, ks=ks, verbalisations=verbal, sampling=args.sampling, seed=args.seed,
+      text_column=args.text_column, label_column=args.label_column)
+  print(f"{'k':>3}  {'accuracy':>8}  {'length-norm':>11}  {'demos used':>10}  n")
+  for k, row in result["by_k"].items():
+    print(f"{k:>3}  {row['accuracy']:>8.4f}  {row['accuracy_length_normalised']:>11.4f}  "
+          f"{row['demonstrations']:>10.2f}  {row['n']}")
+  print(f"majority class {result['majority_baseline']:.4f}, chance "
+        f"{result['chance_baseline']:.4f}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2, default=str)
+  return 0
+
+
+def export_finetuned(args: argparse.Namespace) -> int:
+  """A fine-tuned OUT/best: its task's Hugging Face model (LoRA merged), or the peft adapter."""
+  import json
+
+  from bertjax import checkpoint, finetune
+  if not (paths.path(args.params) / checkpoint.FINETUNE_FILE).is_file():
+    raise ValueError(f"--format peft exports a fine-tuned OUT/best; {args.params} has no "
+                     f"{checkpoint.FINETUNE_FILE}")
+  if args.format == "peft":
+    out = finetune.export_peft(args.params, args.out)
+    print(f"wrote a peft LoRA adapter to {out}")
+  elif args.format == "hf":
+    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
+    out = finetune.export_hf(args.params, args.out, dtype)
+    architecture = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"wrote a Hugging Face {architecture} directory to {out} ({dtype})")
+  else:
+    raise ValueError(f"{args.params} is a fine-tuned output: export it with --format hf or peft")
+  return 0
+
+
+def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+  """Registers `finetune` and `fewshot` with the main parser's `add(name, help, description,
+  epilog, fn)`."""
+  p = add("finetune", "fine-tune BERT or GPT on a task",
+          "Fine-tunes pre-trained weights (a params checkpoint, a training run's directory or a "
+          "Hugging Face directory): BERT on sentence or sentence-pair classification (GLUE), "
+          "regression (STS-B) or token classification (NER), read from GLUE TSV, CSV or JSONL "
+          "with named columns, or on extractive question answering (SQuAD v1.1/v2.0 JSON, "
+          "--task question_answering: exact match and F1); GPT on prompt/completion or chat "
+          "JSONL (--task completion: loss on the completions, dev perplexity, generations of "
+          "the first dev prompts in OUT/generations.jsonl). Devlin et al.'s recipe by default (AdamW "
+          "lr 2e-5, batch 32, 3 epochs, 10% warmup then linear decay, weight decay 0.01); "
+          "--recipe picks a named preset (" + ", ".join(RECIPES) + "; join with +, "
+          "e.g. completion+lora), flags override it. Freezing, a separate head learning rate, "
+          "LoRA / adapters / prefix tuning (--freeze base: only they and the head train and are "
+          "saved) and early stopping on the dev metric. Writes OUT/metrics.jsonl, the best "
+          "parameters in OUT/best and, with --export-hf, a Hugging Face model in OUT/hf (LoRA "
+          "merged) and the unmerged LoRA adapter for peft in OUT/peft.",
+          "examples:\n  bertjax finetune --init-from runs/bert_tiny/params --train sst2/train.tsv "
+          "--dev sst2/dev.tsv --out runs/sst2\n  bertjax finetune --init-from runs/bert_hf "
+          "--train mrpc/train.tsv --dev mrpc/dev.tsv --text-a '#1 String' --text-b "
+          "'#2 String' --label Quality --metric f1 --out runs/mrpc --export-hf\n"
+          "  bertjax finetune --init-from runs/bert_tiny --task token_classification "
+          "--train ner/train.jsonl --dev ner/dev.jsonl --freeze bottom:1 --out runs/ner\n"
+          "  bertjax finetune --recipe squad --init-from runs/bert_hf --train "
+          "squad/train-v1.1.json --dev squad/dev-v1.1.json --out runs/squad\n"
+          "  bertjax finetune --recipe completion+lora --init-from runs/gpt_tiny/params "
+          "--train chat/train.jsonl --dev chat/dev.jsonl --seq-length 128 --out runs/chat",
+          cmd_finetune)
+  p.add_argument("--recipe", default=None,
+                 help="named preset(s) of the settings below, joined with +: "
+                 + "; ".join(f"{k}: {v.purpose}" for k, v in RECIPES.items()))
+  p.add_argument("--init-from", dest="init_from", required=True,
+                 help="params checkpoint, training workdir or Hugging Face directory")
+  p.add_argument("--train", required=True, help="training examples (.tsv, .csv, .jsonl)")
+  p.add_argument("--dev", required=True, help="validation examples (same format)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")
+  _add_finetune_flags(p)
+
+  p = add("fewshot", "few-shot accuracy of a GPT on a labelled set, per k",
+          "GPT-3-style in-context evaluation, no training: for each query of --data, k "
+          "demonstrations drawn (seeded) from --pool (default: --data without the query) are "
+          "written as '{text}\\nAnswer: {label}\\n\\n' before the query's '{text}\\nAnswer:', and "
+          "the predicted label is the one whose verbalisation (--verbalise, default the label "
+          "strings) has the highest log-likelihood. Prints accuracy (and length-normalised "
+          "accuracy) per k with the majority-class and chance baselines; demonstrations that "
+          "do not fit the model's positions are dropped and counted.",
+          "example:\n  bertjax data task --out runs/task && bertjax fewshot --params "
+          "runs/gpt_tiny/params --data runs/task/dev.tsv --pool runs/task/train_100.tsv "
+          "--k 0,1,4", cmd_fewshot)
+  p.add_argument("--params", required=True,
+                 help="GPT weights: params checkpoint, workdir, fine-tuned OUT/best or HF dir")
+  p.add_argument("--data", required=True, help="labelled queries (.tsv, .csv, .jsonl)")
+  p.add_argument("--pool", default=None, help="where demonstrations come from (default: --data)")
+  p.add_argument("--k", default="0,1,4,8", help="demonstration counts (0,1,4,8)")
+  p.add_argument("--text-column", dest="text_column", default="sentence",
+                 help="text column (sentence)")
+  p.add_argument("--label-column", dest="label_column", default="label",
+                 help="label column (label)")
+  p.add_argument("--verbalise", default="",
+                 help="label=words pairs, comma-separated (default: the label strings)")
+  p.add_argument("--sampling", choices=("random", "balanced"), default="random",
+                 help="demonstration draw: uniform (GPT-3) or classes in turn")
+  p.add_argument("--seed", type=int, default=0, help="demonstration draw seed (0)")
+  p.add_argument("--tokenizer", default=None, help="tokenizer (default: the weights' own)")
+  p.add_argument("--json", default=None, help="also write the full result here")
