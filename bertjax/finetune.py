@@ -278,8 +278,7 @@ def _start_weights(spec: FinetuneSpec, init_from: str | Path | None) -> checkpoi
   if "bert" not in weights.params:
     raise ValueError(f"{init_from}: no BERT encoder in these parameters (top-level keys: "
                      f"{', '.join(weights.params)})")
-  return checkpoint.Weights({"bert": weights.params["bert"]}, weights.config,
-                            weights.tokenizer, weights.source)
+  return dataclasses.replace(weights, params={"bert": weights.params["bert"]})
 
 
 def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str | Path,
