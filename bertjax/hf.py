@@ -1,7 +1,8 @@
 """Hugging Face interop: bertjax parameters <-> `transformers` safetensors checkpoints.
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
-initialised and reported), GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
+initialised and reported), ModernBertForMaskedLM / ModernBertModel, GPT2LMHeadModel /
+GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
 Fine-tuned BERT (bertjax.finetune) exports as BertForSequenceClassification,
 BertForTokenClassification or BertForQuestionAnswering (`head=`).
 Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
@@ -40,7 +41,7 @@ TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
                    "sentencepiece.model", "spm.model", "spm.vocab", "bertjax_tokenizer.json")
 
 _HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "gelu_fast": "gelu_tanh", "relu": "relu"}
+           "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
 
 
 # What an exported BERT carries on top of the encoder: the pre-training heads, or a fine-tuning
@@ -95,9 +96,10 @@ def _transposed(name: tuple[str, ...], hf: str, optional: bool = False) -> Entry
   return Entry(name, (hf,), lambda x: x.T, lambda x: (x.T,), optional)
 
 
-def _norm(name: tuple[str, ...], hf: str, optional: bool = False) -> list[Entry]:
-  return [_same(name + ("scale",), f"{hf}.weight", optional),
-          _same(name + ("bias",), f"{hf}.bias", optional)]
+def _norm(name: tuple[str, ...], hf: str, optional: bool = False,
+          bias: bool = True) -> list[Entry]:
+  return [_same(name + ("scale",), f"{hf}.weight", optional)] + (
+      [_same(name + ("bias",), f"{hf}.bias", optional)] if bias else [])
 
 
 def _bert_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
@@ -141,6 +143,61 @@ def _bert_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
   return entries
 
 
+def _modernbert_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+  """ModernBertForMaskedLM: `model.` (embeddings, layers, final_norm), `head` (the MLM
+  transform) and `decoder` (tied to the embedding; its bias is ours `mlm_bias`). Layer 0 has
+  no attn_norm; biases exist only where the config says."""
+  d, n, h, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_dim
+  nb = cfg.norm_bias
+  entries = [
+      _same(("bert", "word_embeddings", "embedding"), f"{prefix}embeddings.tok_embeddings.weight"),
+      *_norm(("bert", "embeddings_norm"), f"{prefix}embeddings.norm", bias=nb),
+      *_norm(("bert", "final_norm"), f"{prefix}final_norm", bias=nb),
+      _transposed(("mlm_transform", "kernel"), "head.dense.weight", True),
+      *_norm(("mlm_norm",), "head.norm", True, bias=nb),
+      _same(("mlm_bias",), "decoder.bias", True),
+  ]
+  if cfg.head_bias:
+    entries.append(_same(("mlm_transform", "bias"), "head.dense.bias", True))
+  for i in range(cfg.num_layers):
+    ours = ("bert", "encoder", f"layers_{i}")
+    hf = f"{prefix}layers.{i}."
+    if i or cfg.first_attention_norm:
+      entries += _norm(ours + ("attention_norm",), f"{hf}attn_norm", bias=nb)
+    entries += [
+        Entry(ours + ("attention", "qkv", "kernel"), (f"{hf}attn.Wqkv.weight",),
+              lambda w: w.T.reshape(d, 3, n, h), lambda x: (x.reshape(d, 3 * d).T,)),
+        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attn.Wo.weight",),
+              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
+        *_norm(ours + ("mlp_norm",), f"{hf}mlp_norm", bias=nb),
+        Entry(ours + ("mlp", "wi", "kernel"), (f"{hf}mlp.Wi.weight",),
+              lambda w: w.T.reshape(d, 2, f), lambda x: (x.reshape(d, 2 * f).T,)),
+        _transposed(ours + ("mlp", "wo", "kernel"), f"{hf}mlp.Wo.weight"),
+    ]
+    if cfg.attention_bias:
+      entries += [Entry(ours + ("attention", "qkv", "bias"), (f"{hf}attn.Wqkv.bias",),
+                        lambda b: b.reshape(3, n, h), lambda x: (x.reshape(3 * d),)),
+                  _same(ours + ("attention", "out", "bias"), f"{hf}attn.Wo.bias")]
+    if cfg.mlp_bias:
+      entries += [Entry(ours + ("mlp", "wi", "bias"), (f"{hf}mlp.Wi.bias",),
+                        lambda b: b.reshape(2, f), lambda x: (x.reshape(2 * f),)),
+                  _same(ours + ("mlp", "wo", "bias"), f"{hf}mlp.Wo.bias")]
+  return entries
+
+
+def _without_equivalent(cfg: ModelConfig, model_type: str) -> list[tuple[str, ...]]:
+  """bertjax parameters a Hugging Face model of `model_type` lacks: left out of an export,
+  taken from a fresh init on import. ModernBERT has no NSP head, and its layer 0 no attention
+  norm (whose scale a scanned stack still holds, unused)."""
+  if model_type != "modernbert":
+    return []
+  keys = [("nsp", "kernel"), ("nsp", "bias")]
+  if not cfg.first_attention_norm:
+    norm = ("bert", "encoder", "layers_0", "attention_norm")
+    keys += [norm + ("scale",)] + ([norm + ("bias",)] if cfg.norm_bias else [])
+  return keys
+
+
 def _gpt_entries(cfg: ModelConfig, prefix: str, gpt1: bool) -> list[Entry]:
   d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
   wte, wpe = ("tokens_embed", "positions_embed") if gpt1 else ("wte", "wpe")
@@ -173,6 +230,8 @@ def _gpt_entries(cfg: ModelConfig, prefix: str, gpt1: bool) -> list[Entry]:
 def _entries(cfg: ModelConfig, model_type: str, prefix: str) -> list[Entry]:
   if model_type == "bert":
     return _bert_entries(cfg, prefix)
+  if model_type == "modernbert":
+    return _modernbert_entries(cfg, prefix)
   return _gpt_entries(cfg, prefix, gpt1=model_type == "openai-gpt")
 
 
@@ -202,6 +261,8 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
         hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), **common)
+  if model_type == "modernbert":
+    return _modernbert_config(hf, common)
   if model_type in ("gpt2", "openai-gpt"):
     gpt1 = model_type == "openai-gpt"
     act = hf.get("afn" if gpt1 else "activation_function", "gelu" if gpt1 else "gelu_new")
@@ -222,11 +283,80 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
         activation=_HF_ACT[act], layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         hidden_dropout=hf.get("resid_pdrop", 0.1), attention_dropout=hf.get("attn_pdrop", 0.1),
         scale_residual_init=not gpt1, **common)
-  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, gpt2, openai-gpt)")
+  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, modernbert, gpt2, "
+                          "openai-gpt)")
+
+
+def _modernbert_layout(hf: dict[str, Any]) -> tuple[int, float, float]:
+  """(global_every, global rope theta, local rope theta) of a ModernBERT config.json, written
+  by transformers 5 (layer_types, rope_parameters) or 4 (global_attn_every_n_layers,
+  global_rope_theta, local_rope_theta)."""
+  every = int(hf.get("global_attn_every_n_layers", 3))
+  types = hf.get("layer_types")
+  if types:
+    fulls = [i for i, t in enumerate(types) if t == "full_attention"]
+    every = fulls[1] - fulls[0] if len(fulls) > 1 else len(types)
+    expected = ["sliding_attention" if i % every else "full_attention" for i in range(len(types))]
+    if types != expected:
+      raise HFConversionError(f"layer_types {types} is not a global layer every n layers "
+                              "from layer 0, the only pattern bertjax runs")
+  rope = hf.get("rope_parameters") or {}
+  global_theta = (rope.get("full_attention") or {}).get(
+      "rope_theta", hf.get("global_rope_theta", 160_000.0))
+  local_theta = (rope.get("sliding_attention") or {}).get(
+      "rope_theta", hf.get("local_rope_theta", 10_000.0))
+  for kind in ("full_attention", "sliding_attention"):
+    rope_type = (rope.get(kind) or {}).get("rope_type", "default")
+    if rope_type != "default":
+      raise HFConversionError(f"rope_type {rope_type!r} ({kind}) is not supported (default)")
+  return every, float(global_theta), float(local_theta)
+
+
+def _modernbert_config(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+  act = hf.get("hidden_activation", "gelu")
+  if act not in _HF_ACT:
+    raise HFConversionError(f"hidden_activation={act!r} is not supported ({', '.join(_HF_ACT)})")
+  if hf.get("classifier_activation", act) != act:
+    raise HFConversionError(f"classifier_activation={hf['classifier_activation']!r} differs "
+                            f"from hidden_activation={act!r}; bertjax's head uses one")
+  if not hf.get("decoder_bias", True):
+    raise HFConversionError("decoder_bias=false is not supported (bertjax's MLM decoder has a "
+                            "bias)")
+  every, global_theta, local_theta = _modernbert_layout(hf)
+  return ModelConfig(
+      family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      mlp_dim=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+      type_vocab_size=0, norm_position="pre", final_layer_norm=True, activation=_HF_ACT[act],
+      layer_norm_eps=hf.get("norm_eps", 1e-5),
+      hidden_dropout=max(hf.get("embedding_dropout", 0.0), hf.get("mlp_dropout", 0.0)),
+      attention_dropout=hf.get("attention_dropout", 0.0), position_embedding="rotary",
+      rope_theta=global_theta, local_rope_theta=local_theta, mlp_gated=True,
+      attention_bias=hf.get("attention_bias", False), mlp_bias=hf.get("mlp_bias", False),
+      norm_bias=hf.get("norm_bias", False), head_bias=hf.get("classifier_bias", False),
+      pooler=False, local_window=int(hf.get("local_attention", 128)), global_every=every,
+      first_attention_norm=False, **common)
+
+
+# What a BERT-family config must say to be a ModernBERT (ModernBertForMaskedLM's layout).
+_MODERNBERT = dict(norm_position="pre", final_layer_norm=True, type_vocab_size=0,
+                   position_embedding="rotary", mlp_gated=True, pooler=False,
+                   first_attention_norm=False)
 
 
 def _hf_model_type(cfg: ModelConfig) -> str:
+  if cfg.family == "bert" and cfg.position_embedding == "rotary":
+    wrong = [f"{k}={getattr(cfg, k)!r}" for k, v in _MODERNBERT.items() if getattr(cfg, k) != v]
+    if wrong or not cfg.local_window:
+      raise HFConversionError("a rotary BERT exports as ModernBERT, which needs "
+                              + ", ".join(f"{k}={v!r}" for k, v in _MODERNBERT.items())
+                              + f" and a local_window; this config has "
+                              + ", ".join(wrong or ["local_window=0"]))
+    return "modernbert"
   if cfg.family == "bert":
+    if cfg.position_embedding != "learned" or cfg.mlp_gated or not cfg.pooler:
+      raise HFConversionError("a BERT with ALiBi, a gated MLP or no pooler has no Hugging "
+                              "Face equivalent in transformers (MosaicBERT is remote code)")
     if cfg.norm_position != "post":
       raise HFConversionError("pre-LN BERT has no Hugging Face BertForPreTraining equivalent")
     return "bert"
@@ -254,7 +384,10 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
   (`hf_tokenizer.generation_ids`; default GPT-2's `vocab_size - 1`)."""
   _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
-  act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}[cfg.activation]
+  act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}[
+      cfg.activation]
+  if model_type == "modernbert":
+    return {**_modernbert_config_dict(cfg, dtype, act), **(generation_ids or {})}
   if model_type == "bert" and head == "question_answering":
     # qa_outputs: two outputs per token (start, end), HF's num_labels for this head.
     return {**hf_config_dict(cfg, dtype), "architectures": [EXPORT_HEADS[head]], "num_labels": 2}
@@ -301,6 +434,36 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
           **common}
 
 
+def _modernbert_config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
+  """ModernBertForMaskedLM's config.json: transformers 5's layer_types and rope_parameters,
+  and the keys transformers 4 reads (global_attn_every_n_layers, *_rope_theta). Dropout:
+  bertjax's hidden_dropout is ModernBERT's embedding and MLP dropout."""
+  types = ["sliding_attention" if cfg.is_local(i) else "full_attention"
+           for i in range(cfg.num_layers)]
+  local_theta = cfg.local_rope_theta or cfg.rope_theta
+  return {
+      "architectures": ["ModernBertForMaskedLM"], "model_type": "modernbert",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads, "hidden_activation": act,
+      "classifier_activation": act, "max_position_embeddings": cfg.max_positions,
+      "norm_eps": cfg.layer_norm_eps, "norm_bias": cfg.norm_bias,
+      "attention_bias": cfg.attention_bias, "mlp_bias": cfg.mlp_bias,
+      "classifier_bias": cfg.head_bias, "decoder_bias": True,
+      "local_attention": cfg.local_window, "global_attn_every_n_layers": cfg.global_every,
+      "layer_types": types, "global_rope_theta": cfg.rope_theta, "local_rope_theta": local_theta,
+      "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+                          "sliding_attention": {"rope_type": "default",
+                                                "rope_theta": local_theta}},
+      "embedding_dropout": cfg.hidden_dropout, "mlp_dropout": cfg.hidden_dropout,
+      "attention_dropout": cfg.attention_dropout, "initializer_range": cfg.initializer_range,
+      "tie_word_embeddings": True, "sparse_prediction": False, "torch_dtype": dtype,
+      # Without a tokenizer to name them: [PAD] at 0 (bertjax's BERT vocabularies), the rest
+      # unknown (transformers' defaults are ModernBERT's own vocabulary's ids).
+      "pad_token_id": 0, "cls_token_id": None, "sep_token_id": None, "bos_token_id": None,
+      "eos_token_id": None}
+
+
 # --- export ------------------------------------------------------------------------------
 
 def _classifier_entries(cfg: ModelConfig, head: str) -> list[Entry]:
@@ -328,8 +491,14 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   parameters' heads, one of EXPORT_HEADS (fine-tuned models: a classification head)."""
   _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
-  prefix = {"bert": "bert.", "gpt2": "transformer.", "openai-gpt": "transformer."}[model_type]
+  if model_type == "modernbert" and head != "pretraining":
+    raise HFConversionError(f"head={head!r}: a ModernBERT exports as ModernBertForMaskedLM "
+                            "only")
+  prefix = {"bert": "bert.", "modernbert": "model.", "gpt2": "transformer.",
+            "openai-gpt": "transformer."}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
+  for key in _without_equivalent(cfg, model_type):
+    flat.pop(key, None)
   tensors: dict[str, np.ndarray] = {}
   entries = _entries(cfg, model_type, prefix)
   if head != "pretraining":
@@ -453,6 +622,9 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
     prefix = "bert." if any(k.startswith("bert.") for k in tensors) else ""
     tied = {"cls.predictions.decoder.weight": f"{prefix}embeddings.word_embeddings.weight",
             "cls.predictions.decoder.bias": "cls.predictions.bias"}
+  elif model_type == "modernbert":
+    prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
+    tied = {"decoder.weight": f"{prefix}embeddings.tok_embeddings.weight"}
   else:
     prefix = "transformer." if any(k.startswith("transformer.") for k in tensors) else ""
     tied = {"lm_head.weight": f"{prefix}{'tokens_embed' if model_type == 'openai-gpt' else 'wte'}"
@@ -481,6 +653,11 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
     _check_shapes(entry, tensors, fresh_flat)
     value = entry.to_ours(*(remaining.pop(name) for name in entry.theirs))
     flat[entry.ours] = value.astype(fresh_flat[entry.ours].dtype)
+  for key in _without_equivalent(cfg, model_type):
+    if key in fresh_flat:
+      flat[key] = fresh_flat[key]
+      if key[0] != "bert":  # a head; the unused layer-0 norm goes unmentioned
+        fresh.append("/".join(key))
   if remaining:
     raise HFConversionError(f"unknown tensor {sorted(remaining)[0]} in the checkpoint "
                             f"({len(remaining)} unknown in all: {', '.join(sorted(remaining)[:8])})")

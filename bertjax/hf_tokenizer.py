@@ -201,8 +201,10 @@ def write_hf_tokenizer(tokenizer_dir: str | Path, out_dir: paths.PathLike,
 
 
 def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
-  """bos/eos/pad token ids for a GPT config.json from the bertjax tokenizer in
-  `tokenizer_dir`: <|endoftext|> and <pad>; None when there is no bertjax tokenizer there."""
+  """The special token ids a config.json names, from the bertjax tokenizer in `tokenizer_dir`
+  (None when there is no bertjax tokenizer there): for a GPT tokenizer bos/eos/pad =
+  <|endoftext|> and <pad>; for a BERT tokenizer pad, cls and sep, with bos = [CLS] and eos =
+  [SEP] (ModernBERT's convention)."""
   if tokenizer_dir is None:
     return None
   tokenizer_dir = Path(tokenizer_dir)
@@ -211,7 +213,11 @@ def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
   tokenizer = load_tokenizer(tokenizer_dir)
   eot = getattr(tokenizer, "eot_id", None)
   if eot is None:
-    return None
+    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+      return None
+    return {"pad_token_id": tokenizer.pad_id, "cls_token_id": tokenizer.cls_id,
+            "sep_token_id": tokenizer.sep_id, "bos_token_id": tokenizer.cls_id,
+            "eos_token_id": tokenizer.sep_id}
   pad = tokenizer.pad_id if tokenizer.pad_id is not None else eot
   return {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": pad}
 

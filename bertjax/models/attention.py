@@ -12,7 +12,11 @@ config key (`model.attention`):
   attention on NVIDIA GPUs (bf16/fp16 inputs).
 - "auto": the fused kernel of the platform the program is compiled for when it supports the
   configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype; no prefix
-  tuning), else "xla" (`resolve`).
+  tuning, no ALiBi), else "xla" (`resolve`).
+
+Sliding-window layers (ModernBERT's local attention) are a band mask on the XLA core, the
+splash kernel's LocalMask (whose block-sparse mask skips the blocks outside the band) and
+cuDNN's local_window_size.
 
 Masks travel as an `AttentionMask`: the boolean [B|1, 1, L|1, S] mask the XLA path applies,
 and the structured form fused kernels read (document segment ids and a causal flag), built
@@ -56,10 +60,16 @@ class AttentionMask:
   causal: bool = flax.struct.field(pytree_node=False, default=False)
 
 
-def encoder_mask(attention_mask_BL: Array) -> AttentionMask:
-  """BERT: every token reads every non-padding key (1 = token, 0 = padding)."""
+def encoder_mask(attention_mask_BL: Array, document_ids_BL: Array | None = None
+                 ) -> AttentionMask:
+  """BERT: every token reads every non-padding key (1 = token, 0 = padding) — of its own
+  document, when `document_ids` number the documents packed into a row (0 = padding)."""
   valid_BL = attention_mask_BL.astype(bool)
-  return AttentionMask(valid_BL[:, None, None, :], valid_BL.astype(jnp.int32))
+  if document_ids_BL is None:
+    return AttentionMask(valid_BL[:, None, None, :], valid_BL.astype(jnp.int32))
+  segments_BL = jnp.where(valid_BL, document_ids_BL, 0).astype(jnp.int32)
+  same_BLS = segments_BL[:, :, None] == segments_BL[:, None, :]
+  return AttentionMask((same_BLS & valid_BL[:, None, :])[:, None], segments_BL)
 
 
 def decoder_mask(length: int, segment_ids_BL: Array | None = None,
@@ -92,8 +102,9 @@ def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelC
     return config
   dropout = training and config.attention_dropout > 0
   choice = "xla"
-  if config.prefix_length:
-    # Prefix keys are read by every query: outside the fused kernels' causal/segment masks.
+  if config.prefix_length or config.position_embedding == "alibi":
+    # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
+    # ALiBi is a score bias, which they do not take.
     pass
   elif platform == "tpu" and not dropout:
     choice = "splash"
@@ -118,13 +129,16 @@ class XlaAttention(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array, mask_B1LS: Array) -> Array:
+  def __call__(self, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array, mask_B1LS: Array,
+               score_bias_BNLS: Array | None = None) -> Array:
     cfg = self.config
     # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
     # small probabilities that carry most of the gradient signal.
     # relayout=False: this core runs rematerialised (see `attend`).
     scores_BNLS = precision.einsum(cfg, "blnh,bsnh->bnls", q_BLNH, k_BSNH, relayout=False,
                                    out_dtype=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
+    if score_bias_BNLS is not None:
+      scores_BNLS = scores_BNLS + score_bias_BNLS
     scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
     # jax.nn.softmax written out, so that what its backward pass reads is what a remat policy
     # keeps: the output of exp (exp's derivative reads it) and the row sums.
@@ -151,14 +165,18 @@ def _block_size(length: int) -> int:
 
 
 def _splash_per_device(q_BNLH: Array, k_BNSH: Array, v_BNSH: Array,
-                       segment_ids_BL: Array | None, *, causal: bool,
+                       segment_ids_BL: Array | None, *, causal: bool, window: int,
                        interpret: bool) -> Array:
   """The splash kernel on one device's rows and heads (all of the sequence)."""
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
   _, heads, length, _ = q_BNLH.shape
   shape = (length, k_BNSH.shape[2])
-  mask = masks.CausalMask(shape) if causal else masks.FullMask(shape)
+  if window:
+    # Keys at most `window` positions away on either side (and none after, when causal).
+    mask = masks.LocalMask(shape, window_size=(window, 0 if causal else window), offset=0)
+  else:
+    mask = masks.CausalMask(shape) if causal else masks.FullMask(shape)
   b = _block_size(length)
   blocks = splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                              block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
@@ -175,13 +193,15 @@ def _splash_per_device(q_BNLH: Array, k_BNSH: Array, v_BNSH: Array,
 
 
 def splash_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
-                     mask: AttentionMask) -> Array:
+                     mask: AttentionMask, window: int = 0) -> Array:
   """The Pallas splash kernel, per device through `shard_map` over the ambient mesh: rows and
-  heads stay where the logical rules put them; the sequence must not be sharded."""
+  heads stay where the logical rules put them; the sequence must not be sharded. `window` > 0:
+  a sliding window of that many keys on either side (the block-sparse mask skips the rest)."""
   interpret = precision.platform() != "tpu"
   q_BNLH = jnp.swapaxes(q_BLNH / jnp.sqrt(float(config.head_dim)).astype(q_BLNH.dtype), 1, 2)
   k_BNSH, v_BNSH = jnp.swapaxes(k_BSNH, 1, 2), jnp.swapaxes(v_BSNH, 1, 2)
-  run = functools.partial(_splash_per_device, causal=mask.causal, interpret=interpret)
+  run = functools.partial(_splash_per_device, causal=mask.causal, window=window,
+                          interpret=interpret)
   segments = mask.segment_ids_BL
   length = q_BNLH.shape[2]
   pad = -length % _LANES
@@ -229,31 +249,58 @@ def _dividing(axes: str | tuple[str, ...] | None, size: int,
 
 
 def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
-                    mask: AttentionMask, implementation: str = "cudnn") -> Array:
-  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking is the
-  kernel's own; padding and document segments are passed as the boolean mask. Tests run the
-  same call with implementation="xla" on CPU."""
+                    mask: AttentionMask, implementation: str = "cudnn", window: int = 0
+                    ) -> Array:
+  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking and the
+  sliding window (`window` keys on either side) are the kernel's own; padding and document
+  segments are passed as the boolean mask. Tests run the same call with implementation="xla"
+  on CPU."""
   causal_only = mask.causal and mask.segment_ids_BL is None
   dtype = config.compute_dtype
   out_BLNH = jax.nn.dot_product_attention(
       q_BLNH.astype(dtype), k_BSNH.astype(dtype), v_BSNH.astype(dtype),
       mask=None if causal_only else mask.dense_B1LS, is_causal=mask.causal,
+      local_window_size=(window, 0 if mask.causal else window) if window else None,
       implementation=implementation)
   return out_BLNH.astype(precision.activation_dtype(config))
 
 
+def window_band(length: int, window: int) -> Array:
+  """[1, 1, L, L]: True where query l and key s are at most `window` positions apart (Hugging
+  Face's bidirectional sliding-window mask with sliding_window = window)."""
+  index = jnp.arange(length)
+  return (jnp.abs(index[:, None] - index[None, :]) <= window)[None, None]
+
+
 def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
-           mask: AttentionMask, *, deterministic: bool, decode: bool = False) -> Array:
-  """softmax(q kᵀ / sqrt(H) + mask) v with `config.attention`'s implementation; generation
-  (`decode`) always takes the XLA path, which reads the KV cache's dense mask."""
+           mask: AttentionMask, *, deterministic: bool, decode: bool = False,
+           local: bool | Array = False, score_bias_BNLS: Array | None = None) -> Array:
+  """softmax(q kᵀ / sqrt(H) + bias + mask) v with `config.attention`'s implementation;
+  generation (`decode`) always takes the XLA path, which reads the KV cache's dense mask.
+
+  `local`: this layer attends within `config.local_window // 2` positions (a bool, or a traced
+  one inside a scanned layer stack: the fused kernels then choose by `lax.cond`, the XLA core
+  by masking). `score_bias_BNLS` (ALiBi) is added to the scores; only the XLA core takes it.
+  """
   implementation = "xla" if decode or config.attention == "auto" else config.attention
   if implementation != "xla" and not deterministic and config.attention_dropout > 0:
     raise ValueError(f"model.attention={implementation} has no attention dropout: set "
                      "model.attention_dropout=0 or model.attention=xla (or auto)")
-  if implementation == "splash":
-    return splash_attention(config, q_BLNH, k_BSNH, v_BSNH, mask)
-  if implementation == "cudnn":
-    return cudnn_attention(config, q_BLNH, k_BSNH, v_BSNH, mask)
+  if implementation != "xla" and score_bias_BNLS is not None:
+    raise ValueError(f"model.attention={implementation} takes no score bias (ALiBi): set "
+                     "model.attention=xla (or auto)")
+  window = config.local_window // 2
+  if implementation in ("splash", "cudnn"):
+    kernel = splash_attention if implementation == "splash" else cudnn_attention
+    run = lambda w: kernel(config, q_BLNH, k_BSNH, v_BSNH, mask, window=w)  # noqa: E731
+    if not window or local is False:
+      return run(0)
+    if local is True:
+      return run(window)
+    return jax.lax.cond(local, lambda: run(window), lambda: run(0))
+  if window and local is not False:
+    band = window_band(q_BLNH.shape[1], window)
+    mask = mask.replace(dense_B1LS=mask.dense_B1LS & (band | jnp.logical_not(local)))
   core = XlaAttention
   if not deterministic and config.attention_dropout > 0 and config.remat_policy == "none":
     # Keep one [B, N, L, S] tensor (exp of the scores) for the backward pass; the
@@ -262,4 +309,5 @@ def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
     # matmul is recomputed (docs/performance.md). A block remat policy, where one is set,
     # decides alone what is kept.
     core = nn.remat(XlaAttention, prevent_cse=not config.scan_layers, policy=_KEEP_SOFTMAX_EXP)
-  return core(config, deterministic, name="core")(q_BLNH, k_BSNH, v_BSNH, mask.dense_B1LS)
+  return core(config, deterministic, name="core")(q_BLNH, k_BSNH, v_BSNH, mask.dense_B1LS,
+                                                  score_bias_BNLS)

@@ -29,38 +29,51 @@ class BertModel(nn.Module):
     cfg = self.config
     self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
                                         "word_embeddings", layers.ACT_BLD)
-    self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
-                                            "position_embeddings")
-    self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
-                                              "token_type_embeddings")
+    if cfg.position_embedding == "learned":
+      self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
+                                              "position_embeddings")
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
+                                                "token_type_embeddings")
     self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
     self.encoder = layers.LayerStack(cfg)
     self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       self.final_norm = layers.layer_norm(cfg, "final_norm")
-    self.pooler = layers.Dense(cfg, "bd,de->be", (cfg.hidden_size, cfg.hidden_size),
-                               ("embed", "mlp"), (cfg.hidden_size,), ("mlp",))
+    if cfg.pooler:
+      self.pooler = layers.Dense(cfg, "bd,de->be", (cfg.hidden_size, cfg.hidden_size),
+                                 ("embed", "mlp"), (cfg.hidden_size,), ("mlp",))
 
   def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
-               attention_mask_BL: Array | None = None,
-               deterministic: bool = True) -> tuple[Array, Array]:
-    """Returns (sequence_output [B, L, D], pooled_output [B, D])."""
+               attention_mask_BL: Array | None = None, deterministic: bool = True,
+               document_ids_BL: Array | None = None,
+               positions_BL: Array | None = None) -> tuple[Array, Array]:
+    """Returns (sequence_output [B, L, D], pooled_output [B, D]).
+
+    Packed rows (several documents per row, no padding between them) pass `document_ids`
+    (1, 2, ... per document, 0 on padding: no attention across documents) and `positions`
+    (restarting at 0 in each document); by default one document per row at 0, 1, ...
+    """
     cfg = self.config
     _, length = input_ids_BL.shape
     if token_type_ids_BL is None:
       token_type_ids_BL = jnp.zeros_like(input_ids_BL)
     if attention_mask_BL is None:
       attention_mask_BL = jnp.ones_like(input_ids_BL)
-    positions_1L = jnp.arange(length)[None, :]
-    x_BLD = (self.word_embeddings(input_ids_BL) + self.position_embeddings(positions_1L)
-             + self.token_type_embeddings(token_type_ids_BL))
+    x_BLD = self.word_embeddings(input_ids_BL)
+    if cfg.position_embedding == "learned":
+      x_BLD = x_BLD + self.position_embeddings(
+          jnp.arange(length)[None, :] if positions_BL is None else positions_BL)
+    if cfg.type_vocab_size:
+      x_BLD = x_BLD + self.token_type_embeddings(token_type_ids_BL)
     x_BLD = self.dropout(self.embeddings_norm(x_BLD), deterministic=deterministic)
     x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
     # Padding masked on keys only; outputs at padded query positions are unused.
-    x_BLD = self.encoder(x_BLD, attention.encoder_mask(attention_mask_BL), deterministic)
+    mask = attention.encoder_mask(attention_mask_BL, document_ids_BL)
+    x_BLD = self.encoder(x_BLD, mask, deterministic, positions_BL=positions_BL)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
-    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
+    pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0])) if cfg.pooler else x_BLD[:, 0]
     return x_BLD, pooled_BD
 
   def attend(self, x: Array) -> Array:
@@ -93,17 +106,18 @@ class BertForPreTraining(nn.Module):
   @nn.compact
   def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
                attention_mask_BL: Array | None = None, masked_positions_BP: Array | None = None,
-               deterministic: bool = True) -> PretrainingOutput:
+               deterministic: bool = True, document_ids_BL: Array | None = None,
+               positions_BL: Array | None = None) -> PretrainingOutput:
     cfg = self.config
     d = cfg.hidden_size
     bert = BertModel(cfg, name="bert")
     sequence_BLD, pooled_BD = bert(input_ids_BL, token_type_ids_BL, attention_mask_BL,
-                                   deterministic)
+                                   deterministic, document_ids_BL, positions_BL)
     h = sequence_BLD
     if masked_positions_BP is not None:
       h = gather_positions(sequence_BLD, masked_positions_BP)
-    h = layers.Dense(cfg, "bpd,de->bpe", (d, d), ("embed", "mlp"), (d,), ("mlp",),
-                     name="mlm_transform")(h)
+    h = layers.Dense(cfg, "bpd,de->bpe", (d, d), ("embed", "mlp"),
+                     (d,) if cfg.head_bias else None, ("mlp",), name="mlm_transform")(h)
     h = layers.layer_norm(cfg, "mlm_norm")(layers.activation_fn(cfg.activation)(h))
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
@@ -115,6 +129,19 @@ class BertForPreTraining(nn.Module):
                                  name="nsp")(pooled_BD)
     return PretrainingOutput(mlm_logits.astype(jnp.float32), nsp_logits_B2.astype(jnp.float32),
                              pooled_BD, sequence_BLD)
+
+
+def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
+  """A model without BERT's pooler (ModernBERT) puts dense + activation + LayerNorm before a
+  fine-tuning classifier, as Hugging Face's ModernBertPredictionHead (inside a compact
+  module, whose submodule `name` it creates)."""
+  if cfg.pooler:
+    return x
+  d = cfg.hidden_size
+  rows = "abc"[:x.ndim - 1]
+  x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (d, d), ("embed", "mlp"),
+                   (d,) if cfg.head_bias else None, ("mlp",), name=f"{name}_dense")(x)
+  return layers.layer_norm(cfg, f"{name}_norm")(layers.activation_fn(cfg.activation)(x))
 
 
 def per_token_logits(cfg: ModelConfig, sequence_BLD: Array, num: int, name: str) -> Array:
@@ -136,6 +163,7 @@ class BertForSequenceClassification(nn.Module):
     cfg = self.config
     _, pooled_BD = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                attention_mask_BL, deterministic)
+    pooled_BD = prediction_head(cfg, pooled_BD)
     pooled_BD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(pooled_BD,
                                                              deterministic=deterministic)
     logits_BC = layers.Dense(cfg, "bd,dc->bc", (cfg.hidden_size, cfg.num_labels),
@@ -159,6 +187,7 @@ class BertForTokenClassification(nn.Module):
     cfg = self.config
     sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                   attention_mask_BL, deterministic)
+    sequence_BLD = prediction_head(cfg, sequence_BLD)
     sequence_BLD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(sequence_BLD,
                                                                 deterministic=deterministic)
     return per_token_logits(cfg, sequence_BLD, cfg.num_labels, "classifier")
@@ -180,4 +209,4 @@ class BertForQuestionAnswering(nn.Module):
     cfg = self.config
     sequence_BLD, _ = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                   attention_mask_BL, deterministic)
-    return per_token_logits(cfg, sequence_BLD, 2, "qa_outputs")
+    return per_token_logits(cfg, prediction_head(cfg, sequence_BLD), 2, "qa_outputs")

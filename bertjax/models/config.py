@@ -15,7 +15,8 @@ Family = Literal["bert", "gpt"]
 NormPosition = Literal["post", "pre"]
 # "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
-Activation = Literal["gelu", "gelu_tanh", "relu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
+PositionEmbedding = Literal["learned", "rotary", "alibi"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
@@ -117,6 +118,40 @@ class ModelConfig:
   # layer's keys and values and attended by every query (no causal or padding mask on them);
   # they take no token positions. Needs the XLA attention core. 0: off.
   prefix_length: int = 0
+  # --- Modern encoder options (BERT family; MosaicBERT, ModernBERT; docs/models.md) ---------
+  # How positions enter: "learned" (a table of max_positions rows added to the embeddings:
+  # BERT, GPT), "rotary" (RoPE on queries and keys, Su et al. 2021, the rotate-half layout of
+  # Hugging Face: ModernBERT) or "alibi" (a per-head linear penalty on the query-key distance,
+  # Press et al. 2022, symmetric for an encoder: MosaicBERT). Positions restart in every
+  # packed document.
+  position_embedding: PositionEmbedding = "learned"
+  # RoPE base of the global-attention layers (ModernBERT 160,000).
+  rope_theta: float = 10_000.0
+  # RoPE base of the sliding-window layers (ModernBERT 10,000); 0: rope_theta.
+  local_rope_theta: float = 0.0
+  # Gated MLP (GLU, Shazeer 2020): `wi` projects to 2 x mlp_dim, the first half through the
+  # activation times the second half (GeGLU with gelu, SwiGLU with silu).
+  mlp_gated: bool = False
+  # Biases of the attention projections (qkv, out); ModernBERT has none.
+  attention_bias: bool = True
+  # Biases of the MLP projections (wi, wo).
+  mlp_bias: bool = True
+  # Biases (shifts) of every LayerNorm.
+  norm_bias: bool = True
+  # Bias of the MLM head's dense transform (ModernBERT: none; the decoder bias stays).
+  head_bias: bool = True
+  # BERT's tanh pooler on [CLS]; without it the pooled output is [CLS]'s final hidden state
+  # (ModernBERT's "cls" pooling) and a classification head adds a dense+act+norm before the
+  # classifier, as Hugging Face's ModernBertForSequenceClassification.
+  pooler: bool = True
+  # Sliding-window attention: a local layer's query reads keys at most local_window // 2
+  # positions away on either side (ModernBERT's local_attention 128). 0: every layer global.
+  local_window: int = 0
+  # With local_window: layers 0, n, 2n, ... attend globally, the others locally (ModernBERT 3).
+  global_every: int = 1
+  # Whether layer 0 normalises its attention input; ModernBERT's does not (its embeddings were
+  # just normalised). Layer 0 still holds the (unused) scale so that scanned layers match.
+  first_attention_norm: bool = True
 
   def __post_init__(self) -> None:
     if self.hidden_size % self.num_heads:
@@ -143,6 +178,35 @@ class ModelConfig:
         raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
                          f"{getattr(self, name)!r}")
     self._check_peft()
+    self._check_modern()
+
+  def _check_modern(self) -> None:
+    if self.position_embedding not in ("learned", "rotary", "alibi"):
+      raise ValueError(f"model.position_embedding must be learned, rotary or alibi, got "
+                       f"{self.position_embedding!r}")
+    modern = {"position_embedding": self.position_embedding != "learned",
+              "mlp_gated": self.mlp_gated, "local_window": bool(self.local_window),
+              "first_attention_norm": not self.first_attention_norm}
+    used = [name for name, on in modern.items() if on]
+    if self.family != "bert" and used:
+      raise ValueError(f"model.{used[0]} is an encoder option (BERT family), not for a "
+                       f"{self.family} model")
+    if self.position_embedding == "rotary" and self.head_dim % 2:
+      raise ValueError(f"model.position_embedding=rotary needs an even head dim, got "
+                       f"{self.head_dim}")
+    if self.local_window < 0 or self.local_window % 2:
+      raise ValueError(f"model.local_window must be 0 (off) or an even number of positions, "
+                       f"got {self.local_window!r}")
+    if self.global_every < 1:
+      raise ValueError(f"model.global_every must be >= 1, got {self.global_every!r}")
+    if self.position_embedding == "alibi" and self.attention in ("splash", "cudnn"):
+      raise ValueError(f"model.position_embedding=alibi needs the XLA attention core (the "
+                       f"fused kernels take no score bias): set model.attention=xla or auto, "
+                       f"not {self.attention!r}")
+
+  def is_local(self, layer: int) -> bool:
+    """Whether layer `layer` attends within the sliding window."""
+    return bool(self.local_window) and layer % self.global_every != 0
 
   def _check_peft(self) -> None:
     for name in ("lora_rank", "adapter_size", "prefix_length"):

@@ -25,6 +25,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.models import attention, precision
 from bertjax.models.config import ModelConfig
@@ -42,6 +43,7 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
     "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
 }
 
 
@@ -191,7 +193,7 @@ def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.L
   # and bf16 inputs do not cancel catastrophically.
   return nn.LayerNorm(
       epsilon=config.layer_norm_eps, dtype=precision.activation_dtype(config),
-      param_dtype=config.weight_dtype, use_fast_variance=False,
+      param_dtype=config.weight_dtype, use_fast_variance=False, use_bias=config.norm_bias,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)),
       name=name)
@@ -275,6 +277,47 @@ def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
   return embedding.attend(x_BLD)
 
 
+def rotary_frequencies(config: ModelConfig, theta: float) -> np.ndarray:
+  """RoPE's inverse frequencies 1 / theta^(2i / H), i < H/2, in float32 (Hugging Face's
+  default rope parameters)."""
+  h = config.head_dim
+  return (1.0 / (np.float32(theta) ** (np.arange(0, h, 2, dtype=np.float32) / np.float32(h)))
+          ).astype(np.float32)
+
+
+def apply_rotary(x_BLNH: Array, positions_BL: Array, inv_freq_K: Array) -> Array:
+  """Rotary position embedding in Hugging Face's rotate-half layout: the first and second
+  halves of each head's features are the two coordinates of each rotated pair. In float32."""
+  freqs_BLK = positions_BL.astype(jnp.float32)[..., None] * inv_freq_K[None, None, :]
+  angles_BL1H = jnp.concatenate([freqs_BLK, freqs_BLK], axis=-1)[:, :, None, :]
+  x = x_BLNH.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return (x * jnp.cos(angles_BL1H) + rotated * jnp.sin(angles_BL1H)).astype(x_BLNH.dtype)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+  """ALiBi's per-head slopes (Press et al. 2022, as MosaicBERT): the geometric sequence
+  2^(-8/n), 2^(-16/n), ... for n a power of two; otherwise those of the nearest lower power
+  of two followed by every other slope of the next one."""
+  def power_of_two(n: int) -> list[float]:
+    start = 2.0 ** (-8.0 / n)
+    return [start ** (i + 1) for i in range(n)]
+  lower = 2 ** int(np.floor(np.log2(num_heads)))
+  slopes = power_of_two(lower)
+  if lower < num_heads:
+    slopes += power_of_two(2 * lower)[0::2][:num_heads - lower]
+  return np.asarray(slopes, np.float32)
+
+
+def alibi_bias(config: ModelConfig, positions_BL: Array) -> Array:
+  """-slope_n |pos_l - pos_s|: the symmetric ALiBi penalty of a bidirectional encoder,
+  [B, N, L, S] in float32."""
+  pos = positions_BL.astype(jnp.float32)
+  distance_B1LS = jnp.abs(pos[:, None, :, None] - pos[:, None, None, :])
+  return -jnp.asarray(alibi_slopes(config.num_heads))[None, :, None, None] * distance_B1LS
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a fused QKV projection; the core is
   `config.attention`'s implementation (bertjax/models/attention.py).
@@ -296,14 +339,27 @@ class SelfAttention(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask: attention.AttentionMask) -> Array:
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask,
+               positions_BL: Array | None = None, local: bool | Array = False) -> Array:
+    """`positions_BL`: each token's position in its document (rotary and ALiBi); `local`:
+    whether this layer attends within the sliding window (a traced bool under nn.scan)."""
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    bias = cfg.attention_bias
     qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
-                      (3, n, h), ("qkv", "heads", "kv"),
+                      (3, n, h) if bias else None, ("qkv", "heads", "kv"),
                       lora=_lora_updates(cfg, ("attention", "qkv")),
                       deterministic=self.deterministic, name="qkv")(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
+    if positions_BL is None:
+      positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]), x_BLD.shape[:2])
+    if cfg.position_embedding == "rotary":
+      inv_freq_K = jnp.asarray(rotary_frequencies(cfg, cfg.rope_theta))
+      if cfg.local_window:
+        local_K = jnp.asarray(rotary_frequencies(cfg, cfg.local_rope_theta or cfg.rope_theta))
+        inv_freq_K = jnp.where(local, local_K, inv_freq_K)
+      q_BLNH = apply_rotary(q_BLNH, positions_BL, inv_freq_K)
+      k_BSNH = apply_rotary(k_BSNH, positions_BL, inv_freq_K)
     q_BLNH = constrain(q_BLNH, ACT_BLNH)
     if self.decode:
       initialized = self.has_variable("cache", "cached_key")
@@ -326,10 +382,13 @@ class SelfAttention(nn.Module):
       mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
     if cfg.prefix_length:
       k_BSNH, v_BSNH, mask = self._prepend_prefix(k_BSNH, v_BSNH, mask)
+    score_bias = alibi_bias(cfg, positions_BL) if cfg.position_embedding == "alibi" else None
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
-                                deterministic=self.deterministic, decode=self.decode)
+                                deterministic=self.deterministic, decode=self.decode,
+                                local=local, score_bias_BNLS=score_bias)
     out_BLNH = constrain(out_BLNH, ACT_BLNH)
-    return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), (d,), ("embed",),
+    return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),
+                 (d,) if bias else None, ("embed",),
                  init=residual_init(cfg), lora=_lora_updates(cfg, ("attention", "out")),
                  deterministic=self.deterministic, name="out")(out_BLNH)
 
@@ -363,11 +422,22 @@ class Mlp(nn.Module):
   def __call__(self, x_BLD: Array) -> Array:
     cfg = self.config
     d, f = cfg.hidden_size, cfg.mlp_dim
-    h_BLF = Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,), ("mlp",),
-                  lora=_lora_updates(cfg, ("mlp", "wi")), deterministic=self.deterministic,
-                  name="wi")(x_BLD)
-    h_BLF = constrain(activation_fn(cfg.activation)(h_BLF), ACT_BLF)
-    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,), ("embed",),
+    bias = cfg.mlp_bias
+    lora = _lora_updates(cfg, ("mlp", "wi"))
+    act = activation_fn(cfg.activation)
+    if cfg.mlp_gated:
+      # [D, 2, F]: the activated half and the gate (Hugging Face's Wi rows, chunked in two).
+      h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"),
+                     (2, f) if bias else None, (None, "mlp"), lora=lora,
+                     deterministic=self.deterministic, name="wi")(x_BLD)
+      h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
+    else:
+      h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,) if bias else None,
+                        ("mlp",), lora=lora, deterministic=self.deterministic,
+                        name="wi")(x_BLD))
+    h_BLF = constrain(h_BLF, ACT_BLF)
+    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,) if bias else None,
+                 ("embed",),
                  init=residual_init(cfg), lora=_lora_updates(cfg, ("mlp", "wo")),
                  deterministic=self.deterministic, name="wo")(h_BLF)
 
@@ -401,7 +471,10 @@ class Block(nn.Module):
   decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask: attention.AttentionMask) -> tuple[Array, None]:
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask,
+               positions_BL: Array | None = None,
+               layer: int | Array = 0) -> tuple[Array, None]:
+    """`layer`: this block's index (traced under nn.scan), for per-layer patterns."""
     cfg = self.config
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
@@ -409,6 +482,12 @@ class Block(nn.Module):
     mlp = Mlp(cfg, self.deterministic, name="mlp")
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
+    local = bool(cfg.local_window) and layer % cfg.global_every != 0
+    self_attention = functools.partial(self_attention, positions_BL=positions_BL, local=local)
+    if not cfg.first_attention_norm:
+      # ModernBERT's layer 0 reads the (normalised) embeddings as they are.
+      norm = attention_norm
+      attention_norm = lambda x: jnp.where(layer == 0, x, norm(x))  # noqa: E731
     if cfg.adapter_size:
       # Houlsby's placement: on each sub-block's output, before dropout and the residual add.
       attention_adapter = Adapter(cfg, name="adapter_attention")
@@ -446,8 +525,9 @@ class LayerStack(nn.Module):
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, deterministic: bool = True,
-               decode: bool = False) -> Array:
-    """`decode=True`: attention reads and writes the "cache" collection (generation)."""
+               decode: bool = False, positions_BL: Array | None = None) -> Array:
+    """`decode=True`: attention reads and writes the "cache" collection (generation);
+    `positions_BL`: each token's position in its document (rotary, ALiBi)."""
     cfg = self.config
     block = Block
     if cfg.remat_policy != "none":
@@ -457,10 +537,12 @@ class LayerStack(nn.Module):
       # The KV cache scans like the parameters: one slice per layer on a leading axis.
       stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,), length=cfg.num_layers,
+                      in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(x_BLD, mask)
+      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(
+          x_BLD, mask, positions_BL, jnp.arange(cfg.num_layers))
     else:
       for i in range(cfg.num_layers):
-        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask)
+        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask,
+                                                                          positions_BL, i)
     return x_BLD
