@@ -2,7 +2,8 @@
 
 Model FLOPs count the work the model needs, not what the program happens to do
 (PaLM, App. B): per training token 6·N for the layer stack's matmul parameters, plus
-attention's 12·layers·seq·width (QKᵀ and AV, forward and backward, no causal halving), plus
+attention's 12·layers·seq·width (QKᵀ and AV, forward and backward, no causal halving, and no
+sliding-window discount: what the XLA core computes), plus
 6·vocab·width for each position whose vocabulary projection is computed (MLM: the gathered
 positions only; GPT: every position), plus BERT's small heads. Rematerialisation adds hardware
 FLOPs, never model FLOPs. tests/test_bench.py holds the formula to the dots XLA compiles.
@@ -35,9 +36,10 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 
 def matmul_params(cfg: ModelConfig) -> int:
   """Parameters of the layer stack that take part in a matmul per token (QKV and output
-  projections, MLP in and out), excluding embedding tables and heads."""
+  projections, MLP in and out: a gated MLP's input projection is twice as wide), excluding
+  embedding tables and heads."""
   d, f = cfg.hidden_size, cfg.mlp_dim
-  return cfg.num_layers * (4 * d * d + 2 * d * f)
+  return cfg.num_layers * (4 * d * d + (3 if cfg.mlp_gated else 2) * d * f)
 
 
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
@@ -57,7 +59,8 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
   vocab = 6 * cfg.vocab_size * d * predicted
   heads = 0
   if cfg.family == "bert":
-    heads = 6 * d * d * predicted + 6 * (d * d + 2 * d) * batch_size
+    pooler = d * d if cfg.pooler else 0
+    heads = 6 * d * d * predicted + 6 * (pooler + 2 * d) * batch_size
   return float(dense + attention + vocab + heads)
 
 

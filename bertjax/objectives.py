@@ -151,9 +151,11 @@ class BertPretraining:
 
   def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
                rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    # Packed rows (data.bert_instances="packed") also carry document ids and positions.
     out = self.model.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], deterministic=rng is None,
+        document_ids_BL=batch.get("document_ids"), positions_BL=batch.get("positions"),
         rngs={"dropout": rng} if rng is not None else {})
     weights = batch["masked_lm_weights"].astype(jnp.float32)
     mlm_nll, mlm_correct = _weighted_nll(out.mlm_logits, batch["masked_lm_ids"], weights)

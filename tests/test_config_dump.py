@@ -58,7 +58,14 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          **{f"{group}.{key}": value for group in ("config.model", "model")
             for key, value in (("lora_rank", 0), ("lora_alpha", 8.0), ("lora_dropout", 0.0),
                                ("lora_targets", ""), ("adapter_size", 0),
-                               ("prefix_length", 0))}}
+                               ("prefix_length", 0),
+                               # Modern encoder options (MosaicBERT, ModernBERT), all off.
+                               ("position_embedding", "learned"), ("rope_theta", 10000.0),
+                               ("local_rope_theta", 0.0), ("mlp_gated", False),
+                               ("attention_bias", True), ("mlp_bias", True),
+                               ("norm_bias", True), ("head_bias", True), ("pooler", True),
+                               ("local_window", 0), ("global_every", 1),
+                               ("first_attention_norm", True))}}
 
 
 @pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())))
