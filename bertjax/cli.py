@@ -48,6 +48,7 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   if reference:
     diff = (counts["total"] - reference) / reference
     verdict = ("matches at the paper's rounding" if matches_reference(counts["total"], reference)
+               else "within 1% of the paper's figure" if abs(diff) < 0.01
                else "DOES NOT match the paper's figure")
     print(f"  {'paper':13s}{reference:>15,d}  ({_human(reference)}; ours {diff:+.2%}, {verdict})")
   # Trainable against total under optimizer.freeze, with LoRA/adapters/prefixes per target.

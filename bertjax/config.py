@@ -126,8 +126,10 @@ def base_config(model: ConfigDict) -> ConfigDict:
       "build_workers": 0,
       # Fraction of tokens masked for MLM.
       "mask_prob": 0.15,
-      # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels) or
-      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs).
+      # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels),
+      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs) or "packed" (ModernBERT:
+      # [CLS] doc [SEP] streams cut into full rows, no padding, with document_ids/positions
+      # per row so attention stays within a document; use with objective "mlm").
       "bert_instances": "pairs",
       # Pairs: probability of a shorter target length (google-research/bert short_seq_prob).
       "short_seq_prob": 0.1,

@@ -30,7 +30,7 @@ from tokenizers import pre_tokenizers, processors
 from bertjax import paths
 from bertjax.data.tokenizers import (EOT_TOKEN, GPT_PAD_TOKEN, GPT_UNK_TOKEN,
                                      MODEL_FILE, WORD_START, SentencePieceTokenizer,
-                                     load_tokenizer)
+                                     load_tokenizer, special_ids)
 from bertjax.data.wordpiece import WordPiece
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -210,14 +210,13 @@ def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
   tokenizer_dir = Path(tokenizer_dir)
   if not ((tokenizer_dir / MODEL_FILE).is_file() or (tokenizer_dir / "vocab.txt").is_file()):
     return None
-  tokenizer = load_tokenizer(tokenizer_dir)
-  eot = getattr(tokenizer, "eot_id", None)
+  ids = special_ids(load_tokenizer(tokenizer_dir))
+  eot = ids.get("eot")
   if eot is None:
-    if tokenizer.cls_id is None or tokenizer.sep_id is None:
+    if ids.get("cls") is None or ids.get("sep") is None:
       return None
-    return {"pad_token_id": tokenizer.pad_id, "cls_token_id": tokenizer.cls_id,
-            "sep_token_id": tokenizer.sep_id, "bos_token_id": tokenizer.cls_id,
-            "eos_token_id": tokenizer.sep_id}
-  pad = tokenizer.pad_id if tokenizer.pad_id is not None else eot
+    return {"pad_token_id": ids.get("pad"), "cls_token_id": ids["cls"],
+            "sep_token_id": ids["sep"], "bos_token_id": ids["cls"], "eos_token_id": ids["sep"]}
+  pad = ids["pad"] if ids.get("pad") is not None else eot
   return {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": pad}
 

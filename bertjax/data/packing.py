@@ -8,8 +8,13 @@
 - `FullSentencesIterDataset`: RoBERTa's FULL-SENTENCES inputs: whole sentences taken
   contiguously from one or more documents up to max_seq_length, an extra [SEP] between
   documents, a new mask every time a sequence is produced.
+- `PackedMlmIterDataset`: ModernBERT's packed MLM rows ("unpadding with sequence packing"):
+  each document as [CLS] tokens [SEP], the documents' streams concatenated and cut into rows
+  of exactly max_seq_length tokens (padding only in a stream's last row), with document ids
+  (1, 2, ... per document piece in the row) and positions restarting in each piece, a new
+  mask every time a row is produced.
 
-Both keep only the parent's state before the document where the next sequence starts and an
+The packers keep only the parent's state before the document where the next sequence starts and an
 offset into it; restoring re-reads that document and continues exactly (no buffers saved).
 """
 
@@ -178,6 +183,87 @@ class FullSentencesIterDataset(grain.IterDataset):
 
   def __iter__(self) -> _FullSentencesIterator:
     return _FullSentencesIterator(self._parent.__iter__(), *self._args)
+
+
+class _PackedMlmIterator(grain.DatasetIterator):
+
+  def __init__(self, parent: grain.DatasetIterator, cfg: InstanceConfig, special: SpecialIds,
+               is_continuation: Callable[[int], bool], seed: int):
+    super().__init__(parent)
+    self._cfg, self._special, self._is_continuation = cfg, special, is_continuation
+    self._seed = seed
+    # (parent state before, ordinal, [CLS] tokens [SEP]) of the documents the next row reads.
+    self._docs: collections.deque = collections.deque()
+    self._offset = 0  # tokens of the first buffered document already consumed
+    self._start_state = self._parent.get_state()
+
+  def _fill(self, need: int) -> None:
+    """Buffers documents until `need` tokens are available, or the parent runs out."""
+    available = sum(len(t) for _, _, t in self._docs) - self._offset
+    while available < need:
+      state = self._parent.get_state()
+      try:
+        element: DocumentElement = next(self._parent)
+      except StopIteration:
+        return
+      tokens = np.concatenate([[self._special.cls], element.doc.tokens,
+                               [self._special.sep]]).astype(np.int32)
+      self._docs.append((state, element.ordinal, tokens))
+      available += len(tokens)
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    n = self._cfg.max_seq_length
+    self._fill(n)
+    if not self._docs:
+      raise StopIteration
+    # The mask's seed: where this row starts in the global document stream.
+    rng = random.Random(f"{self._seed}:{self._docs[0][1]}:{self._offset}")
+    pieces, offset, taken = [], self._offset, 0
+    for _, _, tokens in self._docs:
+      pieces.append(tokens[offset:offset + n - taken])
+      taken += len(pieces[-1])
+      offset = 0
+      if taken == n:
+        break
+    row = np.concatenate(pieces)
+    # Advance past the row: fully read documents leave the buffer.
+    self._offset += taken
+    while self._docs and self._offset >= len(self._docs[0][2]):
+      self._offset -= len(self._docs[0][2])
+      self._docs.popleft()
+    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+    masked, positions, labels = mask_tokens(row.tolist(), self._cfg, self._special,
+                                            self._is_continuation, rng)
+    features = Instance(masked, [0] * taken, False, positions, labels).features(
+        self._cfg, self._special.pad)
+    pad = np.zeros(n - taken, np.int32)
+    features["document_ids"] = np.concatenate(
+        [np.full(len(p), i + 1, np.int32) for i, p in enumerate(pieces)] + [pad])
+    features["positions"] = np.concatenate(
+        [np.arange(len(p), dtype=np.int32) for p in pieces] + [pad])
+    return features
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._start_state, "offset": self._offset}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state["parent"])
+    self._start_state = state["parent"]
+    self._docs.clear()
+    self._offset = state["offset"]
+
+
+class PackedMlmIterDataset(grain.IterDataset):
+  """ModernBERT-style packed MLM rows (see the module docstring). State: the parent's position
+  before the document where the next row starts and the offset into its [CLS] tokens [SEP]."""
+
+  def __init__(self, parent: grain.IterDataset, cfg: InstanceConfig, special: SpecialIds,
+               is_continuation: Callable[[int], bool], seed: int):
+    super().__init__(parent)
+    self._args = (cfg, special, is_continuation, seed)
+
+  def __iter__(self) -> _PackedMlmIterator:
+    return _PackedMlmIterator(self._parent.__iter__(), *self._args)
 
 
 class _WindowShuffleIterator(grain.DatasetIterator):

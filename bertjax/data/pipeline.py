@@ -8,11 +8,11 @@ its weight's share of `epoch_documents`) and shuffles them together (a new order
 one global document order, a random-access map that keeps O(sources) state (`mixture`,
 `document_stream`). Then **one stream per global batch row**: row r of every global batch (B
 rows) is the next instance of stream r, which reads documents r, r+B, r+2B, ... of that order
-and turns them into instances (BERT pairs, RoBERTa full sentences or GPT packed windows). The
-global batch at step s is therefore a function of the seed and s only: a process builds
-exactly the rows its devices hold (`distributed.local_rows`, any device order) and reads only
-those rows' documents; the row streams partition the global order. Worker processes (Grain
-`mp_prefetch`) each take a slice of the host's rows.
+and turns them into instances (BERT pairs, RoBERTa full sentences, ModernBERT packed rows or
+GPT packed windows). The global batch at step s is therefore a function of the seed and s
+only: a process builds exactly the rows its devices hold (`distributed.local_rows`, any device
+order) and reads only those rows' documents; the row streams partition the global order.
+Worker processes (Grain `mp_prefetch`) each take a slice of the host's rows.
 
 State: every row stream is a chain of Grain iterators whose state is a few integers (the
 document position plus an offset); a batch iterator's state is the map row -> stream state,
@@ -45,13 +45,14 @@ from bertjax.data.packing import (
   DocumentElement,
   FullSentencesIterDataset,
   GptPackIterDataset,
+  PackedMlmIterDataset,
   WindowShuffleIterDataset,
 )
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
 log = logging.getLogger(__name__)
 
-BERT_INSTANCE_MODES = ("pairs", "full_sentences")
+BERT_INSTANCE_MODES = ("pairs", "full_sentences", "packed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +65,9 @@ class LoaderConfig:
   max_predictions: int = 20
   mask_prob: float = 0.15
   # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
-  # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents).
+  # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
+  # "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with document ids and
+  # positions per row).
   bert_instances: str = "pairs"
   short_seq_prob: float = 0.1
   # Pairs: epochs e and e + dupe_factor see the same instances (google-research/bert's static
@@ -380,6 +383,9 @@ class RowStreamFactory:
       return FullSentencesIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
                                       self.instance_cfg, self.special, self.continuation,
                                       self.seed)
+    if self.cfg.bert_instances == "packed":
+      return PackedMlmIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
+                                  self.instance_cfg, self.special, self.continuation, self.seed)
     instances = grain.experimental.FlatMapIterDataset(
         docs.to_iter_dataset(_NO_READ_AHEAD),
         _PairInstances(self.views, self.instance_cfg, self.special, self.continuation,

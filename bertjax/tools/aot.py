@@ -238,6 +238,9 @@ def abstract_batch(config: ml_collections.ConfigDict) -> dict[str, jax.ShapeDtyp
                 for k in ("masked_lm_positions", "masked_lm_ids")})
   batch["masked_lm_weights"] = jax.ShapeDtypeStruct((b, p), jnp.float32)
   batch["next_sentence_labels"] = jax.ShapeDtypeStruct((b,), i32)
+  if config.data.bert_instances == "packed":
+    # Packed rows: no attention across documents, positions restarting in each.
+    batch.update({k: jax.ShapeDtypeStruct((b, l), i32) for k in ("document_ids", "positions")})
   return batch
 
 
