@@ -31,6 +31,7 @@ bertjax's residual dropout on both sub-blocks (hidden_dropout); steps are tokens
 1,024).
 
   bertjax compile --config configs/modernbert.py:size=base --topology v5p-64
+  bertjax compile --config configs/modernbert.py:size=large --topology v5p-128
   bertjax train --config configs/modernbert.py:size=base --workdir /gcs/BUCKET/modernbert_base \
       --config.data.dataset=/gcs/BUCKET/web_text
   bertjax train --config configs/modernbert.py:size=tiny --workdir runs/modernbert_tiny  # CPU
@@ -43,7 +44,7 @@ from bertjax.config import base_config, bert_model, choose, memory_saving, parse
 #        parameter count, micro-batches that make a step fit the slice in the docstring).
 SIZES = {
     "base": (22, 768, 12, 1152, 4608, 8e-4, 3_000_000_000, 149_000_000, 4),
-    "large": (28, 1024, 16, 2624, 4928, 5e-4, 2_000_000_000, 395_000_000, 8),
+    "large": (28, 1024, 16, 2624, 4928, 5e-4, 2_000_000_000, 395_000_000, 7),
     # bert_tiny's width, depth and heads; the GLU half-width gives as many layer parameters.
     "tiny": (2, 128, 2, 336, 32, 1e-3, 0, 0, 1),
 }

@@ -69,8 +69,15 @@ def _params(cfg, seed=0):
   return params
 
 
-def _config(family, vocab_size):
-  if family == "bert":
+def _config(arch, vocab_size):
+  if arch == "modernbert":  # exported as ModernBertForMaskedLM
+    return ModelConfig(family="bert", vocab_size=vocab_size, hidden_size=32, num_layers=3,
+                       num_heads=2, mlp_dim=48, max_positions=64, type_vocab_size=0,
+                       norm_position="pre", layer_norm_eps=1e-5, position_embedding="rotary",
+                       mlp_gated=True, attention_bias=False, mlp_bias=False, norm_bias=False,
+                       head_bias=False, pooler=False, local_window=4, global_every=2,
+                       first_attention_norm=False)
+  if arch == "bert":
     return ModelConfig(family="bert", vocab_size=vocab_size, hidden_size=32, num_layers=2,
                        num_heads=2, mlp_dim=64, max_positions=64)
   return ModelConfig(family="gpt", vocab_size=vocab_size, hidden_size=32, num_layers=2,
@@ -78,16 +85,18 @@ def _config(family, vocab_size):
                      type_vocab_size=0, activation="gelu_tanh", layer_norm_eps=1e-5)
 
 
-@pytest.fixture(scope="module", params=["bert-spm", "bert-wordpiece-cased", "gpt-spm"])
+@pytest.fixture(scope="module", params=["bert-spm", "bert-wordpiece-cased", "gpt-spm",
+                                        "modernbert-spm"])
 def run(request, tmp_path_factory, corpus):
   """(params dir with tokenizer/, its HF export, bertjax tokenizer, family)."""
-  family, kind = request.param.split("-", 1)
+  arch, kind = request.param.split("-", 1)
+  family = "gpt" if arch == "gpt" else "bert"
   if kind == "spm":
     tokenizer_dir = _spm(tmp_path_factory, corpus, family)
   else:
     tokenizer_dir = _wordpiece(tmp_path_factory, corpus)
   tokenizer = load_tokenizer(tokenizer_dir)
-  cfg = _config(family, len(tokenizer))
+  cfg = _config(arch, len(tokenizer))
   params = _params(cfg)
   if family == "bert":  # sharper MLM predictions than the perturbed init
     params["bert"]["word_embeddings"]["embedding"] *= 10.0
@@ -129,6 +138,9 @@ def test_autotokenizer_ids_equal_bertjax(run, corpus):
   if family == "gpt":
     assert config["eos_token_id"] == config["bos_token_id"] == tokenizer.eot_id
     assert config["pad_token_id"] == tokenizer.pad_id
+  if config["model_type"] == "modernbert":
+    assert (config["pad_token_id"], config["cls_token_id"], config["sep_token_id"]) == (
+        tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id)
 
 
 def test_whole_sample_differs_only_where_scores_tie(run, corpus):

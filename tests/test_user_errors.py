@@ -37,6 +37,18 @@ def test_a_batch_size_no_run_can_use_is_refused_before_any_work(tmp_path, capsys
   assert not (tmp_path / "run").exists()  # refused before the workdir, data or model
 
 
+@pytest.mark.parametrize("config", ["modernbert:size=tiny", "mosaicbert", "roberta_base"])
+def test_unpaired_instances_with_a_sentence_objective_are_refused(tmp_path, capsys, config):
+  """Packed or full-sentence instances have no NSP/SOP labels: training that head on their
+  zeros would be silent nonsense."""
+  code = cli.main(["train", "--workdir", str(tmp_path / "run"), "--config", config,
+                   "--config.objective=mlm_sop"])
+  assert code == 2
+  assert "makes no sentence pairs for objective='mlm_sop'" in _one_error(
+      capsys.readouterr().err)
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("body,expected", [
     ("def get_config(:\n  pass\n", "bad.py:1: syntax error"),
     ("import ml_collections\ndef get_config():\n  return {'batch_size': 8}\n",
