@@ -200,3 +200,31 @@ def test_packed_rows_spend_no_matmul_flops_on_padding():
   assert packed_flops / (per_position * tokens) == pytest.approx(ROW * rows / tokens)
   # Padded one document per row: more than half of the dots are spent on padding.
   assert padded_flops / (per_position * tokens) > 2.0
+
+
+def test_mlm_eval_weights_batches_by_their_predictions():
+  """bertjax.tools.mlm_eval's scores over several batches equal the objective's on all of them
+  at once: batches weigh by their masked predictions, not one each."""
+  from bertjax import objectives
+  from bertjax.tools.mlm_eval import mlm_scores
+  cfg = _config(**MODERN)
+  params = jit_init(build_model(cfg))(jax.random.key(3))
+  packed = packed_batch(_documents(), cut=True)
+  rng = np.random.RandomState(0)
+  rows, predictions = packed["input_ids"].shape[0], 12
+  batch = dict(packed, segment_ids=np.zeros_like(packed["input_ids"]),
+               masked_lm_positions=rng.randint(0, ROW, (rows, predictions)).astype(np.int32),
+               masked_lm_ids=rng.randint(0, VOCAB, (rows, predictions)).astype(np.int32),
+               next_sentence_labels=np.zeros(rows, np.int32))
+  weights = np.zeros((rows, predictions), np.float32)
+  weights[0, :2] = 1.0  # a first batch with 2 predictions, a second with many
+  weights[1:, :] = 1.0
+  batch["masked_lm_weights"] = weights
+  halves = [{k: v[:1] for k, v in batch.items()}, {k: v[1:] for k, v in batch.items()}]
+  scores = mlm_scores(params, cfg, halves)
+  loss_fn = objectives.BertPretraining(build_model(cfg), sentence_task=False)
+  whole = jax.tree.map(jnp.asarray, batch)
+  _, metrics = loss_fn(params, whole, loss_fn.normalizers(whole), None)
+  assert scores["predictions"] == weights.sum()
+  assert scores["mlm_loss"] == pytest.approx(float(metrics["mlm_loss"]), rel=1e-5)
+  assert scores["mlm_accuracy"] == pytest.approx(float(metrics["mlm_accuracy"]), abs=1e-6)
