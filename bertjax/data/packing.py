@@ -42,15 +42,34 @@ class DocumentElement:
   doc: TokenizedDocument
 
 
-class _GptPackIterator(grain.DatasetIterator):
+class _BufferedDocuments(grain.DatasetIterator):
+  """A packer's state: the documents it has buffered (each with the parent's state before it,
+  first), the tokens of the first already consumed, and the parent's state before the first.
+  Only the last two are saved; restoring re-reads the documents."""
+
+  def __init__(self, parent: grain.DatasetIterator):
+    super().__init__(parent)
+    self._docs: collections.deque = collections.deque()  # (parent state before, ..., tokens)
+    self._offset = 0  # tokens of the first buffered document already consumed
+    self._start_state = self._parent.get_state()
+
+  def get_state(self) -> dict[str, Any]:
+    return {"parent": self._start_state, "offset": self._offset}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._parent.set_state(state["parent"])
+    self._start_state = state["parent"]
+    self._docs.clear()
+    self._offset = state["offset"]
+
+
+class _GptPackIterator(_BufferedDocuments):
+  # Buffered documents: (parent state before, tokens + eot).
 
   def __init__(self, parent: grain.DatasetIterator, seq_length: int, eot: int):
     super().__init__(parent)
     self._n = seq_length
     self._eot = eot
-    self._docs: collections.deque = collections.deque()  # (parent state before, tokens+eot)
-    self._offset = 0  # tokens of the first buffered document already consumed
-    self._start_state = self._parent.get_state()
 
   def _fill(self, need: int) -> None:
     available = sum(len(t) for _, t in self._docs) - self._offset
@@ -86,15 +105,6 @@ class _GptPackIterator(grain.DatasetIterator):
         "segment_ids": segments[:n],
         "positions": positions[:n],
     }
-
-  def get_state(self) -> dict[str, Any]:
-    return {"parent": self._start_state, "offset": self._offset}
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state["parent"])
-    self._start_state = state["parent"]
-    self._docs.clear()
-    self._offset = state["offset"]
 
 
 class GptPackIterDataset(grain.IterDataset):
@@ -185,17 +195,14 @@ class FullSentencesIterDataset(grain.IterDataset):
     return _FullSentencesIterator(self._parent.__iter__(), *self._args)
 
 
-class _PackedMlmIterator(grain.DatasetIterator):
+class _PackedMlmIterator(_BufferedDocuments):
+  # Buffered documents: (parent state before, ordinal, [CLS] tokens [SEP]).
 
   def __init__(self, parent: grain.DatasetIterator, cfg: InstanceConfig, special: SpecialIds,
                is_continuation: Callable[[int], bool], seed: int):
     super().__init__(parent)
     self._cfg, self._special, self._is_continuation = cfg, special, is_continuation
     self._seed = seed
-    # (parent state before, ordinal, [CLS] tokens [SEP]) of the documents the next row reads.
-    self._docs: collections.deque = collections.deque()
-    self._offset = 0  # tokens of the first buffered document already consumed
-    self._start_state = self._parent.get_state()
 
   def _fill(self, need: int) -> None:
     """Buffers documents until `need` tokens are available, or the parent runs out."""
@@ -242,15 +249,6 @@ class _PackedMlmIterator(grain.DatasetIterator):
     features["positions"] = np.concatenate(
         [np.arange(len(p), dtype=np.int32) for p in pieces] + [pad])
     return features
-
-  def get_state(self) -> dict[str, Any]:
-    return {"parent": self._start_state, "offset": self._offset}
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._parent.set_state(state["parent"])
-    self._start_state = state["parent"]
-    self._docs.clear()
-    self._offset = state["offset"]
 
 
 class PackedMlmIterDataset(grain.IterDataset):
