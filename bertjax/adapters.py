@@ -262,6 +262,9 @@ def _check_peft_export(config: ModelConfig, head: str) -> str:
   if head not in _PEFT_TASKS:
     raise ValueError(f"head must be one of {', '.join(_PEFT_TASKS)}, got {head!r}")
   model_type = hf.hf_config_dict(base_model_config(config))["model_type"]
+  if model_type not in ("bert", "gpt2", "openai-gpt"):
+    raise ValueError(f"export_peft knows BERT and GPT-2 module names, not {model_type}'s; "
+                     "export the merged model with --format hf")
   if model_type != "bert" and head != "pretraining":
     raise ValueError(f"head={head!r} is for BERT; this is a {config.family} model")
   return model_type

@@ -350,13 +350,20 @@ def _hf_model_type(cfg: ModelConfig) -> str:
     if wrong or not cfg.local_window:
       raise HFConversionError("a rotary BERT exports as ModernBERT, which needs "
                               + ", ".join(f"{k}={v!r}" for k, v in _MODERNBERT.items())
-                              + f" and a local_window; this config has "
+                              + " and a local_window; this config has "
                               + ", ".join(wrong or ["local_window=0"]))
     return "modernbert"
+  modern = [name for name, classic in (("position_embedding", "learned"), ("mlp_gated", False),
+                                        ("pooler", True), ("attention_bias", True),
+                                        ("mlp_bias", True), ("norm_bias", True),
+                                        ("head_bias", True), ("local_window", 0))
+            if getattr(cfg, name) != classic]
+  if modern:
+    raise HFConversionError(f"{', '.join(f'{n}={getattr(cfg, n)!r}' for n in modern)}: no "
+                            f"{'BertForPreTraining' if cfg.family == 'bert' else 'GPT-2'} "
+                            "equivalent in transformers (MosaicBERT is remote code; a rotary "
+                            "BERT exports as ModernBERT)")
   if cfg.family == "bert":
-    if cfg.position_embedding != "learned" or cfg.mlp_gated or not cfg.pooler:
-      raise HFConversionError("a BERT with ALiBi, a gated MLP or no pooler has no Hugging "
-                              "Face equivalent in transformers (MosaicBERT is remote code)")
     if cfg.norm_position != "post":
       raise HFConversionError("pre-LN BERT has no Hugging Face BertForPreTraining equivalent")
     return "bert"
@@ -380,8 +387,9 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
                    labels: list[str] | None = None,
                    generation_ids: dict[str, int] | None = None) -> dict[str, Any]:
   """The config.json `transformers` needs to load the exported weights (`head`, `labels`: see
-  export_hf). `generation_ids`: a GPT's bos/eos(/pad)_token_id, where generation stops
-  (`hf_tokenizer.generation_ids`; default GPT-2's `vocab_size - 1`)."""
+  export_hf). `generation_ids`: the special ids of the run's tokenizer
+  (`hf_tokenizer.generation_ids`): a GPT's bos/eos(/pad)_token_id, where generation stops
+  (default GPT-2's `vocab_size - 1`), or a ModernBERT's pad/cls/sep."""
   _check_head(cfg, head)
   model_type = _hf_model_type(cfg)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}[

@@ -16,8 +16,9 @@ vocabulary 50,368; 8,192 positions.
 
 Pre-training (App. A, Table 3): 1.719T tokens at 1,024 tokens per sequence, packed (documents
 in rows with no attention across them: data.bert_instances=packed), 30% MLM masking (80/10/10),
-no NSP; StableAdamW β (0.9, 0.98), ε 1e-6, weight decay 1e-5 (not on biases or norms), no
-gradient clipping; linear warmup then constant (the trapezoidal schedule's decay comes at the
+no NSP; StableAdamW β (0.9, 0.98), ε 1e-6, fully decoupled weight decay 1e-5 per step at
+the peak rate (not on biases or norms; optimizer.weight_decay here is that over the peak
+learning rate, since optax's adamw multiplies by the rate), no gradient clipping; linear warmup then constant (the trapezoidal schedule's decay comes at the
 end of context extension); RoPE base 10,000 in every layer in this phase; dropout 0.1 on the
 attention output only. Then context extension (`:size=base,stage=extension`): 8,192 tokens,
 batch 576 (large 616), constant lr 3e-4 (large 5e-5), global layers' RoPE base 160,000, 250B
@@ -27,8 +28,8 @@ What differs here, stated rather than hidden: AdamW with global-norm clipping of
 StableAdamW (whose per-parameter update clipping optax does not ship); the batch-size ramp
 (768 -> 4,608 over 50B tokens) is not done; large's 5e-4 -> 5e-5 restart after 900B tokens
 and the final 50B-token decay are left to a second run; the attention-output dropout is
-bertjax's residual dropout on both sub-blocks (hidden_dropout); steps are tokens / (batch x
-1,024).
+bertjax's hidden_dropout, which also drops out the embeddings and the MLP's output (both 0 in
+the paper); steps are tokens / (batch x 1,024).
 
   bertjax compile --config configs/modernbert.py:size=base --topology v5p-64
   bertjax compile --config configs/modernbert.py:size=large --topology v5p-128
@@ -52,6 +53,8 @@ STAGES = ("pretrain", "extension")
 # Every config this file makes (the tests load each).
 VARIANTS = tuple(f"size={size}" for size in SIZES) + ("size=base,stage=extension",
                                                       "size=large,stage=extension")
+# Table 3's weight decay, per step at the peak learning rate (large: 1e-6 after its restart).
+PAPER_WEIGHT_DECAY = {"base": 1e-5, "large": 1e-5}
 PRETRAIN_TOKENS = 1_719_000_000_000
 EXTENSION_TOKENS = 250_000_000_000
 
@@ -87,10 +90,12 @@ def get_config(arg=None):
   config.seq_length = 1024
   config.max_predictions = 308  # 30% of 1,024
   config.num_train_steps = PRETRAIN_TOKENS // (batch * 1024)
+  # StableAdamW's decay is fully decoupled (1e-5 of the weights per step at the peak, scaled
+  # by the schedule); optax's adamw multiplies its rate by the learning rate: divide it out.
   config.optimizer.update(dict(name="adamw", learning_rate=lr,
                                warmup_steps=warmup_tokens // (batch * 1024),
                                schedule="constant", b1=0.9, b2=0.98, eps=1e-6,
-                               weight_decay=1e-5, clip_norm=0.0))
+                               weight_decay=PAPER_WEIGHT_DECAY[arg.size] / lr, clip_norm=0.0))
   if stage == "extension":
     batch = {"base": 576, "large": 616}[arg.size]
     config.batch_size = batch
@@ -98,8 +103,10 @@ def get_config(arg=None):
     config.max_predictions = 2458  # 30% of 8,192
     config.model.rope_theta = 160_000.0
     config.num_train_steps = EXTENSION_TOKENS // (batch * 8192)
-    config.optimizer.update(dict(learning_rate={"base": 3e-4, "large": 5e-5}[arg.size],
-                                 warmup_steps=0))
+    extension_lr = {"base": 3e-4, "large": 5e-5}[arg.size]
+    config.optimizer.update(dict(learning_rate=extension_lr, warmup_steps=0,
+                                 weight_decay={"base": 1e-5, "large": 1e-6}[arg.size]
+                                 / extension_lr))
   config.checkpoint.every = 5_000
   # A step as written does not fit the slice; these settings make it (docs/reproducing.md).
   memory_saving(config, grad_accum_steps=micro)

@@ -10,15 +10,17 @@ attention probabilities; vocabulary 30,528 (30,522 padded to a multiple of 8); n
 pooler in the MLM model (137M parameters).
 
 Pre-training (yamls/main/mosaic-bert-base-uncased.yaml): 70,000 steps of 4,096 x 128 tokens
-(C4), 30% masking, decoupled AdamW lr 5e-4, β (0.9, 0.98), ε 1e-6, weight decay 1e-5, linear
+(C4), 30% masking, decoupled AdamW lr 5e-4, β (0.9, 0.98), ε 1e-6, weight decay 1e-5 (per
+step at the peak rate; 0.02 here, in optax's convention of a multiple of the rate), linear
 warmup over 6% of the run (4,200 steps) then linear decay to 0.02 x peak, bf16.
 
 What differs here, stated rather than hidden: the unpadded instances are packed rows
 (data.bert_instances=packed: several documents per row, none attending to another) where
 MosaicBERT removes padding token by token inside the model; the MLP's output projection has no
 bias either (model.mlp_bias covers both projections: 9,216 parameters fewer); weight decay
-skips biases and norms (MosaicBERT decays everything); fine-tuning puts a fresh dense + GELU +
-LayerNorm head on [CLS] where MosaicBERT's classifier has a fresh tanh pooler.
+skips biases and norms (MosaicBERT decays everything); dropout on the MLP comes after its
+output projection (MosaicBERT's before it); fine-tuning puts a fresh dense + GELU + LayerNorm
+head on [CLS] where MosaicBERT's classifier has a fresh tanh pooler.
 
   bertjax compile --config configs/mosaicbert.py --topology v4-32
   bertjax train --config configs/mosaicbert.py --workdir /gcs/BUCKET/mosaicbert \
@@ -42,7 +44,10 @@ def get_config():
   config.num_train_steps = 70_000
   config.optimizer.update(dict(name="adamw", learning_rate=5e-4, warmup_steps=4_200,
                                schedule="linear", end_lr_fraction=0.02, b1=0.9, b2=0.98,
-                               eps=1e-6, weight_decay=1e-5, clip_norm=0.0))
+                               eps=1e-6, clip_norm=0.0,
+                               # Composer's decoupled decay: 1e-5 of the weights per step at
+                               # the peak rate; optax's adamw multiplies by the rate.
+                               weight_decay=1e-5 / 5e-4))
   config.checkpoint.every = 5_000
   memory_saving(config, zero3=True)
   config.reference_params = 137_000_000

@@ -1,7 +1,7 @@
 """ModernBERT (Warner et al. 2024) against Hugging Face's ModernBertForMaskedLM: random-init
 parity with the local/global attention pattern, HF -> bertjax -> HF and bertjax -> HF ->
-bertjax round trips; plus the modern encoder options' own properties (sliding window, ALiBi,
-GLU, packed documents)."""
+bertjax round trips, refusals; MosaicBERT's ALiBi slopes against the reference's. Packed
+documents: tests/test_unpadding.py."""
 
 import json
 
@@ -155,3 +155,41 @@ def test_non_modernbert_rotary_export_is_refused(tmp_path):
   params = jit_init(build_model(cfg))(jax.random.key(0))
   with pytest.raises(hf.HFConversionError, match="pooler=True"):
     hf.export_hf(params, cfg, tmp_path)
+
+
+def test_alibi_slopes_are_the_reference_ones():
+  """ALiBi's reference get_slopes (Press et al.; MosaicBERT's bert_layers.py): for 12 heads the
+  8 slopes of 8 heads, then every other one of 16 heads', in that head order."""
+  expected = [2.0 ** -k for k in range(1, 9)] + [2.0 ** -(k + 0.5) for k in range(4)]
+  np.testing.assert_allclose(layers.alibi_slopes(12), expected, rtol=1e-6)
+  np.testing.assert_allclose(layers.alibi_slopes(16), [2.0 ** -(k / 2) for k in range(1, 17)],
+                             rtol=1e-6)
+  np.testing.assert_allclose(layers.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)],
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(prefix_length=2), "does not combine with sliding-window layers or ALiBi"),
+    (dict(norm_position="post"), "first_attention_norm=False is a pre-LN option"),
+    (dict(attention="splash", position_embedding="alibi", local_window=0,
+          first_attention_norm=True), "alibi needs the XLA attention core"),
+])
+def test_contradictory_modern_options_are_refused(change, message):
+  with pytest.raises(ValueError, match=message):
+    _modern_config(**change)
+
+
+def test_bias_free_classic_bert_export_is_refused_by_name(tmp_path):
+  cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                    mlp_dim=48, max_positions=16, mlp_bias=False)
+  params = jit_init(build_model(cfg))(jax.random.key(0))
+  with pytest.raises(hf.HFConversionError, match="mlp_bias=False"):
+    hf.export_hf(params, cfg, tmp_path)
+
+
+def test_peft_export_of_a_modernbert_is_refused():
+  """peft's adapter names are BERT's and GPT-2's; a ModernBERT's LoRA is exported merged."""
+  from bertjax import adapters
+  cfg = _modern_config(lora_rank=4, lora_targets="out,wo")
+  with pytest.raises(ValueError, match="export the merged model with --format hf"):
+    adapters.peft_config_dict(cfg, "base")

@@ -14,9 +14,9 @@ config key (`model.attention`):
   configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype; no prefix
   tuning, no ALiBi), else "xla" (`resolve`).
 
-Sliding-window layers (ModernBERT's local attention) are a band mask on the XLA core, the
-splash kernel's LocalMask (whose block-sparse mask skips the blocks outside the band) and
-cuDNN's local_window_size.
+Sliding-window layers (ModernBERT's local attention) are a band mask on the XLA core and in
+cuDNN's boolean mask (its own window is one-sided), and the splash kernel's LocalMask on TPU
+(whose block-sparse mask skips the blocks outside the band).
 
 Masks travel as an `AttentionMask`: the boolean [B|1, 1, L|1, S] mask the XLA path applies,
 and the structured form fused kernels read (document segment ids and a causal flag), built
@@ -97,7 +97,7 @@ def decoder_mask(length: int, segment_ids_BL: Array | None = None,
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
   """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
   "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration
-  (not prefix tuning: "xla" then)."""
+  (not with prefix tuning or ALiBi: "xla" then)."""
   if config.attention != "auto":
     return config
   dropout = training and config.attention_dropout > 0
@@ -248,28 +248,30 @@ def _dividing(axes: str | tuple[str, ...] | None, size: int,
   return axes if size % ways == 0 else None
 
 
-def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
-                    mask: AttentionMask, implementation: str = "cudnn", window: int = 0
-                    ) -> Array:
-  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking and the
-  sliding window (`window` keys on either side) are the kernel's own; padding and document
-  segments are passed as the boolean mask. Tests run the same call with implementation="xla"
-  on CPU."""
-  causal_only = mask.causal and mask.segment_ids_BL is None
-  dtype = config.compute_dtype
-  out_BLNH = jax.nn.dot_product_attention(
-      q_BLNH.astype(dtype), k_BSNH.astype(dtype), v_BSNH.astype(dtype),
-      mask=None if causal_only else mask.dense_B1LS, is_causal=mask.causal,
-      local_window_size=(window, 0 if mask.causal else window) if window else None,
-      implementation=implementation)
-  return out_BLNH.astype(precision.activation_dtype(config))
-
-
 def window_band(length: int, window: int) -> Array:
   """[1, 1, L, L]: True where query l and key s are at most `window` positions apart (Hugging
   Face's bidirectional sliding-window mask with sliding_window = window)."""
   index = jnp.arange(length)
   return (jnp.abs(index[:, None] - index[None, :]) <= window)[None, None]
+
+
+def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
+                    mask: AttentionMask, implementation: str = "cudnn", window: int = 0
+                    ) -> Array:
+  """`jax.nn.dot_product_attention` (cuDNN flash attention on GPU). Causal masking is the
+  kernel's own; padding, document segments and a sliding window (`window` keys on either
+  side: cuDNN's own window is one-sided, left of the query only) are passed as the boolean
+  mask. Tests run the same call with implementation="xla" on CPU, and trace the cuDNN one."""
+  causal_only = mask.causal and mask.segment_ids_BL is None and not window
+  dense = mask.dense_B1LS
+  if window:
+    dense = dense & window_band(q_BLNH.shape[1], window)
+  dtype = config.compute_dtype
+  out_BLNH = jax.nn.dot_product_attention(
+      q_BLNH.astype(dtype), k_BSNH.astype(dtype), v_BSNH.astype(dtype),
+      mask=None if causal_only else dense, is_causal=mask.causal,
+      implementation=implementation)
+  return out_BLNH.astype(precision.activation_dtype(config))
 
 
 def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,

@@ -199,13 +199,20 @@ class ModelConfig:
                        f"got {self.local_window!r}")
     if self.global_every < 1:
       raise ValueError(f"model.global_every must be >= 1, got {self.global_every!r}")
+    if self.prefix_length and (self.local_window or self.position_embedding == "alibi"):
+      raise ValueError(f"model.prefix_length={self.prefix_length} does not combine with "
+                       "sliding-window layers or ALiBi (the prefix keys have no position)")
+    if not self.first_attention_norm and self.norm_position != "pre":
+      raise ValueError("model.first_attention_norm=False is a pre-LN option (layer 0 reads the "
+                       "normalised embeddings); set model.norm_position=pre")
     if self.position_embedding == "alibi" and self.attention in ("splash", "cudnn"):
       raise ValueError(f"model.position_embedding=alibi needs the XLA attention core (the "
                        f"fused kernels take no score bias): set model.attention=xla or auto, "
                        f"not {self.attention!r}")
 
-  def is_local(self, layer: int) -> bool:
-    """Whether layer `layer` attends within the sliding window."""
+  def is_local(self, layer: Any) -> Any:
+    """Whether layer `layer` attends within the sliding window (a traced bool for a traced
+    layer index, inside a scanned layer stack)."""
     return bool(self.local_window) and layer % self.global_every != 0
 
   def _check_peft(self) -> None:

@@ -482,7 +482,7 @@ class Block(nn.Module):
     mlp = Mlp(cfg, self.deterministic, name="mlp")
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
-    local = bool(cfg.local_window) and layer % cfg.global_every != 0
+    local = cfg.is_local(layer)
     self_attention = functools.partial(self_attention, positions_BL=positions_BL, local=local)
     if not cfg.first_attention_norm:
       # ModernBERT's layer 0 reads the (normalised) embeddings as they are.
