@@ -271,11 +271,11 @@ def test_state_moves_between_process_layouts_and_survives_repeated_restores(
 
 @pytest.mark.parametrize("objective,mode,dataset,window", [
     ("mlm_nsp", "pairs", "bert", 16), ("mlm_nsp", "pairs", "bert", 0),
-    ("mlm", "full_sentences", "bert", 0), ("causal_lm", "pairs", "gpt", 0),
-    ("mlm_nsp", "pairs", "mixed", 7)])
+    ("mlm", "full_sentences", "bert", 0), ("mlm", "packed", "bert", 0),
+    ("causal_lm", "pairs", "gpt", 0), ("mlm_nsp", "pairs", "mixed", 7)])
 def test_every_iterator_state_is_a_true_inverse(corpus, objective, mode, dataset, window):
   """For every wrapper a row stream chains (document iterator, pair flat-map, window shuffle,
-  full-sentence packing, GPT packing), at random positions: restoring a state and reading it
+  full-sentence packing, ModernBERT-style packed MLM rows, GPT packing), at random positions: restoring a state and reading it
   back gives the same state, and from there on every element and every state equal the
   uninterrupted stream's (a restore that forgets part of its position shows only in the
   states saved after it: the second-preemption bug)."""

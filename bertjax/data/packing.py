@@ -184,15 +184,25 @@ class _FullSentencesIterator(grain.DatasetIterator):
       self._sentence, self._token = state["sentence"], state["token"]
 
 
-class FullSentencesIterDataset(grain.IterDataset):
+class _MlmPackerIterDataset(grain.IterDataset):
+  """A packer of masked documents into rows: its iterator class reads the parent's documents
+  with the instance config, special ids, word-continuation rule and seed."""
+
+  _iterator: type[grain.DatasetIterator]
 
   def __init__(self, parent: grain.IterDataset, cfg: InstanceConfig, special: SpecialIds,
                is_continuation: Callable[[int], bool], seed: int):
     super().__init__(parent)
     self._args = (cfg, special, is_continuation, seed)
 
-  def __iter__(self) -> _FullSentencesIterator:
-    return _FullSentencesIterator(self._parent.__iter__(), *self._args)
+  def __iter__(self) -> grain.DatasetIterator:
+    return self._iterator(self._parent.__iter__(), *self._args)
+
+
+class FullSentencesIterDataset(_MlmPackerIterDataset):
+  """RoBERTa FULL-SENTENCES rows (see the module docstring)."""
+
+  _iterator = _FullSentencesIterator
 
 
 class _PackedMlmIterator(_BufferedDocuments):
@@ -251,17 +261,11 @@ class _PackedMlmIterator(_BufferedDocuments):
     return features
 
 
-class PackedMlmIterDataset(grain.IterDataset):
+class PackedMlmIterDataset(_MlmPackerIterDataset):
   """ModernBERT-style packed MLM rows (see the module docstring). State: the parent's position
   before the document where the next row starts and the offset into its [CLS] tokens [SEP]."""
 
-  def __init__(self, parent: grain.IterDataset, cfg: InstanceConfig, special: SpecialIds,
-               is_continuation: Callable[[int], bool], seed: int):
-    super().__init__(parent)
-    self._args = (cfg, special, is_continuation, seed)
-
-  def __iter__(self) -> _PackedMlmIterator:
-    return _PackedMlmIterator(self._parent.__iter__(), *self._args)
+  _iterator = _PackedMlmIterator
 
 
 class _WindowShuffleIterator(grain.DatasetIterator):
