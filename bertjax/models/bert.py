@@ -116,9 +116,7 @@ class BertForPreTraining(nn.Module):
     h = sequence_BLD
     if masked_positions_BP is not None:
       h = gather_positions(sequence_BLD, masked_positions_BP)
-    h = layers.Dense(cfg, "bpd,de->bpe", (d, d), ("embed", "mlp"),
-                     (d,) if cfg.head_bias else None, ("mlp",), name="mlm_transform")(h)
-    h = layers.layer_norm(cfg, "mlm_norm")(layers.activation_fn(cfg.activation)(h))
+    h = transform(cfg, h, "mlm_transform", "mlm_norm")
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.weight_dtype)
@@ -131,17 +129,21 @@ class BertForPreTraining(nn.Module):
                              pooled_BD, sequence_BLD)
 
 
-def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
-  """A model without BERT's pooler (ModernBERT) puts dense + activation + LayerNorm before a
-  fine-tuning classifier, as Hugging Face's ModernBertPredictionHead (inside a compact
-  module, whose submodule `name` it creates)."""
-  if cfg.pooler:
-    return x
+def transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Array:
+  """Dense (width to width) + activation + LayerNorm over the last axis: the MLM head's
+  transform and a no-pooler model's prediction head (inside a compact module, whose
+  submodules it creates under the two names)."""
   d = cfg.hidden_size
   rows = "abc"[:x.ndim - 1]
   x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (d, d), ("embed", "mlp"),
-                   (d,) if cfg.head_bias else None, ("mlp",), name=f"{name}_dense")(x)
-  return layers.layer_norm(cfg, f"{name}_norm")(layers.activation_fn(cfg.activation)(x))
+                   (d,) if cfg.head_bias else None, ("mlp",), name=dense_name)(x)
+  return layers.layer_norm(cfg, norm_name)(layers.activation_fn(cfg.activation)(x))
+
+
+def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
+  """A model without BERT's pooler (ModernBERT) puts dense + activation + LayerNorm before a
+  fine-tuning classifier, as Hugging Face's ModernBertPredictionHead."""
+  return x if cfg.pooler else transform(cfg, x, f"{name}_dense", f"{name}_norm")
 
 
 def per_token_logits(cfg: ModelConfig, sequence_BLD: Array, num: int, name: str) -> Array:
