@@ -1,5 +1,6 @@
 """Every command in README.md's bash blocks runs and exits 0, in README order (later commands use
-what earlier ones made: runs/bert_tiny feeds generate, finetune and export).
+what earlier ones made: the main job's runs/modernbert_tiny feeds plot, generate, finetune and
+export).
 
 How a command is run is decided per `&&`-separated part by `RULES` (first match wins); a part
 no rule matches fails the test, so a command added to the README without a way to run it here
@@ -75,7 +76,7 @@ RULES: tuple[Rule, ...] = (
     # The phase switch is the point; the data is the main job's (same sources, vocabulary).
     Rule(r"^bertjax train --config configs/bert_tiny_two_phase\.py ",
          _TRAIN + " --config.phase2.start_step=2"
-         " --config.data.dataset=runs/bert_tiny/data/dataset"),
+         " --config.data.dataset=runs/modernbert_tiny/data/dataset"),
     Rule(r"^(XLA_FLAGS=\S+ )?bertjax train ", _TRAIN),
     Rule(r"^python launch/local\.py .* -- bertjax train ", _TRAIN),
     Rule(r"^python launch/tpu_vm\.py .* --dry-run "),
@@ -175,13 +176,15 @@ def test_readme_commands_run(tmp_path):
     assert result.returncode == 0, (f"README command failed (exit {result.returncode}):\n"
                                     f"{line}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     # The main job explains itself.
-    if "bertjax train --config configs/bert_tiny.py --workdir runs/bert_tiny " in line:
+    if ("bertjax train --config configs/modernbert.py:size=tiny --workdir runs/modernbert_tiny "
+        in line):
       output = result.stdout + result.stderr
-      assert "run finished at step 4 of 4" in output and "runs/bert_tiny/metrics.png" in output
+      assert ("run finished at step 4 of 4" in output
+              and "runs/modernbert_tiny/metrics.png" in output)
       # The summary names the workdir as an absolute path: the next commands run from anywhere.
-      assert re.search(r"bertjax export --params \S*/runs/bert_tiny/params --format hf",
+      assert re.search(r"bertjax export --params \S*/runs/modernbert_tiny/params --format hf",
                        output), output[-3000:]
-      png = (tmp_path / "runs" / "bert_tiny" / "metrics.png").read_bytes()
+      png = (tmp_path / "runs" / "modernbert_tiny" / "metrics.png").read_bytes()
       assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
 
 

@@ -159,9 +159,10 @@ def test_local_launcher_dry_run_prints_every_process():
 
 
 def test_bert_tiny_trains_on_the_embedded_wikipedia_sample(tmp_path, capsys):
-  """The README's main job, shortened: with no data.dataset the run trains a SentencePiece
-  tokenizer on the embedded sample, builds it into WORKDIR/data, trains and evaluates on it;
-  it ends with a summary and a plot, and `bertjax plot` compares it with another run."""
+  """The README's main job's path with the classic tiny BERT, shortened: with no data.dataset
+  the run trains a SentencePiece tokenizer on the embedded sample, builds it into
+  WORKDIR/data, trains and evaluates on it; it ends with a summary and a plot, and `bertjax
+  plot` compares it with another run."""
   assert cli.main(["train", "--config", "bert_tiny", "--workdir", str(tmp_path),
                    "--config.model.vocab_size=2048", "--config.model.hidden_size=64",
                    "--config.model.num_heads=2", "--config.model.mlp_dim=128",
