@@ -85,8 +85,8 @@ def get_config(arg=None):
     tiny_cpu_training(config, batch_size=32)
     config.model.local_window = 64  # of 128 positions: the local layers see half the row
     config.max_predictions = 40  # 30% of 128
-    # Long enough to leave the frequent-token plateau, so that fine-tuning from it beats random
-    # init on the README's tasks (docs/finetuning.md); still minutes on 2 CPU cores.
+    # Long enough to leave the frequent-token plateau, so that a QA fine-tune from it beats
+    # random init (docs/finetuning.md); still minutes on 2 CPU cores.
     config.num_train_steps = 1650
     config.eval_every = 550
     config.checkpoint.every = 550
