@@ -10,14 +10,14 @@ Preemption: a JobSet whose pod dies (a Spot node reclaimed, a host failure) is r
 whole, at most --max-restarts times (failurePolicy.maxRestarts); the pods get SIGTERM first
 (bertjax saves a checkpoint and exits 0) and the new pods resume from the latest checkpoint in
 the same workdir. GKE sets TPU_WORKER_HOSTNAMES / TPU_WORKER_ID in TPU pods, from which JAX
-(through bertjax.distributed) finds its peers; the launcher sets no variables of its own.
+(through bertjax.parallel.distributed) finds its peers; the launcher sets no variables of its own.
 
 Several slices (--num-slices N; a JobSet or xpk, not --kind job): the replicated Job gets
 `replicas: N`, one Job per slice, each on its own node pool of the slice's shape (the
 exclusive-topology annotation), and the pods use the host network, as in xpk's multislice
 template and the JobSet TPU example. GKE then sets the MEGASCALE_* variables of the slices
 over DCN in the pods (JAX: "GKE via JobSet"; not checked in detail here) and
-bertjax.distributed leaves the cluster detection to JAX; the mesh across slices is
+bertjax.parallel.distributed leaves the cluster detection to JAX; the mesh across slices is
 config.dcn_mesh (data parallel by default).
 
 The container needs bertjax: an --image with it installed, or --package, pip-installed when a

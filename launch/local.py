@@ -6,7 +6,7 @@ devices: the multi-host setup of a pod, in miniature. The multi-host tests use i
       bertjax train --config configs/gpt_tiny.py --workdir runs/gpt_2x4
 
 Each process gets BERTJAX_COORDINATOR_ADDRESS / BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID
-(read by bertjax.distributed), JAX_PLATFORMS=cpu and its device count in XLA_FLAGS; output
+(read by bertjax.parallel.distributed), JAX_PLATFORMS=cpu and its device count in XLA_FLAGS; output
 lines are prefixed with [pN]. If a process fails, the launcher says which and how (its exit
 status or the signal that killed it), the others get --grace seconds to notice and exit on
 their own, then are terminated; the launcher exits with the first failure's code (128 + N for

@@ -273,7 +273,7 @@ class Commands:
 
   def run_remote(self) -> str:
     """The training command on each worker, with the multi-host variables bertjax reads: on a
-    TPU VM JAX finds its peers through the metadata server, which bertjax.distributed does not
+    TPU VM JAX finds its peers through the metadata server, which bertjax.parallel.distributed does not
     look at, so the worker number and worker 0's address come from there explicitly."""
     meta = ("curl -sf -H Metadata-Flavor:Google "
             "http://metadata.google.internal/computeMetadata/v1/instance/attributes/")

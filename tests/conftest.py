@@ -14,7 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # dropped axis then fails loudly). Set in the environment too, so that the bertjax processes
 # tests start (training runs, multi-host workers) run under the same rule.
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
-# The measured CPU matmul peak (bertjax.flops) is cached under BERTJAX_CACHE: tests neither read
+# The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests neither read
 # nor write the user's.
 os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
 

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import adapters
+from bertjax.models import peft as adapters
 from bertjax import config as config_lib
-from bertjax import generate as gen
+from bertjax.inference import generate as gen
 from bertjax import hf
+from bertjax.hf import peft as hf_peft
+from bertjax.models.groups import is_added
 from bertjax.models import ModelConfig, abstract_params, attention, build_model, jit_init
-from bertjax.models import unscanned
+from bertjax.models.params import unscanned
 from train_helpers import uncached_greedy
 
 BERT_TARGETS = "query,key,value,out,wi,wo"
@@ -63,7 +65,7 @@ def _randomised(params, seed: int = 0, scale: float = 0.3):
   rng = np.random.RandomState(seed)
   return traverse_util.unflatten_dict({
       k: (np.asarray(v) + scale * rng.standard_normal(np.shape(v)).astype(np.float32)
-          if adapters.is_added(k) else v) for k, v in _flat(params).items()})
+          if is_added(k) else v) for k, v in _flat(params).items()})
 
 
 def _forward(cfg, head, params, ids, inputs):
@@ -179,10 +181,10 @@ def test_additions_are_named_for_the_predicate():
     boxed = abstract_params(build_model(cfg))
     base_keys = set(_flat(abstract_params(build_model(adapters.base_model_config(cfg)))))
     flat = _flat(boxed)
-    added = {k for k in flat if adapters.is_added(k)}
+    added = {k for k in flat if is_added(k)}
     assert added == set(flat) - base_keys and added
     for path, leaf in traverse_util.flatten_dict(boxed).items():
-      if adapters.is_added(path):
+      if is_added(path):
         assert isinstance(leaf, nn.Partitioned) and leaf.names[0] == "layers", path
         assert leaf.value.shape[0] == cfg.num_layers, path
 
@@ -215,9 +217,9 @@ def test_training_with_freeze_base(devices):
   """Trainer with optimizer.freeze=base: the base model's weights come out bit-identical, every
   addition and head moves, only they have optimizer moments, and the loss falls."""
   import train_helpers
-  from bertjax import distributed
+  from bertjax.parallel import distributed
   from bertjax.data import make_batches
-  from bertjax.train import Trainer
+  from bertjax.training.trainer import Trainer
   config = train_helpers.tiny_config(
       "bert", **{"model.hidden_size": 32, "model.mlp_dim": 64, "model.lora_rank": 4,
                  "model.lora_targets": "query,value,wo", "model.adapter_size": 8,
@@ -239,7 +241,7 @@ def test_training_with_freeze_base(devices):
     losses.append(float(metrics["loss"]))
   after = {k: np.asarray(v) for k, v in _flat(state.params).items()}
   trained = set(_flat(adapters.trainable_params(state.params, "base")))
-  assert {k for k in before if adapters.is_added(k)} <= trained
+  assert {k for k in before if is_added(k)} <= trained
   assert ("mlm_transform", "kernel") in trained and ("bert", "pooler", "kernel") not in trained
   for key, old in before.items():
     if key in trained:
@@ -265,7 +267,7 @@ def test_trainable_params_and_combine_round_trip():
   params = _random_params(cfg, "classification")
   trained = adapters.trainable_params(params, "base")
   keys = set(_flat(trained))
-  assert keys == {k for k in _flat(params) if adapters.is_added(k) or k[0] == "classifier"}
+  assert keys == {k for k in _flat(params) if is_added(k) or k[0] == "classifier"}
   # A base checkpoint (pre-training heads included) plus the trained subtree: the model back.
   heads = _flat(_random_params(adapters.base_model_config(cfg), seed=1))
   pretraining_base = {**{k: v for k, v in heads.items() if k[0] != "bert"},
@@ -280,7 +282,7 @@ def test_trainable_params_and_combine_round_trip():
   with pytest.raises(ValueError, match="classifier/kernel has shape"):
     adapters.combine(params, wrong)
   # Abstract shapes work too (what a checkpoint restore target is built from).
-  abstract = nn.meta.unbox(abstract_params(build_model(cfg, "classification")))
+  abstract = nn.meta.unbox(abstract_params(build_model(cfg, "sequence_classification")))
   assert set(_flat(adapters.trainable_params(abstract))) == keys
 
 
@@ -340,7 +342,7 @@ def test_peft_loads_our_adapter(tmp_path, family, targets, head):
     # The base has a different (untrained) classifier: the adapter's must replace it.
     base_params["classifier"] = jax.tree.map(np.zeros_like, base_params["classifier"])
   hf.export_hf(base_params, adapters.base_model_config(cfg), base_dir, head=head)
-  adapters.export_peft(params, cfg, adapter_dir, str(base_dir), head=head)
+  hf_peft.export_peft(params, cfg, adapter_dir, str(base_dir), head=head)
   adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
   assert adapter_config["peft_type"] == "LORA" and adapter_config["r"] == 4
   assert adapter_config["fan_in_fan_out"] == (family == "gpt")
@@ -364,9 +366,9 @@ def test_peft_export_refuses_what_it_cannot_write(tmp_path):
   cfg = _config("bert", lora_rank=4, adapter_size=8)
   params = _random_params(cfg)
   with pytest.raises(ValueError, match="LoRA adapters only.*bottleneck adapters"):
-    adapters.export_peft(params, cfg, tmp_path, "base")
+    hf_peft.export_peft(params, cfg, tmp_path, "base")
   with pytest.raises(ValueError, match="needs a LoRA model"):
-    adapters.export_peft({}, _config("bert"), tmp_path, "base")
+    hf_peft.export_peft({}, _config("bert"), tmp_path, "base")
 
 
 # --- prefix tuning ------------------------------------------------------------------------

@@ -107,9 +107,9 @@ def test_splash_is_sharded_by_the_rules_and_trains_like_xla():
   """One train step on a (2, 2, 2) data/fsdp/tensor mesh: splash runs per device under
   shard_map (rows over data and fsdp, heads over tensor); loss and updated parameters equal
   the XLA path's."""
-  from bertjax import sharding
-  from bertjax.distributed import global_batch
-  from bertjax.train import Trainer
+  from bertjax.parallel import sharding
+  from bertjax.parallel.distributed import global_batch
+  from bertjax.training.trainer import Trainer
   results = {}
   for implementation in ("xla", "splash"):
     config = config_lib.load_config("gpt_tiny", [

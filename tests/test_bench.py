@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import config as config_lib
-from bertjax import flops
+from bertjax.training import flops
 from bertjax.config import model_config
 from bertjax.tools import bench
 

@@ -15,9 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, cli
+from bertjax import cli
+
+from bertjax.checkpoints import params as checkpoint
 from bertjax.data import make_batches
-from bertjax.train_checkpoint import TrainCheckpoints
+from bertjax.checkpoints.train_state import TrainCheckpoints
 import train_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,7 +256,7 @@ def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
   batch = next(next_batch)
 
   def step_on(t, s):
-    from bertjax import distributed
+    from bertjax.parallel import distributed
     return float(t.step(s, distributed.global_batch(batch, t.batch_shardings, rows,
                                                     config.batch_size))[1]["loss"])
 
@@ -404,7 +406,7 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
   for origin in (source / "params", tmp_path / "hf"):
     config = train_helpers.tiny_config("gpt", init_from=str(origin))
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
-    from bertjax import loop
+    from bertjax.training import loop
     params = loop.start_from(str(origin), trainer, trainer.init_state(0)).params
     expected, _ = checkpoint.load_params(source / "params")
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(params)):

@@ -52,7 +52,8 @@ def compiled_settings(config) -> dict:
 
 def phase_config(name: str, step: int | None, overrides=()):
   """The config a report compiled and the steps it trains: (config, steps of that phase)."""
-  from bertjax import config as config_lib, phases
+  from bertjax import config as config_lib
+  from bertjax.config import phases
   config = config_lib.load_config(name, list(overrides))
   total, start = int(config.num_train_steps), int(config.phase2.start_step)
   if step is None or phases.phase_of(config, step) == 0:

@@ -1,4 +1,4 @@
-"""GPT fine-tuning data (bertjax.data.completions): the loss is on completions only (and no
+"""GPT fine-tuning data (bertjax.finetune.completions): the loss is on completions only (and no
 gradient reaches a prompt position), examples are packed whole with attention and positions
 per example, chat records train only the assistant turns, bad records name file and line."""
 
@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import objectives
-from bertjax.data import completions as C
+from bertjax.training import objectives
+from bertjax.finetune import completions as C
 from bertjax.data.errors import CorpusError
 from bertjax.models import GPT, ModelConfig, build_model, jit_init
 from train_helpers import perturbed
@@ -203,7 +203,7 @@ def test_too_long_examples_cut_the_prompt_left_or_are_skipped(tmp_path, caplog):
              {"prompt": "x:", "completion": " " + "y" * 12},  # completion + eot = 14
              {"prompt": "ok:", "completion": " z"}]
   path = _write(tmp_path, records)
-  with caplog.at_level(logging.WARNING, logger="bertjax.data.completions"):
+  with caplog.at_level(logging.WARNING, logger="bertjax.finetune.completions"):
     packed = C.load_completions(path, TOK, 12)
   assert packed.skips.counts == {"completion longer than seq_length": 1}
   assert f"{path}:2" in caplog.text

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import hf_models
-from bertjax import checkpoint, cli, config as config_lib
+from bertjax import cli, config as config_lib
+from bertjax.checkpoints import params as checkpoint
 from bertjax.tools.param_report import matches_reference, param_breakdown
 
 # Paper counts (Devlin et al. 2019; Radford et al. 2019 as corrected in the released models;

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import sharding
+from bertjax.parallel import sharding
 from bertjax.models import ModelConfig
 from bertjax.models.dropout import Dropout, hash_keep_mask
 

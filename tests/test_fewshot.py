@@ -1,4 +1,4 @@
-"""Few-shot evaluation (bertjax.fewshot): candidate scores equal a naive full forward pass,
+"""Few-shot evaluation (bertjax.finetune.fewshot): candidate scores equal a naive full forward pass,
 prompts are built as documented, demonstrations never include the query and follow the seed,
 and a GPT trained on the task's pattern is scored right (and wrong with the labels swapped)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import fewshot
+from bertjax.finetune import fewshot
 from bertjax.data.errors import CorpusError
 from bertjax.models import ModelConfig, build_model, jit_init
 from train_helpers import perturbed

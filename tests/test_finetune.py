@@ -1,4 +1,4 @@
-"""Fine-tuning (bertjax.finetune, bertjax.data.labeled): a tiny synthetic
+"""Fine-tuning (bertjax.training.finetuning, bertjax.finetune.labeled): a tiny synthetic
 pair-classification task learnt to high dev accuracy from random init; frozen parameters
 bit-identical after training; metrics against hand-computed values and scipy; readers' errors
 name file and line; the fine-tuned model exported to Hugging Face gives our logits."""
@@ -14,9 +14,13 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint, finetune as ft, objectives, optim
-from bertjax import scores as dev_scores
-from bertjax.data import labeled
+from bertjax.checkpoints import weights as weights_lib
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.models import groups
+from bertjax.training import finetuning as ft, objectives
+from bertjax.finetune import scores as dev_scores
+from bertjax.finetune import labeled
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -121,7 +125,7 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
       np.testing.assert_array_equal(new[0], old[0], err_msg=f"{name} layer 0")
       assert not np.array_equal(new[1], old[1]), f"{name} layer 1 did not train"
       continue
-    is_frozen = (freeze == "all_but_head" or name.split("/")[0] in optim.EMBEDDINGS)
+    is_frozen = (freeze == "all_but_head" or name.split("/")[0] in groups.EMBEDDINGS)
     (frozen if is_frozen else trained).append(name)
     if is_frozen:
       np.testing.assert_array_equal(new, old, err_msg=name)
@@ -135,16 +139,16 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
 def test_frozen_rows_unscanned_layers():
   cfg = _tiny(40, scan_layers=False)
   params = jit_init(objectives.model_for("classification", cfg))(jax.random.key(0))
-  frozen = _flat(optim.frozen_rows(params, "bottom:1"))
+  frozen = _flat(groups.frozen_rows(params, "bottom:1"))
   assert frozen["bert/encoder/layers_0/mlp/wi/kernel"] is True or \
       bool(frozen["bert/encoder/layers_0/mlp/wi/kernel"])
   assert not bool(frozen["bert/encoder/layers_1/mlp/wi/kernel"])
   assert bool(frozen["bert/word_embeddings/embedding"])
   assert not bool(frozen["classifier/kernel"])
   with pytest.raises(ValueError, match="freeze"):
-    optim.parse_freeze("top:2")
+    groups.parse_freeze("top:2")
   with pytest.raises(ValueError, match="3 layers|has 2 layers"):
-    optim.frozen_rows(params, "bottom:3")
+    groups.frozen_rows(params, "bottom:3")
 
 
 # --- regression and token classification -------------------------------------------------
@@ -381,7 +385,7 @@ def test_hf_export_question_answering_logits_equal(tmp_path):
   for b, n in enumerate(lengths):
     assert np.abs(ours[b, :n, 0] - out.start_logits.numpy()[b, :n]).max() <= 1e-5
     assert np.abs(ours[b, :n, 1] - out.end_logits.numpy()[b, :n]).max() <= 1e-5
-  encoder = checkpoint.load_weights(tmp_path)
+  encoder = weights_lib.load_weights(tmp_path)
   assert set(encoder.params) == {"bert"}
   np.testing.assert_array_equal(
       np.asarray(encoder.params["bert"]["word_embeddings"]["embedding"]),
@@ -417,7 +421,7 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
                        vocab_size=40, hidden_size=32, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=32)
   (tmp_path / "ref" / "vocab.txt").write_text(_vocab(tmp_path).read_text())
-  encoder = checkpoint.load_weights(tmp_path / "ref")  # the checkpoint's classifier is dropped
+  encoder = weights_lib.load_weights(tmp_path / "ref")  # the checkpoint's classifier is dropped
   assert encoder.tokenizer == tmp_path / "ref" and "classifier" not in encoder.params
   hf_word = ref.bert.embeddings.word_embeddings.weight.detach().numpy()
   np.testing.assert_array_equal(encoder.params["bert"]["word_embeddings"]["embedding"], hf_word)
@@ -429,16 +433,16 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   np.testing.assert_array_equal(np.asarray(tuned["bert"]["word_embeddings"]["embedding"]),
                                 hf_word)
   # A fine-tuned directory is itself a valid starting point.
-  again = checkpoint.load_weights(result["best_dir"])
+  again = weights_lib.load_weights(result["best_dir"])
   assert again.source.startswith("fine-tuned") and again.tokenizer is not None
 
 
 def test_init_from_a_training_workdir(tmp_path):
   import train_helpers
-  from bertjax import loop
+  from bertjax.training import loop
   config = train_helpers.tiny_config("bert", num_train_steps=2, **{"checkpoint.every": 2})
   loop.train_and_evaluate(config, tmp_path / "run")
-  encoder = checkpoint.load_weights(tmp_path / "run")
+  encoder = weights_lib.load_weights(tmp_path / "run")
   assert encoder.source.endswith("step 2")
   final, _ = checkpoint.load_params(tmp_path / "run" / "params")
   for name, value in _flat(final).items():

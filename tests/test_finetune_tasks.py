@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from bertjax import checkpoint, cli, finetune as ft, recipes
+from bertjax import cli
+
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.training import finetuning as ft
+
+from bertjax.finetune import recipes
 from bertjax.models import ModelConfig, build_model, jit_init
 
 GPT = ModelConfig(family="gpt", vocab_size=300, hidden_size=32, num_layers=2, num_heads=2,
@@ -59,7 +65,7 @@ def _gpt_run(tmp_path, gpt_base, name, **values):
 def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
   import hf_models
   torch, transformers = hf_models.torch, hf_models.transformers
-  from bertjax.data import completions
+  from bertjax.finetune import completions
   from bertjax.data.tokenizers import load_tokenizer
   result = _gpt_run(tmp_path, gpt_base, "out")
   losses = [h["dev_loss"] for h in result["history"]]
@@ -72,7 +78,7 @@ def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
   tokenizer = load_tokenizer(gpt_base / "tokenizer", require="gpt")
   prompt = list(completions.held_out_example(
       completions.read_completion_records(tmp_path / "dev.jsonl")[0], tokenizer).prompt_ids)
-  from bertjax import generate
+  from bertjax.inference import generate
   params, config, info = ft.load_finetuned(result["best_dir"])
   assert info["task"] == "completion" and config.family == "gpt"
   ours = generate.generate(params, config, [prompt], max_new_tokens=6)[0]
@@ -97,7 +103,7 @@ def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
   info = json.loads(open(f"{best}/finetune.json").read())
   assert info["base"] == str(gpt_base) and info["freeze"] == "base"
   # OUT/best holds the LoRA factors only; the base weights are read from `base`.
-  from bertjax import adapters
+  from bertjax.models import peft as adapters
   params, config, _ = ft.load_finetuned(best)
   flat = traverse_util.flatten_dict(params, sep="/")
   trained = traverse_util.flatten_dict(adapters.trainable_params(params, "base"), sep="/")
@@ -150,8 +156,8 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   and `bertjax export` turns OUT/best into a BertForQuestionAnswering with our span logits."""
   import hf_models
   torch, transformers = hf_models.torch, hf_models.transformers
-  from bertjax.data import squad
-  from bertjax.data.qa_task import make_qa_task
+  from bertjax.finetune import squad
+  from bertjax.finetune.qa_task import make_qa_task
   from bertjax.data.tokenizers import train_sentencepiece
   make_qa_task("embedded", tmp_path / "qa", num_train=48, num_dev=16)
   texts = [e.context for e in squad.read_squad(tmp_path / "qa" / "train-v2.0.json")]
@@ -178,7 +184,7 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   dev = squad.build_features(squad.read_squad(tmp_path / "qa" / "dev-v2.0.json"),
                              tmp_path / "out" / "best" / "tokenizer", max_seq_length=64,
                              doc_stride=32, max_query_length=24)
-  from bertjax import objectives
+  from bertjax.training import objectives
   rows = {k: v[:4] for k, v in dev.batch().items()}
   ours = np.asarray(objectives.model_for("question_answering", config).apply(
       {"params": params}, rows["input_ids"], rows["token_type_ids"], rows["attention_mask"]))
@@ -207,7 +213,7 @@ def test_fewshot_command_prints_accuracy_per_k(tmp_path, gpt_base, capsys):
 
 
 def test_docs_recipe_table_is_the_code():
-  """docs/finetuning.md's recipe table is generated from bertjax.recipes.RECIPES."""
+  """docs/finetuning.md's recipe table is generated from bertjax.finetune.recipes.RECIPES."""
   from pathlib import Path
   rows = ["| recipe | for | settings |", "|---|---|---|"]
   for name, recipe in recipes.RECIPES.items():

@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as P
 
 from bertjax.config import load_config, memory_saving
 from bertjax.tools import aot, hlo
-from bertjax.train import Trainer
+from bertjax.training.trainer import Trainer
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import generate as gen
+from bertjax.inference import generate as gen
 from bertjax import hf
 from bertjax.data.wordpiece import WordPiece
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -227,7 +227,8 @@ def test_generate_and_fill_mask_commands(tmp_path, capsys):
   """`bertjax generate` end to end: a GPT params checkpoint with a GPT-style SentencePiece
   tokenizer (greedy == beam 1, sampling seeded), and a BERT one for fill-mask."""
   import itertools
-  from bertjax import checkpoint, cli
+  from bertjax import cli
+  from bertjax.checkpoints import params as checkpoint
   from bertjax.data import wikipedia
   from bertjax.data.sentences import split_sentences
   from bertjax.data.tokenizers import train_sentencepiece

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import tokenizers
 
-from bertjax import checkpoint, cli
-from bertjax import generate as gen
+from bertjax import cli
+
+from bertjax.checkpoints import params as checkpoint
+from bertjax.inference import generate as gen
 from bertjax.data.prepare import corpus_sentences
 from bertjax.data.sources import parse_sources
 from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece

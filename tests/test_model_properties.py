@@ -7,7 +7,9 @@ import pytest
 import flax.linen as nn
 from flax import traverse_util
 
-from bertjax.models import ModelConfig, build_model, jit_init, unstack_layers
+from bertjax.models import ModelConfig, build_model, jit_init
+
+from bertjax.models.params import unstack_layers
 
 SHAPE = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
              max_positions=24)

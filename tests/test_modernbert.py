@@ -189,7 +189,7 @@ def test_bias_free_classic_bert_export_is_refused_by_name(tmp_path):
 
 def test_peft_export_of_a_modernbert_is_refused():
   """peft's adapter names are BERT's and GPT-2's; a ModernBERT's LoRA is exported merged."""
-  from bertjax import adapters
+  from bertjax.hf import peft as hf_peft
   cfg = _modern_config(lora_rank=4, lora_targets="out,wo")
   with pytest.raises(ValueError, match="export the merged model with --format hf"):
-    adapters.peft_config_dict(cfg, "base")
+    hf_peft.peft_config_dict(cfg, "base")

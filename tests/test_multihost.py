@@ -151,7 +151,7 @@ def _run(processes: int, devices: int, command: list[str]) -> str:
 
 def _final_params(workdir: Path) -> dict[str, np.ndarray]:
   import jax
-  from bertjax import checkpoint
+  from bertjax.checkpoints import params as checkpoint
   params, _ = checkpoint.load_params(workdir / "params")
   return {jax.tree_util.keystr(k): np.asarray(v)
           for k, v in jax.tree_util.tree_leaves_with_path(params)}

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import objectives
+from bertjax.training import objectives
 from bertjax.data.synthetic import SyntheticMarkov
 from bertjax.models import ModelConfig, build_model, jit_init
 

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim
+from bertjax.training import optim
 from bertjax.models import ModelConfig, build_model, jit_init
 
 

@@ -10,7 +10,13 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import checkpoint, cli, config as config_lib, optim, phases
+from bertjax import cli, config as config_lib
+
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.training import optim
+
+from bertjax.config import phases
 
 WORDS = [f"w{i}" for i in range(200)]
 

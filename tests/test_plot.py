@@ -1,4 +1,4 @@
-"""bertjax.plot without a training run: reading metrics.jsonl, a failed plot that costs one
+"""bertjax.training.plot without a training run: reading metrics.jsonl, a failed plot that costs one
 warning line, not the run, and `bertjax plot` of two runs (the PNGs of real runs:
 tests/test_train_loop.py)."""
 
@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from bertjax import plot
+from bertjax.training import plot
 
 
 def _write(path, records, tail=""):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import train_helpers
-from bertjax import objectives
+from bertjax.training import objectives
 from bertjax import config as config_lib
 from bertjax.config import model_config
 from bertjax.models import build_model, jit_init, precision

@@ -140,7 +140,7 @@ def test_a_run_on_gcs_builds_trains_resumes_and_exports(gcs, tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   model = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
-  from bertjax import checkpoint
+  from bertjax.checkpoints import params as checkpoint
   params, config = checkpoint.load_params(local / "params")
   ids = np.array([[2, 10, 20, 30, 40, 3]], np.int32)
   with torch.no_grad():

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from bertjax import cli, config as config_lib
-from bertjax.models import abstract_params, build_model, count_params
+from bertjax.models import abstract_params, build_model
+from bertjax.models.params import count_params
 
 ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
                      for p in config_lib.CONFIGS_DIR.glob("*.py")

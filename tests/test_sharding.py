@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bertjax import sharding
+from bertjax.parallel import sharding
 from bertjax.models import ModelConfig, abstract_params, build_model, init_params, jit_init
 
 SHAPE = dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, mlp_dim=128,
@@ -148,7 +148,7 @@ def _golden_model(config_name: str, head: str) -> nn.Module:
   if unrolled:
     cfg = cfg.replace(scan_layers=False)
   if head == "sequence_classification":
-    return build_model(cfg.replace(num_labels=3), head="classification")
+    return build_model(cfg.replace(num_labels=3), head="sequence_classification")
   if head == "token_classification":
     return BertForTokenClassification(cfg.replace(num_labels=3))
   return build_model(cfg)

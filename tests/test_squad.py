@@ -1,4 +1,4 @@
-"""Extractive QA (bertjax.data.squad, bertjax.data.qa_task, scores.squad_scores): EM/F1 as the
+"""Extractive QA (bertjax.finetune.squad, bertjax.finetune.qa_task, scores.squad_scores): EM/F1 as the
 official SQuAD scripts define them, windows that cover the context and map answers back to
 their characters, answers equal to transformers' question-answering pipeline on an exported
 BertForQuestionAnswering, a deterministic article-split QA set, and errors naming file and
@@ -18,15 +18,15 @@ from tokenizers import BertWordPieceTokenizer, Tokenizer
 
 from bertjax import hf
 from bertjax.data.errors import CorpusError
-from bertjax.data.qa_task import make_qa_task
-from bertjax.data.squad import (QAExample, build_features, postprocess, read_squad,
+from bertjax.finetune.qa_task import make_qa_task
+from bertjax.finetune.squad import (QAExample, build_features, postprocess, read_squad,
                                 write_squad)
 from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS
-from bertjax.hf_tokenizer import fast_tokenizer
+from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.models import ModelConfig, jit_init
 from bertjax.models.bert import BertForQuestionAnswering
-from bertjax.scores import squad_scores
+from bertjax.finetune.scores import squad_scores
 
 SEQ, STRIDE, MAX_ANSWER = 64, 24, 8  # the parity test's windows and answer length
 

@@ -312,7 +312,7 @@ def test_decode_skips_or_spells_special_tokens(model, sentences):
   False spells each out as its piece, the text's spaces kept: what transformers' decode of
   the exported tokenizer.json gives (for BERT style; GPT style's export keeps the leading
   space, docs/generation.md)."""
-  from bertjax import hf_tokenizer
+  from bertjax.hf import tokenizer as hf_tokenizer
   _, tok, (style, _, _) = model
   fast = hf_tokenizer.sentencepiece_fast(tok.path)
   specials = [i for i in range(len(tok)) if i in special_ids(tok).values()]

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from bertjax import distributed, sharding
+from bertjax.parallel import distributed, sharding
 from bertjax.tools import aot
-from bertjax.train import batch_shardings
+from bertjax.training.trainer import batch_shardings
 
 pytestmark = pytest.mark.skipif(not aot.libtpu_available(),
                                 reason="needs libtpu (pip install 'jax[tpu]')")

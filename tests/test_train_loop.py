@@ -18,9 +18,12 @@ import numpy as np
 import pytest
 
 import train_helpers
-from bertjax import checkpoint, cli, flops, hooks, loop, plot, sharding
-from bertjax.metrics import TrainingDiverged
-from bertjax.train import Trainer
+from bertjax import cli
+from bertjax.checkpoints import params as checkpoint
+from bertjax.training import flops, hooks, loop, plot
+from bertjax.parallel import sharding
+from bertjax.training.metrics import TrainingDiverged
+from bertjax.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import train_helpers
-from bertjax import sharding
+from bertjax.parallel import sharding
 
 TESTS = Path(__file__).resolve().parent
 
@@ -111,9 +111,9 @@ _COMPILE_STEPS = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     import jax
     import train_helpers
-    from bertjax import distributed
+    from bertjax.parallel import distributed
     from bertjax.data import make_batches
-    from bertjax.train import Trainer
+    from bertjax.training.trainer import Trainer
 
     for family, lookup in (("gpt", "gather"), ("bert", "gather"), ("gpt", "one_hot")):
       config = train_helpers.tiny_config(family, **{"model.hidden_dropout": 0.1,

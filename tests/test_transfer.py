@@ -14,7 +14,10 @@ import pytest
 from flax import traverse_util
 
 import train_helpers
-from bertjax import checkpoint, loop, objectives, optim
+from bertjax.checkpoints import weights as weights_lib
+from bertjax.checkpoints import params as checkpoint
+from bertjax.models import groups
+from bertjax.training import loop, objectives
 
 
 def _flat(tree) -> dict[str, np.ndarray]:
@@ -32,7 +35,7 @@ def classifier_weights(tmp_path_factory):
       jax.random.key(7)))
   params = jax.tree.map(lambda x: x + 0.01, jax.tree.map(np.asarray, params))  # not an init
   checkpoint.save_params(directory, params, cfg)
-  (directory / checkpoint.FINETUNE_FILE).write_text(json.dumps({"task": "classification"}))
+  (directory / weights_lib.FINETUNE_FILE).write_text(json.dumps({"task": "classification"}))
   return directory, _flat(params)
 
 
@@ -84,14 +87,14 @@ def test_freeze_kinds_over_the_pretraining_tree():
   params = nn.meta.unbox(jax.eval_shape(
       lambda r: objectives.model_for("mlm_nsp", cfg).init(r, *_example(cfg))["params"],
       jax.random.key(0)))
-  groups = _flat_groups(optim.parameter_groups(params, "embeddings"))
+  groups = _flat_groups(groups.parameter_groups(params, "embeddings"))
   assert groups["bert/word_embeddings/embedding"] == "frozen"
   assert groups["bert/encoder/layers/mlp/wi/kernel"] == "encoder"
   assert groups["mlm_bias"] == "head" and groups["nsp/kernel"] == "head"
-  rows = _flat_groups(optim.frozen_rows(params, "bottom:1"))
+  rows = _flat_groups(groups.frozen_rows(params, "bottom:1"))
   assert np.asarray(rows["bert/encoder/layers/mlp/wi/kernel"]).ravel().tolist() == [True, False]
   with pytest.raises(ValueError, match="freeze"):
-    optim.parse_freeze("top:1")
+    groups.parse_freeze("top:1")
 
 
 def _flat_groups(tree):

@@ -204,7 +204,7 @@ def test_packed_rows_spend_no_matmul_flops_on_padding():
 def test_mlm_eval_weights_batches_by_their_predictions():
   """bertjax.tools.mlm_eval's scores over several batches equal the objective's on all of them
   at once: batches weigh by their masked predictions, not one each."""
-  from bertjax import objectives
+  from bertjax.training import objectives
   from bertjax.tools.mlm_eval import mlm_scores
   cfg = _config(**MODERN)
   params = jit_init(build_model(cfg))(jax.random.key(3))

@@ -1,4 +1,4 @@
-"""One run per workdir (bertjax.workdir): a second run is refused while the first holds the lock,
+"""One run per workdir (bertjax.checkpoints.workdir): a second run is refused while the first holds the lock,
 a stale lock is taken over, and a resumed run may change how it runs but not what it computes
 without saying so."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bertjax import cli
-from bertjax.workdir import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirLock, config_changes
+from bertjax.checkpoints.workdir import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirLock, config_changes
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ["--config", "gpt_tiny", "--config.model.vocab_size=128",

@@ -9,10 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import config as config_lib, distributed, sharding
+from bertjax import config as config_lib
+
+from bertjax.parallel import distributed, sharding
 from bertjax.data import make_batches
 from bertjax.models import build_model
-from bertjax.train import Trainer
+from bertjax.training.trainer import Trainer
 
 
 def tiny_config(family: str, **overrides):

@@ -11,27 +11,33 @@ from typing import Any, Literal
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import traverse_util
 
-from bertjax.models.bert import BertForPreTraining, BertForSequenceClassification, BertModel
+from bertjax.models.bert import (BertForPreTraining, BertForQuestionAnswering,
+                                 BertForSequenceClassification, BertForTokenClassification,
+                                 BertModel)
 from bertjax.models.config import ModelConfig
 from bertjax.models.gpt import GPT
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
-           "GPT", "build_model", "init_params", "jit_init", "abstract_params", "count_params",
-           "unstack_layers", "stack_layers", "unscanned"]
+           "GPT", "build_model", "init_params", "jit_init", "abstract_params"]
 
-Head = Literal["pretraining", "classification"]
+# The heads a model can carry; the names are also those of the Hugging Face export's head.
+Head = Literal["pretraining", "sequence_classification", "token_classification",
+               "question_answering"]
+BERT_HEADS = {"pretraining": BertForPreTraining,
+              "sequence_classification": BertForSequenceClassification,
+              "token_classification": BertForTokenClassification,
+              "question_answering": BertForQuestionAnswering}
 
 
 def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
-  """The module a config trains: BERT with pre-training or classification heads, or GPT."""
+  """The module a config trains: BERT with its pre-training heads or a task's head, or GPT
+  (whose one head, the tied LM head, serves pre-training and fine-tuning alike)."""
   if config.family == "gpt":
     return GPT(config)
-  if head == "classification":
-    return BertForSequenceClassification(config)
-  return BertForPreTraining(config)
+  if head not in BERT_HEADS:
+    raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
+  return BERT_HEADS[head](config)
 
 
 def example_inputs(config: ModelConfig, batch: int = 1, length: int | None = None) -> tuple:
@@ -66,64 +72,3 @@ def jit_init(model: nn.Module) -> Any:
 def abstract_params(model: nn.Module) -> Any:
   """Parameter shapes/dtypes and logical axes without allocating (jax.eval_shape)."""
   return jax.eval_shape(lambda rng: init_params(model, rng), jax.random.key(0))
-
-
-def count_params(params: Any) -> int:
-  leaves = jax.tree.leaves(nn.meta.unbox(params))
-  return int(sum(np.prod(leaf.shape) for leaf in leaves))
-
-
-# --- scanned <-> per-layer parameter layouts ----------------------------------------------
-# Flat dicts keyed by parameter path. Scanned models keep one `layers` entry per parameter
-# with a leading layer axis; unrolled ones `layers_0`, `layers_1`, ... (Hugging Face's order).
-
-Flat = dict[tuple[str, ...], Any]
-
-
-def _stack_prefix(cfg: ModelConfig) -> tuple[str, ...]:
-  return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
-
-
-def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
-  """Scanned layout (`layers` with a leading layer axis) -> `layers_{i}` entries."""
-  if not cfg.scan_layers:
-    return dict(flat)
-  prefix = _stack_prefix(cfg)
-  out: Flat = {}
-  for key, value in flat.items():
-    if key[:len(prefix) + 1] == prefix + ("layers",):
-      for i in range(cfg.num_layers):
-        out[prefix + (f"layers_{i}",) + key[len(prefix) + 1:]] = value[i]
-    else:
-      out[key] = value
-  return out
-
-
-def stack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
-  """`layers_{i}` entries -> the scanned layout, when the config scans layers."""
-  if not cfg.scan_layers:
-    return dict(flat)
-  prefix = _stack_prefix(cfg)
-  out: Flat = {}
-  grouped: dict[tuple[str, ...], list[Any]] = {}
-  for key, value in flat.items():
-    if key[:len(prefix)] == prefix and key[len(prefix)].startswith("layers_"):
-      i = int(key[len(prefix)].split("_")[1])
-      grouped.setdefault(key[len(prefix) + 1:], [None] * cfg.num_layers)[i] = value
-    else:
-      out[key] = value
-  for rest, values in grouped.items():
-    out[prefix + ("layers",) + rest] = np.stack(values)
-  return out
-
-
-def unscanned(params: Any, cfg: ModelConfig) -> tuple[Any, ModelConfig]:
-  """The same weights laid out for an unrolled layer stack, and its config.
-
-  Decoding wants unrolled layers: under nn.scan the KV cache is a scanned carry, copied
-  whole through the scan at every new token (docs/generation.md measures the difference).
-  """
-  if not cfg.scan_layers:
-    return params, cfg
-  flat = unstack_layers(traverse_util.flatten_dict(nn.meta.unbox(params)), cfg)
-  return traverse_util.unflatten_dict(flat), cfg.replace(scan_layers=False)

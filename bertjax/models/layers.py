@@ -14,7 +14,7 @@ Parameter-efficient additions (bertjax/adapters.py, off by default) live here to
 they scan and shard like the weights they modify: LoRA updates inside `Dense` (parameters
 `lora_a*`/`lora_b*`), bottleneck adapters in `Block` (modules `adapter_*`) and key/value
 prefixes in `SelfAttention` (`prefix_key`, `prefix_value`). Their names all start with a
-prefix that bertjax.optim.is_added recognises.
+prefix that bertjax.training.optim.is_added recognises.
 """
 
 from __future__ import annotations

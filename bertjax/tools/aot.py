@@ -13,7 +13,7 @@ From the compiled program the report reads:
   like one layer), so the compiled FLOPs here are counted from the optimized HLO instead: every
   dot and convolution (XLA's own FLOP formula), times the trip counts of the loops around it,
   times the number of devices (the HLO is one device's SPMD program). Elementwise work is left
-  out, as in the analytic model FLOPs (`bertjax.flops`) they are compared with;
+  out, as in the analytic model FLOPs (`bertjax.training.flops`) they are compared with;
 - collectives: kind, executions per step and bytes per device (from their result shapes),
   loop trip counts included.
 
@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bertjax import distributed, sharding
-from bertjax import flops as flops_lib
+from bertjax.parallel import distributed, sharding
+from bertjax.training import flops as flops_lib
 from bertjax.tools.hlo import analyze_hlo
-from bertjax.models import count_params
+from bertjax.models.params import count_params
 
 GiB = 2 ** 30
 
@@ -324,7 +324,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   whether it fits, FLOPs against the analytic model FLOPs, collectives and a step time
   projected at `mfu`. Raises ValueError when the mesh or batch does not divide the slice and
   RuntimeError when libtpu is missing."""
-  from bertjax.train import Trainer
+  from bertjax.training.trainer import Trainer
   spec = parse_topology(topology, num_slices)
   if not 0 < mfu <= 1:
     raise ValueError(f"mfu must be in (0, 1], got {mfu}")
@@ -509,7 +509,7 @@ def format_report(report: CompileReport) -> str:
   if r.compiler_error:
     lines.append(f"  compiler      {r.compiler_error}")
   lines.append("FLOPs per step (all devices)")
-  lines.append(f"  analytic      {r.analytic_flops:.4g}  (model FLOPs, bertjax.flops)")
+  lines.append(f"  analytic      {r.analytic_flops:.4g}  (model FLOPs, bertjax.training.flops)")
   if r.compiled_flops is not None:
     how = ("the program before partitioning" if not r.flops_partitioned
            else f"x {t.total_devices} devices")

@@ -5,7 +5,7 @@ For one config, in one process:
   data-sheet peak where the device kind has one;
 - our jitted, sharded, donated train step (the `Trainer` that `bertjax train` uses, on a
   synthetic batch of the config's shape): compile time, then the median of timed steps;
-- tokens/s, sequences/s, model FLOPs per step (`bertjax.flops`, formula in its docstring) next
+- tokens/s, sequences/s, model FLOPs per step (`bertjax.training.flops`, formula in its docstring) next
   to the FLOPs XLA compiled (dots counted through loop trips, `bertjax.tools.hlo`) and XLA's own
   `cost_analysis`; MFU against each peak; memory.
 - `compare="hf"`: the same shape, batch, optimizer and dropout in Hugging Face `transformers`
@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import flops as flops_lib
-from bertjax import sharding
-from bertjax.models import count_params
+from bertjax.training import flops as flops_lib
+from bertjax.parallel import sharding
+from bertjax.models.params import count_params
 from bertjax.tools import bench_hf, hlo
 
 
@@ -87,7 +87,7 @@ class OurStep:
   """Our train step on the config's mesh: compiled once, then timed `steps` at a time."""
 
   def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
-    from bertjax.train import Trainer
+    from bertjax.training.trainer import Trainer
     self.mesh = sharding.mesh_from_config(config)
     self.trainer = Trainer(config, self.mesh)
     self.state = self.trainer.init_state(int(config.seed))

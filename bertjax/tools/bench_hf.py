@@ -18,7 +18,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from bertjax import flops as flops_lib
+from bertjax.training import flops as flops_lib
 from bertjax import hf
 from bertjax.models import ModelConfig
 

@@ -17,11 +17,11 @@ from typing import Iterator
 import jax
 import ml_collections
 
-from bertjax import distributed, sharding
+from bertjax.parallel import distributed, sharding
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
-from bertjax.train import Trainer
-from bertjax.train_checkpoint import TrainCheckpoints
+from bertjax.training.trainer import Trainer
+from bertjax.checkpoints.train_state import TrainCheckpoints
 
 
 def run_checkpoint_bench(config: ml_collections.ConfigDict, blocks: int = 4,

@@ -1,7 +1,7 @@
 """`bertjax bench --decode`: what one new token costs with the KV cache, against recomputing.
 
 For each cache size: a prompt of `size - new_tokens` random tokens, then `new_tokens` greedy
-tokens decoded with the cache (`bertjax.generate`'s prefill and `decode_step`), timed as the
+tokens decoded with the cache (`bertjax.inference.generate`'s prefill and `decode_step`), timed as the
 difference between decoding `new_tokens` and 1 token in the same compiled program (a traced
 step count), so the prefill cancels; next to it, one forward pass over the whole sequence
 (what a decoder without a cache pays for every token). docs/generation.md has the numbers.
@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import generate
+from bertjax.inference import generate
 from bertjax.config import model_config
-from bertjax.models import GPT, ModelConfig, build_model, jit_init, unscanned
+from bertjax.models import GPT, ModelConfig, build_model, jit_init
+from bertjax.models.params import unscanned
 
 
 @functools.partial(jax.jit, static_argnames=("config", "new_tokens"))

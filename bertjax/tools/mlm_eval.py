@@ -17,7 +17,11 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from bertjax import checkpoint, config as config_lib, objectives
+from bertjax import config as config_lib
+
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.training import objectives
 from bertjax.data import make_batches
 from bertjax.models import build_model
 

@@ -56,7 +56,7 @@ def trainable_report(config: ModelConfig, freeze: str = "none",
 
   A model with additions under `freeze="none"` trains everything; the report then counts what
   `optimizer.freeze=base` (the parameter-efficient recipe) would train, and says so."""
-  from bertjax import adapters
+  from bertjax.models import peft as adapters
   if not config.peft and freeze == "none":
     return None
   counted = "base" if config.peft and freeze == "none" else freeze

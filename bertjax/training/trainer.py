@@ -20,8 +20,11 @@ import optax
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax import objectives, optim, sharding
-from bertjax.checkpoint import shape_mismatches
+from bertjax.models.groups import encoder_path, is_added
+from bertjax.training import objectives, optim
+
+from bertjax.parallel import sharding
+from bertjax.models.params import shape_mismatches
 from bertjax.config import model_config
 from bertjax.models import attention, init_compiler_options, init_params, precision
 
@@ -228,8 +231,8 @@ class Trainer:
     parameters. Returns the state and the names of the fresh and the left-out parameters."""
     # The parameter-efficient additions (LoRA, adapters, prefixes) are new like a fresh head: a
     # base checkpoint lacks them, and they keep their initialisation.
-    is_encoder = lambda name: (optim.encoder_path(tuple(name.split("/"))) is not None  # noqa: E731
-                               and not optim.is_added(tuple(name.split("/"))))
+    is_encoder = lambda name: (encoder_path(tuple(name.split("/"))) is not None  # noqa: E731
+                               and not is_added(tuple(name.split("/"))))
     flat_state = flatten_dict(state.params, sep="/")
     flat_weights = flatten_dict(weights, sep="/")
     fresh = [k for k in flat_state if k not in flat_weights]

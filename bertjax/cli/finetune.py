@@ -9,15 +9,16 @@ import argparse
 import logging
 from collections.abc import Callable
 
+from bertjax.checkpoints import weights as weights_lib
 from bertjax import paths
-from bertjax.recipes import RECIPES, recipe_values
+from bertjax.finetune.recipes import RECIPES, recipe_values
 
 
 def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import dataclasses
   import json
 
-  from bertjax import finetune
+  from bertjax.training import finetuning as finetune
   logging.getLogger("bertjax").setLevel(logging.INFO)
   if overrides:
     raise ValueError("finetune takes no --config.* overrides; its settings are flags (--help)")
@@ -48,7 +49,7 @@ _FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "heade
 def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
   import dataclasses
 
-  from bertjax.finetune import FinetuneSpec
+  from bertjax.training.finetuning import FinetuneSpec
   comments = _field_comments(FinetuneSpec)
   for f in dataclasses.fields(FinetuneSpec):
     if f.name not in _FINETUNE_FLAGS:
@@ -83,11 +84,12 @@ def _field_comments(cls: type) -> dict[str, str]:
 def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import json
 
-  from bertjax import checkpoint, fewshot
+
+  from bertjax.finetune import fewshot
   from bertjax.data.tokenizers import load_tokenizer
   if overrides:
     raise ValueError("fewshot takes no --config overrides")
-  weights = checkpoint.load_weights(args.params)
+  weights = weights_lib.load_weights(args.params)
   if weights.config.family != "gpt":
     raise ValueError(f"{args.params}: few-shot evaluation needs a GPT, this is a "
                      f"{weights.config.family} model")
@@ -124,10 +126,11 @@ def export_finetuned(args: argparse.Namespace) -> int:
   """A fine-tuned OUT/best: its task's Hugging Face model (LoRA merged), or the peft adapter."""
   import json
 
-  from bertjax import checkpoint, finetune
-  if not (paths.path(args.params) / checkpoint.FINETUNE_FILE).is_file():
+
+  from bertjax.training import finetuning as finetune
+  if not (paths.path(args.params) / weights_lib.FINETUNE_FILE).is_file():
     raise ValueError(f"--format peft exports a fine-tuned OUT/best; {args.params} has no "
-                     f"{checkpoint.FINETUNE_FILE}")
+                     f"{weights_lib.FINETUNE_FILE}")
   if args.format == "peft":
     out = finetune.export_peft(args.params, args.out)
     print(f"wrote a peft LoRA adapter to {out}")

@@ -48,8 +48,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.data import labeled
-from bertjax.data.completions import split_encode
+from bertjax.finetune import labeled
+from bertjax.finetune.completions import split_encode
 from bertjax.data.errors import CorpusError
 from bertjax.models import ModelConfig, build_model
 
@@ -89,7 +89,7 @@ class Labelled:
 
 def read_labelled(path: str | Path, text_column: str = "sentence",
                   label_column: str = "label") -> list[Labelled]:
-  """Labelled texts of a TSV/CSV/JSONL file with named columns (bertjax.data.labeled)."""
+  """Labelled texts of a TSV/CSV/JSONL file with named columns (bertjax.finetune.labeled)."""
   examples = labeled.read_examples(
       path, "classification", labeled.Columns(text_a=text_column, label=label_column))
   return [Labelled(e.text_a, str(e.label), e.where) for e in examples]

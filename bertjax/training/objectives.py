@@ -1,5 +1,5 @@
 """Training objectives — pre-training and fine-tuning — as small loss classes chosen by
-`config.objective`; the one trainer (bertjax.train) runs them all.
+`config.objective`; the one trainer (bertjax.training.trainer) runs them all.
 
 Each objective computes *sums* over its part of the batch, divided by normalisers computed
 once from the whole global batch (`normalizers`). Gradient accumulation over micro-batches
@@ -11,9 +11,9 @@ Batches (dicts of arrays) by objective:
   masked_lm_weights [B, P]; next_sentence_labels [B] (1 = random next, as
   google-research/bert; for sentence-order prediction 1 = swapped).
 - GPT: input_ids, target_ids, loss_mask, segment_ids, positions [B, L].
-- Fine-tuning (bertjax.data.labeled): input_ids, token_type_ids, attention_mask [B, L];
+- Fine-tuning (bertjax.finetune.labeled): input_ids, token_type_ids, attention_mask [B, L];
   labels [B] (classes, or floats for regression) or [B, L] (tags; IGNORE where no loss);
-  question answering (bertjax.data.squad): start_positions, end_positions [B] instead of labels
+  question answering (bertjax.finetune.squad): start_positions, end_positions [B] instead of labels
   (0, the [CLS] token, where the window holds no answer).
 """
 
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.data.labeled import IGNORE
+from bertjax.finetune.labeled import IGNORE
 from bertjax.models import build_model, precision
 from bertjax.models.bert import (BertForQuestionAnswering, BertForSequenceClassification,
                                  BertForTokenClassification)
@@ -209,7 +209,7 @@ class Finetuning:
   BertForQuestionAnswering). Means over the global batch's examples (or labelled tokens), as
   sums divided by normalisers, so accumulation changes nothing. `predict` gives what the
   task's dev metrics score: classes, the regression output, or the span logits [B, L, 2]
-  (bertjax.data.squad decodes answers from them)."""
+  (bertjax.finetune.squad decodes answers from them)."""
 
   model: nn.Module
   task: str = "classification"

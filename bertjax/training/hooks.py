@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import jax
 
 from bertjax import paths
-from bertjax.metrics import MetricsWriter, check_finite
+from bertjax.training.metrics import MetricsWriter, check_finite
 
 log = logging.getLogger(__name__)
 

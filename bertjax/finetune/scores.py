@@ -1,4 +1,4 @@
-"""Dev-set scores of fine-tuning tasks (the training loop's metric writers are bertjax.metrics):
+"""Dev-set scores of fine-tuning tasks (the training loop's metric writers are bertjax.training.metrics):
 accuracy, binary F1, Matthews correlation (CoLA), Pearson and Spearman (STS-B), and
 entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them."""
 
@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.data.labeled import IGNORE
+from bertjax.finetune.labeled import IGNORE
 
 
 def accuracy(labels: np.ndarray, preds: np.ndarray) -> float:
@@ -151,7 +151,7 @@ def _squad_f1(prediction: str, gold: str, version_2: bool) -> float:
 def squad_scores(predictions: dict[str, str], examples: Sequence,
                  version: str | None = None) -> dict[str, float]:
   """exact_match and f1 in percent (each the best over a question's gold answers), as the
-  official SQuAD scripts score them; `examples` are bertjax.data.squad.QAExample. `version`
+  official SQuAD scripts score them; `examples` are bertjax.finetune.squad.QAExample. `version`
   "1.1" or "2.0" (default: "2.0" when any question is unanswerable). v2.0: gold answers that
   normalise to nothing are dropped and an unanswerable question's gold is [""]; adds the
   HasAns_ / NoAns_ splits (exact, f1, total)."""

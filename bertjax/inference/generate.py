@@ -27,7 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import GPT, BertForPreTraining, ModelConfig, unscanned
+from bertjax.models import GPT, BertForPreTraining, ModelConfig
+
+from bertjax.models.params import unscanned
 
 Array = jax.Array
 

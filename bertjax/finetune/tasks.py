@@ -1,12 +1,12 @@
 """What each fine-tuning task reads, trains on and is scored by: the rows the one trainer steps
-over and the dev evaluation, for `bertjax.finetune`.
+over and the dev evaluation, for `bertjax.training.finetuning`.
 
 - labelled tasks (classification, regression, token_classification; BERT): GLUE-style TSV/CSV/
-  JSONL or CoNLL (bertjax.data.labeled), dev scores by bertjax.scores.task_scores.
-- question_answering (BERT): SQuAD v1.1/v2.0 JSON (bertjax.data.squad): questions and contexts
+  JSONL or CoNLL (bertjax.finetune.labeled), dev scores by bertjax.finetune.scores.task_scores.
+- question_answering (BERT): SQuAD v1.1/v2.0 JSON (bertjax.finetune.squad): questions and contexts
   cut into overlapping windows; dev answers decoded from the span logits of every window of a
   question, scored by the official exact match and F1.
-- completion (GPT): prompt/completion or chat JSONL (bertjax.data.completions), packed into rows
+- completion (GPT): prompt/completion or chat JSONL (bertjax.finetune.completions), packed into rows
   with the loss on completion tokens only; dev completion loss and perplexity, and after
   training the best parameters' greedy generations for the dev file's first prompts
   (OUT/generations.jsonl: generated beside the reference completion).
@@ -22,27 +22,57 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from bertjax import scores
-from bertjax.data import labeled
-from bertjax.train import Trainer
+from bertjax.finetune import labeled, scores
 
 log = logging.getLogger(__name__)
 
-LABELLED = labeled.TASKS
-TASKS = LABELLED + ("question_answering", "completion")
-# The module each task trains: BERT with a head, or the GPT language model.
-FAMILY = {**{t: "bert" for t in LABELLED}, "question_answering": "bert", "completion": "gpt"}
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """Every fact about a fine-tuning task that more than one module needs."""
+
+  # The model family it fine-tunes: "bert" (a fresh head on the encoder) or "gpt" (the LM).
+  family: str
+  # The trainer's objective (bertjax.training.objectives).
+  objective: str
+  # The model's head (bertjax.models.build_model), also the Hugging Face export's head.
+  head: str
+  # The dev metric that selects the best parameters unless finetune.metric says otherwise.
+  metric: str
+
+
+TASKS: dict[str, Task] = {
+    "classification": Task("bert", "classification", "sequence_classification", "accuracy"),
+    "regression": Task("bert", "regression", "sequence_classification", "pearson"),
+    "token_classification": Task("bert", "token_classification", "token_classification", "f1"),
+    "question_answering": Task("bert", "question_answering", "question_answering", "f1"),
+    "completion": Task("gpt", "causal_lm", "pretraining", "loss"),
+}
 # Metrics where lower is better; every other selection metric is maximised.
 LOWER_IS_BETTER = ("mse", "loss", "perplexity")
-DEFAULT_METRIC = {"classification": "accuracy", "regression": "pearson",
-                  "token_classification": "f1", "question_answering": "f1",
-                  "completion": "loss"}
+
+
+def task(name: str) -> Task:
+  """The registry's entry, or a ValueError listing the tasks."""
+  if name not in TASKS:
+    raise ValueError(f"task must be one of {', '.join(TASKS)}, got {name!r}")
+  return TASKS[name]
+
+
+class Trainer(Protocol):
+  """What a task's evaluation needs of the trainer (bertjax.training.trainer.Trainer)."""
+
+  batch_shardings: Mapping[str, NamedSharding]
+
+  def predict(self, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array: ...
+
+  def evaluate(self, params: Any, batch: Mapping[str, jax.Array]) -> dict: ...
 
 Rows = dict[str, np.ndarray]
 
@@ -147,8 +177,8 @@ def labelled(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | 
 
 def question_answering(spec: Any, tokenizer: Any, train_path: str | Path,
                        dev_path: str | Path) -> TaskData:
-  from bertjax.data import squad
-  from bertjax.hf_tokenizer import fast_tokenizer
+  from bertjax.finetune import squad
+  from bertjax.hf.tokenizer import fast_tokenizer
   fast = fast_tokenizer(tokenizer)  # offsets, and exactly bertjax's ids
   settings = dict(max_seq_length=spec.seq_length, doc_stride=spec.doc_stride,
                   max_query_length=spec.max_query_length)
@@ -183,7 +213,7 @@ def question_answering(spec: Any, tokenizer: Any, train_path: str | Path,
 
 def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
                ) -> TaskData:
-  from bertjax.data import completions
+  from bertjax.finetune import completions
   train = completions.load_completions(train_path, tokenizer, spec.seq_length)
   dev = completions.load_completions(dev_path, tokenizer, spec.seq_length)
 
@@ -194,7 +224,7 @@ def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str 
   def final(trainer: Trainer, params: Any, out: Path) -> dict[str, Any]:
     """Greedy generations of the dev file's first prompts, from exactly the tokens training
     puts before a completion, to <|endoftext|>."""
-    from bertjax import generate
+    from bertjax.inference import generate
     records = completions.read_completion_records(dev_path)[:spec.generate_examples]
     if not records or not spec.max_new_tokens:
       return {}

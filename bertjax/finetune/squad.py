@@ -148,7 +148,7 @@ class QAFeatures:
 
 def _fast_tokenizer(tokenizer: Any) -> Any:
   """A `tokenizers.Tokenizer` from one, from a loaded bertjax tokenizer or from its dir."""
-  from bertjax import hf_tokenizer
+  from bertjax.hf import tokenizer as hf_tokenizer
   if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "token_to_id"):
     return tokenizer
   if isinstance(tokenizer, (str, Path)):

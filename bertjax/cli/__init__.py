@@ -14,7 +14,8 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
-from bertjax import cli_finetune
+from bertjax.checkpoints import weights as weights_lib
+from bertjax.cli import finetune as cli_finetune
 from bertjax import config as config_lib
 from bertjax import paths
 
@@ -59,7 +60,7 @@ def cmd_info(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 
 
 def cmd_compile(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import phases
+  from bertjax.config import phases
   from bertjax.tools import aot
   config = config_lib.load_config(args.config, overrides)
   if args.step is not None:
@@ -126,10 +127,11 @@ def _compile_fit(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import checkpoint, generate
+  from bertjax.checkpoints import params as checkpoint
+  from bertjax.inference import generate
   from bertjax.data.tokenizers import load_tokenizer
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
-  weights = checkpoint.load_weights(args.params)
+  weights = weights_lib.load_weights(args.params)
   params, model = weights.params, weights.config
   tokenizer_path = args.tokenizer or weights.tokenizer
   if tokenizer_path is None:
@@ -162,7 +164,7 @@ def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
 def cmd_data_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import json
 
-  from bertjax.data.article_task import make_article_task
+  from bertjax.finetune.article_task import make_article_task
   summary = make_article_task(args.source, args.out, num_articles=args.articles,
                               train_sizes=args.train_sizes, dev_per_article=args.dev_per_article,
                               seed=args.seed)
@@ -173,7 +175,7 @@ def cmd_data_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) ->
 def cmd_data_qa_task(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import json
 
-  from bertjax.data.qa_task import make_qa_task
+  from bertjax.finetune.qa_task import make_qa_task
   summary = make_qa_task(args.source, args.out, num_train=args.train_questions,
                          num_dev=args.dev_questions, seed=args.seed)
   print(json.dumps(summary, indent=2))
@@ -181,8 +183,8 @@ def cmd_data_qa_task(args: argparse.Namespace, overrides: list[tuple[str, str]])
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import loop
-  from bertjax.metrics import TrainingDiverged
+  from bertjax.training import loop
+  from bertjax.training.metrics import TrainingDiverged
   config = config_lib.load_config(args.config, overrides)
   logging.getLogger("bertjax").setLevel(logging.INFO)
   try:
@@ -194,14 +196,16 @@ def cmd_train(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int
 
 
 def cmd_plot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import plot
+  from bertjax.training import plot
   return plot.cmd_plot(args)
 
 
 def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
   import jax
 
-  from bertjax import checkpoint, sharding
+  from bertjax.checkpoints import params as checkpoint
+
+  from bertjax.parallel import sharding
   from bertjax.models import build_model, init_params
   config = config_lib.load_config(args.config, overrides)
   model_cfg = config_lib.model_config(config)
@@ -215,7 +219,8 @@ def cmd_init(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
 
 
 def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import checkpoint, hf
+  from bertjax import hf
+  from bertjax.checkpoints import params as checkpoint
   if overrides:
     raise ValueError("import takes no --config overrides (the HF config.json decides)")
   params, model_cfg, report = hf.import_hf(args.hf_dir, scan_layers=not args.no_scan)
@@ -231,7 +236,8 @@ def cmd_import(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
 
 
 def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax import checkpoint, hf
+  from bertjax import hf
+  from bertjax.checkpoints import params as checkpoint
   if overrides:
     raise ValueError("export takes no --config overrides")
   if bool(args.params) == bool(args.workdir):
@@ -239,10 +245,10 @@ def cmd_export(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> in
   if args.format == "peft" and args.workdir:
     raise ValueError("--format peft exports a fine-tuned OUT/best: give it with --params")
   if args.workdir:
-    from bertjax.train_checkpoint import run_params
+    from bertjax.checkpoints.weights import run_params
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
     print(f"exporting step {step} of {args.workdir}")
-  elif (paths.path(args.params) / checkpoint.FINETUNE_FILE).is_file() or args.format == "peft":
+  elif (paths.path(args.params) / weights_lib.FINETUNE_FILE).is_file() or args.format == "peft":
     return cli_finetune.export_finetuned(args)
   else:
     params, model_cfg = checkpoint.load_params(args.params)
@@ -458,7 +464,7 @@ def _parser() -> argparse.ArgumentParser:
           "train` draws its own run into WORKDIR/metrics.png at each eval and at the end.",
           "examples:\n  bertjax plot runs/bert_tiny\n"
           "  bertjax plot runs/lr_1e-3 runs/lr_3e-4 --out lr.png", cmd_plot)
-  from bertjax import plot as plot_lib  # cheap: matplotlib is imported when drawing
+  from bertjax.training import plot as plot_lib  # cheap: matplotlib is imported when drawing
   plot_lib.add_arguments(p)
 
   p = add("init", "write a randomly initialised params checkpoint",

@@ -3,7 +3,7 @@
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
 initialised and reported), ModernBertForMaskedLM / ModernBertModel, GPT2LMHeadModel /
 GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
-Fine-tuned BERT (bertjax.finetune) exports as BertForSequenceClassification,
+Fine-tuned BERT (bertjax.training.finetuning) exports as BertForSequenceClassification,
 BertForTokenClassification or BertForQuestionAnswering (`head=`).
 Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
 wrong shape, missing tensor) is an error naming the tensor.
@@ -28,8 +28,11 @@ from flax import traverse_util
 from safetensors import safe_open
 from safetensors.numpy import save as save_safetensors
 
-from bertjax import hf_tokenizer, paths
-from bertjax.models import ModelConfig, build_model, jit_init, stack_layers, unstack_layers
+from bertjax import paths
+
+from bertjax.hf import tokenizer as hf_tokenizer
+from bertjax.models import ModelConfig, build_model, jit_init
+from bertjax.models.params import stack_layers, unstack_layers
 
 Flat = dict[tuple[str, ...], np.ndarray]
 

@@ -6,20 +6,20 @@ summaries) — fully or parameter-efficiently (LoRA, adapters, prefix tuning).
 The weights come from a params-only checkpoint, a training workdir (the parameters of its
 latest or a given step) or a Hugging Face directory; a BERT gets a fresh head (on the pooled
 [CLS] output, on every token, or the span head), a GPT keeps its tied LM head. Training runs on
-the one trainer (bertjax.train.Trainer) with the task's objective (bertjax.objectives) and the
+the one trainer (bertjax.training.trainer.Trainer) with the task's objective (bertjax.training.objectives) and the
 config `trainer_config` builds from the spec: the same jitted, sharded, donated step as
-pre-training. What a task reads and how it is scored lives in bertjax.tasks; this module runs
+pre-training. What a task reads and how it is scored lives in bertjax.finetune.tasks; this module runs
 the epochs, evaluates, keeps the best parameters and writes them.
 
 Optimisation follows Devlin et al.'s fine-tuning recipe: AdamW (weight decay 0.01 on kernels
-and embeddings only, bertjax.optim.decay_mask), linear warmup over `warmup_fraction` of the
+and embeddings only, bertjax.training.optim.decay_mask), linear warmup over `warmup_fraction` of the
 steps then linear decay to 0, gradients clipped to global norm 1. The head may have its own
-(larger) learning rate and parts of the model may be frozen (bertjax.optim: `freeze`,
+(larger) learning rate and parts of the model may be frozen (bertjax.training.optim: `freeze`,
 `head_learning_rate`, options pre-training has too): "embeddings", "bottom:K" (the embeddings
 and encoder layers 0..K-1), "all_but_head" (feature extraction), "base" (everything but the
 parameter-efficient additions and the head) — frozen parameters get a zero update
 (bit-identical after training) and, when frozen whole, no optimizer state. Named presets of
-these settings: bertjax.recipes (`--recipe`).
+these settings: bertjax.finetune.recipes (`--recipe`).
 
 After every epoch (or every `eval_every` steps) the dev set is scored with the task's metrics;
 the best parameters by `spec.metric` are kept and written at the end as a params-only
@@ -49,11 +49,19 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from bertjax import checkpoint, objectives, optim, sharding, tasks
-from bertjax.checkpoint import FINETUNE_FILE
-from bertjax.data import labeled
+from bertjax.checkpoints import weights as weights_lib
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.models.groups import parse_freeze
+from bertjax.training import objectives, optim
+
+from bertjax.parallel import sharding
+
+from bertjax.finetune import tasks
+from bertjax.checkpoints.weights import FINETUNE_FILE
+from bertjax.finetune import labeled
 from bertjax.models import ModelConfig
-from bertjax.train import Trainer
+from bertjax.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +145,7 @@ class FinetuneSpec:
   model: ModelConfig | None = None
   # With a training workdir: its checkpoint step (None: latest).
   step: int | None = None
-  # Mesh axis sizes (bertjax.sharding.make_mesh) and sharding rules when no mesh is given.
+  # Mesh axis sizes (bertjax.parallel.sharding.make_mesh) and sharding rules when no mesh is given.
   mesh_axes: dict = dataclasses.field(default_factory=lambda: {"data": -1})
   rules: str = "fsdp_tensor"
   # Also write OUT/hf (Hugging Face) from the best parameters (and OUT/peft with LoRA).
@@ -145,9 +153,8 @@ class FinetuneSpec:
   log_every: int = 50
 
   def __post_init__(self) -> None:
-    if self.task not in tasks.TASKS:
-      raise ValueError(f"task must be one of {', '.join(tasks.TASKS)}, got {self.task!r}")
-    optim.parse_freeze(self.freeze)
+    tasks.task(self.task)
+    parse_freeze(self.freeze)
     added = self.lora_rank or self.adapter_size or self.prefix_length
     if self.freeze == "base" and not added:
       raise ValueError("freeze=base trains only LoRA / adapter / prefix parameters (and a BERT "
@@ -161,11 +168,11 @@ class FinetuneSpec:
 
   @property
   def selection_metric(self) -> str:
-    return self.metric or tasks.DEFAULT_METRIC[self.task]
+    return self.metric or tasks.TASKS[self.task].metric
 
   @property
   def family(self) -> str:
-    return tasks.FAMILY[self.task]
+    return tasks.TASKS[self.task].family
 
   def columns(self) -> labeled.Columns:
     return labeled.Columns(self.text_a, self.text_b, self.label, self.tokens, self.tags)
@@ -201,8 +208,8 @@ def recipe_note(spec: FinetuneSpec, hidden_size: int) -> str | None:
           "(docs/finetuning.md)")
 
 
-# Read back by the same helper `init_from` uses (checkpoint.load_weights).
-load_finetuned = checkpoint.load_finetuned
+# Read back by the same helper `init_from` uses (weights_lib.load_weights).
+load_finetuned = weights_lib.load_finetuned
 
 
 _EXPORT_HEADS = {"classification": "sequence_classification",
@@ -216,7 +223,8 @@ def export_hf(directory: str | Path, out_dir: str | Path, dtype: str = "float32"
   (classification, regression), BertForTokenClassification, BertForQuestionAnswering or the
   GPT LM head model, with id2label and the tokenizer. LoRA is merged into the base weights
   (adapters and prefixes have no plain `transformers` equivalent: an error says so)."""
-  from bertjax import adapters, hf
+  from bertjax import hf
+  from bertjax.models import peft as adapters
   params, config, info = load_finetuned(directory)
   if config.lora_rank:
     params, config = adapters.merge_lora(params, config)
@@ -228,12 +236,12 @@ def export_hf(directory: str | Path, out_dir: str | Path, dtype: str = "float32"
 def export_peft(directory: str | Path, out_dir: str | Path) -> Path:
   """A LoRA fine-tune's OUT/best as a `peft` adapter directory (adapter_config.json,
   adapter_model.safetensors) for the base model exported by `export_hf` of its base."""
-  from bertjax import adapters
   params, config, info = load_finetuned(directory)
   if not info.get("base") or not config.lora_rank:
     raise ValueError(f"{directory}: not a --freeze base LoRA fine-tune; only such a run has an "
                      "adapter apart from its base weights (export it with --format hf)")
-  return adapters.export_peft(params, config, out_dir, info.get("base") or "",
+  from bertjax.hf import peft
+  return peft.export_peft(params, config, out_dir, info.get("base") or "",
                               head=_EXPORT_HEADS[info["task"]])
 
 
@@ -261,15 +269,15 @@ def _better(metric: str, value: float, best: float | None) -> bool:
   return value < best if metric in tasks.LOWER_IS_BETTER else value > best
 
 
-def _start_weights(spec: FinetuneSpec, init_from: str | Path | None) -> checkpoint.Weights:
+def _start_weights(spec: FinetuneSpec, init_from: str | Path | None) -> weights_lib.Weights:
   """What training starts from: a BERT's encoder (its checkpoint's heads make way for the
   task's fresh one), a GPT whole (its LM head is the tied embedding), or nothing (spec.model
   initialised at random)."""
   if not init_from:
     if spec.model is None:
       raise ValueError("finetune: give init_from, or spec.model for a random initialisation")
-    return checkpoint.Weights(None, spec.model, None, "random init")
-  weights = checkpoint.load_weights(init_from, spec.step)
+    return weights_lib.Weights(None, spec.model, None, "random init")
+  weights = weights_lib.load_weights(init_from, spec.step)
   if weights.config.family != spec.family:
     raise ValueError(f"{init_from}: a {weights.config.family} model; task {spec.task} needs "
                      f"a {spec.family} model")
@@ -404,12 +412,12 @@ def finetune(spec: FinetuneSpec, init_from: str | Path | None, train_path: str |
 
 
 def _save_best(spec: FinetuneSpec, directory: Path, params: Any, config: ModelConfig,
-               start: checkpoint.Weights, init_from: str | Path | None,
+               start: weights_lib.Weights, init_from: str | Path | None,
                tokenizer_path: str | Path, info: dict[str, Any]) -> Path:
   """OUT/best: the parameters (with freeze=base and a base checkpoint, only the trained
   ones: the additions and the head), finetune.json and the tokenizer."""
   base = None
-  from bertjax import adapters
+  from bertjax.models import peft as adapters
   if spec.freeze == "base" and init_from and adapters.has_additions(params):
     params = adapters.trainable_params(params, spec.freeze)
     base = str(Path(init_from).absolute()) if Path(init_from).exists() else str(init_from)

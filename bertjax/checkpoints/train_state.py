@@ -24,14 +24,12 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from bertjax import paths
 from bertjax.data.pipeline import merge_states
-from bertjax.models import ModelConfig
-from bertjax.train import TrainState
+from bertjax.models.params import shape_mismatches
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +153,7 @@ class TrainCheckpoints:
   def due(self, step: int, total: int) -> bool:
     return step == total or (self.every > 0 and step % self.every == 0)
 
-  def save(self, step: int, state: TrainState, batches: Any,
+  def save(self, step: int, state: Any, batches: Any,
            config: ml_collections.ConfigDict) -> None:
     """Starts an (async) save of `step`; returns once the device arrays are copied. A failed
     write (this one or the previous one still in the background) raises CheckpointWriteError."""
@@ -218,20 +216,15 @@ class TrainCheckpoints:
 
   def check_shapes(self, step: int, abstract_params: Any) -> None:
     """Raises CheckpointMismatch listing every parameter whose shape differs."""
-    metadata = self.manager.item_metadata(step)["params"]
-    saved = _shape_tree(metadata)
-    expected = _shape_tree(abstract_params)
-    problems = [f"{k}: checkpoint {saved.get(k)} vs config {v}" for k, v in expected.items()
-                if saved.get(k) != v]
-    problems += [f"{k}: in the checkpoint, not in the model" for k in saved
-                 if k not in expected]
+    saved = _shape_tree(self.manager.item_metadata(step)["params"])
+    problems = shape_mismatches(saved, _shape_tree(abstract_params), "config")
     if problems:
       raise CheckpointMismatch(
           f"checkpoint step {step} in {self.directory} does not fit the config "
           f"({len(problems)} parameter(s)):\n  " + "\n  ".join(problems[:20]))
 
-  def restore(self, abstract_state: TrainState, batches: Any | None,
-              step: int | None = None) -> tuple[TrainState, int]:
+  def restore(self, abstract_state: Any, batches: Any | None,
+              step: int | None = None) -> tuple[Any, int]:
     """The state (into the shardings of `abstract_state`, whatever mesh it was saved on) and
     the data iterator position of `step` (default: the latest complete step, falling back to
     earlier ones when a step cannot be read)."""
@@ -271,7 +264,8 @@ class TrainCheckpoints:
                     self.directory, message, fallback)
         continue
       train = restored["train"]
-      state = TrainState(train["step"], restored["params"], train["opt_state"], train["rng"])
+      state = abstract_state.replace(step=train["step"], params=restored["params"],
+                                     opt_state=train["opt_state"], rng=train["rng"])
       if candidate != candidates[0]:
         log.warning("resumed from step %d instead of the latest step %d", candidate,
                     candidates[0])
@@ -294,40 +288,3 @@ class TrainCheckpoints:
   def saved_config(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore()))["config"]
-
-
-def abstract_like(tree: Any, shardings: Any) -> Any:
-  """ShapeDtypeStructs carrying the target shardings (what Orbax restores into)."""
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=s),
-                      tree, shardings)
-
-
-def run_params(workdir: paths.PathLike, step: int | None = None
-               ) -> tuple[Any, ModelConfig, Path | None, int]:
-  """(params, model config, tokenizer directory or None, step) of a training run's checkpoint
-  (default: the latest): the parameters only, on this process's first device — the optimizer
-  state is never read. What export and fine-tuning start from."""
-  from bertjax import checkpoint
-  from bertjax.config import model_config
-  workdir = paths.path(workdir)
-  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
-                                                     "async_save": False}})
-  checkpoints = TrainCheckpoints(workdir, probe)
-  try:
-    step = checkpoints.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
-    saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
-    config = model_config(saved)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                            checkpoint.abstract_params_of(config))
-    params, step = checkpoints.restore_params(abstract, step)
-  finally:
-    checkpoints.close()
-  dataset = saved.data.get("dataset", "") if "data" in saved else ""
-  tokenizer = next((c for c in (workdir / "params" / "tokenizer",
-                                workdir / "data" / "dataset" / "tokenizer",
-                                paths.path(dataset) / "tokenizer" if dataset else None)
-                    if c is not None and c.is_dir()), None)
-  return params, config, paths.local_copy(tokenizer) if tokenizer else None, step

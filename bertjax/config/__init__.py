@@ -31,13 +31,13 @@ from typing import Any, Sequence, TypeVar
 
 import ml_collections
 
-from bertjax import phases
+from bertjax.config import phases
 from bertjax.models.config import ModelConfig
 
 ConfigDict = ml_collections.ConfigDict
 
 # configs/ next to the package in a source checkout; `--config bert_base` looks there.
-CONFIGS_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
 def _model_defaults() -> dict[str, Any]:
@@ -76,7 +76,7 @@ def gpt_model(**overrides: Any) -> ConfigDict:
 
 def base_config(model: ConfigDict) -> ConfigDict:
   """A complete config around a model group: objective, data, optimizer, mesh, logging."""
-  from bertjax.optim import default_optimizer_config
+  from bertjax.training.optim import default_optimizer_config
   config = ConfigDict()
   # Model shape and numerics (bertjax.models.config.ModelConfig).
   config.model = model
@@ -93,9 +93,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # Micro-batches per step, accumulated inside the step (batch_size must divide by it).
   config.grad_accum_steps = 1
   # A second phase with another sequence length / batch / schedule (BERT's 128 -> 512), run
-  # in the same run from phase2.start_step on (bertjax.phases).
+  # in the same run from phase2.start_step on (bertjax.config.phases).
   config.phase2 = phases.phase2_defaults()
-  # Optimizer and learning-rate schedule (bertjax.optim).
+  # Optimizer and learning-rate schedule (bertjax.training.optim).
   config.optimizer = default_optimizer_config()
   # Input data.
   config.data = ConfigDict({
@@ -157,7 +157,7 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # repeats, a down-weighted one is sub-sampled); 0: as many as the mixed sources hold.
       "epoch_documents": 0,
   })
-  # Training checkpoints in WORKDIR/checkpoints (bertjax.train_checkpoint).
+  # Training checkpoints in WORKDIR/checkpoints (bertjax.checkpoints.train_state).
   config.checkpoint = ConfigDict({
       # Save every this many steps (0: only at the end and on preemption).
       "every": 1000,
@@ -171,7 +171,7 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # Resume from this checkpoint step instead of the latest (-1: latest).
   config.restore_step = -1
   # Resume even though the config differs from the checkpoint's in what the run computes (the
-  # model, data, optimizer; bertjax.workdir lists what may change freely). False: refused.
+  # model, data, optimizer; bertjax.checkpoints.workdir lists what may change freely). False: refused.
   config.resume_with_changes = False
   # Start a new run from these weights (continued / domain-adaptive pre-training): a params-only
   # checkpoint (bertjax export --format params) or a Hugging Face directory. Empty: random init.
@@ -207,7 +207,7 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # remaining slices. The default is data parallelism across slices (one gradient all-reduce
   # per step crosses the DCN). With one slice every size is 1.
   config.dcn_mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  # Logical-axis rules: a preset name from bertjax.sharding.RULE_PRESETS or a list of
+  # Logical-axis rules: a preset name from bertjax.parallel.sharding.RULE_PRESETS or a list of
   # (logical_axis, mesh_axes) pairs, applied in order.
   config.sharding_rules = "fsdp_tensor"
   # Seed of parameter initialisation.

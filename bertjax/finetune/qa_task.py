@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SkipCounts, parse_sources, read_source
-from bertjax.data.squad import QAExample, read_squad, write_squad
+from bertjax.finetune.squad import QAExample, read_squad, write_squad
 
 _YEAR = re.compile(r"\b[Ii]n ((?:1[0-9]|20)[0-9]{2})\b(?![\d,.]\d),?")
 _COUNT = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+|\d+)(?![\d,.]\d) ([a-z]{3,})\b")

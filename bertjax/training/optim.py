@@ -13,15 +13,12 @@
   per-parameter labels (`parameter_groups`).
 
 Weight decay applies to matrices and embedding tables only: `decay_mask` is the one place that
-decides, from the parameter's leaf name. `is_added` is the one place that tells the
-parameter-efficient additions (LoRA, adapters, prefixes: bertjax/adapters.py) from the base
-model's parameters, from their names.
+decides, from the parameter's leaf name; bertjax.models.groups tells which parameter is what.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 import jax
@@ -29,6 +26,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+
+from bertjax.models.groups import frozen_rows, parameter_groups, parse_freeze
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +38,6 @@ DECAYED_LEAVES = ("kernel", "embedding")
 # non-LayerNorm parameter of a peft model.
 DECAYED_PREFIXES = ("lora_", "prefix_")
 
-# Names (of a leaf or of a module on its path) that start with one of these are the
-# parameter-efficient additions: LoRA's `lora_a*`/`lora_b*`, the adapters' `adapter_*`
-# modules, the prefixes' `prefix_key`/`prefix_value` (bertjax/models/layers.py names them).
-ADDED_PREFIXES = ("lora_", "adapter_", "prefix_")
-
-
-def is_added(names: tuple[str, ...]) -> bool:
-  """Whether the parameter at path `names` is a parameter-efficient addition (not part of the
-  base model): the one test every other module (freezing, adapters.py, reports) uses."""
-  return any(name.startswith(ADDED_PREFIXES) for name in names)
-
-
 def decay_mask(params: Any) -> Any:
   """True for parameters that get weight decay: kernels, embedding tables and the added
   matrices (LoRA, prefixes)."""
@@ -58,93 +45,6 @@ def decay_mask(params: Any) -> Any:
     last = str(getattr(path[-1], "key", getattr(path[-1], "name", None)))
     return last in DECAYED_LEAVES or last.startswith(DECAYED_PREFIXES)
   return jax.tree_util.tree_map_with_path(is_decayed, params)
-
-
-# The encoder's embedding tables and their norm (BERT) / the token and position tables (GPT).
-EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings",
-              "embeddings_norm", "wte", "wpe")
-FREEZE_KINDS = ("none, embeddings, bottom:K (the embeddings and layers 0..K-1), encoder or "
-                "base (all but the LoRA/adapter/prefix additions and the heads)")
-
-
-def parse_freeze(freeze: str) -> tuple[str, int]:
-  """`optimizer.freeze`: "none" | "embeddings" | "bottom:K" | "encoder" (alias "all_but_head",
-  feature extraction) | "base" (parameter-efficient tuning: only the additions of
-  bertjax/adapters.py and the heads outside the encoder train, as peft's modules_to_save)
-  -> (kind, K)."""
-  if freeze in ("none", "embeddings", "encoder", "base"):
-    return freeze, 0
-  if freeze == "all_but_head":
-    return "encoder", 0
-  match = re.fullmatch(r"bottom:(\d+)", freeze)
-  if match:
-    return "bottom", int(match.group(1))
-  raise ValueError(f"freeze must be {FREEZE_KINDS}, got {freeze!r}")
-
-
-def _names(path) -> tuple[str, ...]:
-  return tuple(str(getattr(p, "key", getattr(p, "name", p))) for p in path)
-
-
-def encoder_path(names: tuple[str, ...]) -> tuple[str, ...] | None:
-  """The path inside the encoder (BERT: the `bert` subtree; GPT: the whole model, whose LM head
-  is the tied embedding), or None for a head parameter."""
-  if names[0] == "bert":
-    return names[1:]
-  if names[0] in ("decoder", "wte", "wpe", "final_norm"):
-    return names
-  return None
-
-
-def _layer_count(params: Any) -> int:
-  """Layers of the encoder's stack: the leading axis of a scanned stack, else the number of
-  `layer_i` subtrees."""
-  unscanned = set()
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    inner = encoder_path(_names(path))
-    if inner and len(inner) > 2 and inner[0] in ("encoder", "decoder"):
-      if inner[1] == "layers":
-        return int(np.shape(leaf)[0])
-      unscanned.add(inner[1])
-  return len(unscanned)
-
-
-def frozen_rows(params: Any, freeze: str) -> Any:
-  """Per leaf: True (frozen whole), False (trained), or a bool array [layers, 1, ...] that is
-  True for the frozen layers of a scanned layer stack."""
-  kind, k = parse_freeze(freeze)
-  num_layers = _layer_count(params)
-  if kind == "bottom" and k > num_layers:
-    raise ValueError(f"optimizer.freeze=bottom:{k} but the model has {num_layers} layers")
-
-  def rule(path, leaf):
-    names = _names(path)
-    inner = encoder_path(names)
-    if inner is None or kind == "none":
-      return False
-    if kind == "base":
-      return not is_added(names)
-    if kind == "encoder" or inner[0] in EMBEDDINGS:
-      return True
-    if kind != "bottom" or inner[0] not in ("encoder", "decoder"):
-      return False
-    if inner[1] == "layers":  # scanned: the leading axis is the layer
-      if k >= num_layers:
-        return True
-      if k == 0:
-        return False
-      rows = np.arange(num_layers) < k
-      return rows.reshape((num_layers,) + (1,) * (len(np.shape(leaf)) - 1))
-    return int(inner[1].split("_")[1]) < k
-  return jax.tree_util.tree_map_with_path(rule, params)
-
-
-def parameter_groups(params: Any, freeze: str = "none") -> Any:
-  """Per leaf: "frozen" (no update, no optimizer state), "encoder" or "head"."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, f: ("frozen" if f is True else
-                       "encoder" if encoder_path(_names(path)) is not None else "head"),
-      frozen_rows(params, freeze))
 
 
 def _zero_frozen(freeze: str) -> optax.GradientTransformation:

@@ -27,13 +27,23 @@ from etils import epath
 from flax.traverse_util import flatten_dict
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bertjax import checkpoint, distributed, flops, hooks, paths, phases, plot, sharding
+from bertjax.checkpoints import weights as weights_lib
+from bertjax.models.params import shape_mismatches
+from bertjax import paths
+
+from bertjax.checkpoints import params as checkpoint
+
+from bertjax.parallel import distributed, sharding
+
+from bertjax.training import flops, hooks, plot
+
+from bertjax.config import phases
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
-from bertjax.metrics import MetricsWriter, summary_lines
-from bertjax.train import Trainer, TrainState
-from bertjax.train_checkpoint import CheckpointWriteError, TrainCheckpoints
-from bertjax.workdir import WorkdirLock, check_resume_config
+from bertjax.training.metrics import MetricsWriter, summary_lines
+from bertjax.training.trainer import Trainer, TrainState
+from bertjax.checkpoints.train_state import CheckpointWriteError, TrainCheckpoints
+from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +65,7 @@ def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
 
 class _PhaseData:
   """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
-  (bertjax.phases): a two-phase run builds a new one at the switch, and the step is jitted
+  (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is jitted
   again for its batch shape at its first batch (`compiled`)."""
 
   def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
@@ -393,15 +403,15 @@ def start_from(path: str, trainer: Trainer, state: TrainState) -> TrainState:
   Face; local or an object store) in the trainer's shardings; what is not loaded follows
   from the model (`Trainer.with_weights`)."""
   source = paths.path(path)
-  if (source / "model.json").is_file() and not (source / checkpoint.FINETUNE_FILE).is_file():
+  if (source / "model.json").is_file() and not (source / weights_lib.FINETUNE_FILE).is_file():
     saved = checkpoint.abstract_params_of(checkpoint.load_model_config(source))
-    if not checkpoint.shape_mismatches(flatten_dict(saved, sep="/"),
+    if not shape_mismatches(flatten_dict(saved, sep="/"),
                                        flatten_dict(state.params, sep="/"), "model"):
       # The same model: restored straight into its shardings, no host copy (pod scale).
       params, _ = checkpoint.load_params(source, trainer.state_shardings.params)
       log.info("initialised the parameters from %s", path)
       return state.replace(params=params)
-  weights = checkpoint.load_weights(path, scan_layers=trainer.model_config.scan_layers)
+  weights = weights_lib.load_weights(path, scan_layers=trainer.model_config.scan_layers)
   state, fresh, dropped = trainer.with_weights(state, weights.params, f"init_from={path}")
   log.info("initialised the parameters from %s%s%s", weights.source,
            f"; fresh: {', '.join(fresh)}" if fresh else "",

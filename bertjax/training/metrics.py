@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from bertjax import paths, plot
+from bertjax import paths
 
 # The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
+
+from bertjax.training import plot
 # GPT: the LM loss, accuracy and perplexity).
 HEADLINE_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "lm_loss", "lm_accuracy",
                  "perplexity")

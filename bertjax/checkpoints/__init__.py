@@ -1,0 +1,1 @@
+"""Storage of runs: parameters, training checkpoints, run directories."""

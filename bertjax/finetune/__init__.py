@@ -1,0 +1,1 @@
+"""Fine-tuning tasks: what each task reads, trains and is scored by."""

@@ -1,0 +1,1 @@
+"""Using trained weights without training: decoding and fill-mask."""

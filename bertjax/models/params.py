@@ -1,0 +1,88 @@
+"""Parameter trees apart from any module: counts, and the scanned vs. per-layer layouts.
+
+Flat dicts are keyed by parameter path. Scanned models keep one `layers` entry per parameter
+with a leading layer axis; unrolled ones `layers_0`, `layers_1`, ... (Hugging Face's order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import traverse_util
+
+from bertjax.models.config import ModelConfig
+
+Flat = dict[tuple[str, ...], Any]
+
+
+def count_params(params: Any) -> int:
+  leaves = jax.tree.leaves(nn.meta.unbox(params))
+  return int(sum(np.prod(leaf.shape) for leaf in leaves))
+
+
+def layer_prefix(cfg: ModelConfig) -> tuple[str, ...]:
+  """Where the layer stack sits in the parameter tree."""
+  return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
+
+
+def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
+  """Scanned layout (`layers` with a leading layer axis) -> `layers_{i}` entries."""
+  if not cfg.scan_layers:
+    return dict(flat)
+  prefix = layer_prefix(cfg)
+  out: Flat = {}
+  for key, value in flat.items():
+    if key[:len(prefix) + 1] == prefix + ("layers",):
+      for i in range(cfg.num_layers):
+        out[prefix + (f"layers_{i}",) + key[len(prefix) + 1:]] = value[i]
+    else:
+      out[key] = value
+  return out
+
+
+def stack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
+  """`layers_{i}` entries -> the scanned layout, when the config scans layers."""
+  if not cfg.scan_layers:
+    return dict(flat)
+  prefix = layer_prefix(cfg)
+  out: Flat = {}
+  grouped: dict[tuple[str, ...], list[Any]] = {}
+  for key, value in flat.items():
+    if key[:len(prefix)] == prefix and key[len(prefix)].startswith("layers_"):
+      i = int(key[len(prefix)].split("_")[1])
+      grouped.setdefault(key[len(prefix) + 1:], [None] * cfg.num_layers)[i] = value
+    else:
+      out[key] = value
+  for rest, values in grouped.items():
+    out[prefix + ("layers",) + rest] = np.stack(values)
+  return out
+
+
+def unscanned(params: Any, cfg: ModelConfig) -> tuple[Any, ModelConfig]:
+  """The same weights laid out for an unrolled layer stack, and its config.
+
+  Decoding wants unrolled layers: under nn.scan the KV cache is a scanned carry, copied
+  whole through the scan at every new token (docs/generation.md measures the difference).
+  """
+  if not cfg.scan_layers:
+    return params, cfg
+  flat = unstack_layers(traverse_util.flatten_dict(nn.meta.unbox(params)), cfg)
+  return traverse_util.unflatten_dict(flat), cfg.replace(scan_layers=False)
+
+
+def shape_mismatches(have: dict[str, Any], want: dict[str, Any], want_name: str,
+                     missing: bool = True) -> list[str]:
+  """One line per parameter (flat name -> array or shape struct) whose shape in `have` is not
+  the one `want` (named `want_name`: "model", "config") has; names only in `have`; and with
+  `missing`, names only in `want`."""
+  shape = lambda x: tuple(np.shape(x))  # noqa: E731
+  problems = [f"{k}: {shape(have[k])} vs {want_name} {shape(v)}" for k, v in want.items()
+              if k in have and shape(have[k]) != shape(v)]
+  if missing:
+    problems += [f"{k}: missing, {want_name} has {shape(v)}" for k, v in want.items()
+                 if k not in have]
+  problems += [f"{k}: not in the {want_name}" for k in have if k not in want]
+  return problems

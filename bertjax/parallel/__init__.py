@@ -1,0 +1,1 @@
+"""Parallelism: device meshes, sharding rules, multi-host setup."""

@@ -1,0 +1,1 @@
+"""The training core: train state and step, objectives, optimizers, the loop."""
