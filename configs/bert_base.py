@@ -13,11 +13,12 @@ Paper hardware: 4 Cloud TPUs in Pod configuration (16 TPU chips), 4 days.
       --workdir /gcs/BUCKET/bert_base --config.data.dataset=/gcs/BUCKET/wiki_books
 """
 
-from bertjax.config import base_config, bert_model, bert_paper_training
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
   config = base_config(bert_model())
-  bert_paper_training(config)
+  common.bert_paper_training(config)
   config.reference_params = 110_000_000
   return config

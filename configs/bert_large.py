@@ -12,11 +12,12 @@ the run itself). Paper hardware: 16 Cloud TPUs (64 TPU chips), 4 days.
       --workdir /gcs/BUCKET/bert_large --config.data.dataset=/gcs/BUCKET/wiki_books
 """
 
-from bertjax.config import base_config, bert_model, bert_paper_training
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
   config = base_config(bert_model(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096))
-  bert_paper_training(config)
+  common.bert_paper_training(config)
   config.reference_params = 340_000_000
   return config

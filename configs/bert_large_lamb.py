@@ -15,7 +15,8 @@ Batches this large are reached by gradient accumulation inside the step.
       --workdir /gcs/BUCKET/bert_lamb --config.data.dataset=/gcs/BUCKET/wiki_books
 """
 
-from bertjax.config import base_config, bert_model, memory_saving
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
@@ -32,6 +33,6 @@ def get_config():
   config.checkpoint.every = 500
   config.log_every = 10
   # A v3-2048's 16 GiB chips do not hold a step as written (docs/reproducing.md).
-  memory_saving(config, grad_accum_steps=2)
+  common.memory_saving(config, grad_accum_steps=2)
   config.reference_params = 340_000_000
   return config

@@ -8,10 +8,11 @@ batch 32 x 128 tokens, 300 steps, AdamW lr 1e-3 with 30 warmup steps (about 5 mi
   bertjax train --config configs/bert_tiny.py --workdir runs/bert_tiny
 """
 
-from bertjax.config import base_config, bert_model, tiny_cpu_training
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
   config = base_config(bert_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=2,
                                   mlp_dim=512, max_positions=128))
-  return tiny_cpu_training(config, batch_size=32)
+  return common.tiny_cpu_training(config, batch_size=32)

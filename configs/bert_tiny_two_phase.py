@@ -9,13 +9,14 @@ run switches phase by itself and a resume in either phase continues the same bat
   bertjax train --config configs/bert_tiny_two_phase.py --workdir runs/bert_tiny_two_phase
 """
 
-from bertjax.config import base_config, bert_model, tiny_cpu_training
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
   config = base_config(bert_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=2,
                                   mlp_dim=512, max_positions=128))
-  tiny_cpu_training(config, batch_size=32)
+  common.tiny_cpu_training(config, batch_size=32)
   config.seq_length = 64
   config.max_predictions = 10
   config.phase2.start_step = 240

@@ -18,7 +18,8 @@ shows your device doing in 24 hours.
       --config.data.dataset=runs/pile_subset --config.num_train_steps=STEPS_IN_24H
 """
 
-from bertjax.config import base_config, bert_model, memory_saving
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
@@ -39,5 +40,5 @@ def get_config():
   config.checkpoint.every = 1_000
   # One 16 GiB chip (v5e-1) does not hold a step in fp32 without remat (docs/reproducing.md);
   # one device: nothing to shard, so no ZeRO-3.
-  memory_saving(config, zero3=False)
+  common.memory_saving(config, zero3=False)
   return config

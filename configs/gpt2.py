@@ -31,7 +31,8 @@ in under docs/compile_reports/.
   bertjax train --config configs/gpt2.py:size=xl,runlocal --workdir runs/gpt2_local  # CPU
 """
 
-from bertjax.config import base_config, choose, gpt2_training, gpt_model, memory_saving, parse_arg
+import common
+from bertjax.config import base_config, choose, gpt_model, parse_arg
 
 # size: (layers, d_model, heads, learning rate, the released checkpoint's parameter count,
 #        micro-batches that make a step fit the size's slice).
@@ -50,8 +51,8 @@ def get_config(arg=None):
   layers, width, heads, lr, params, micro_batches = choose(SIZES, "size", size)
   config = base_config(gpt_model(num_layers=layers, hidden_size=width, num_heads=heads,
                                  mlp_dim=4 * width))
-  gpt2_training(config, learning_rate=lr)
+  common.gpt2_training(config, learning_rate=lr)
   # A step as written does not fit the size's slice; these settings make it (docs/reproducing.md).
-  memory_saving(config, grad_accum_steps=micro_batches)
+  common.memory_saving(config, grad_accum_steps=micro_batches)
   config.reference_params = params
   return config

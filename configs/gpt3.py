@@ -36,7 +36,8 @@ checked in under docs/compile_reports/.
   bertjax train --config configs/gpt3.py:size=13b,runlocal --workdir runs/gpt3_local  # CPU
 """
 
-from bertjax.config import base_config, choose, gpt3_training, gpt_model, memory_saving, parse_arg
+import common
+from bertjax.config import base_config, choose, gpt_model, parse_arg
 
 # size: (layers, d_model, heads, batch tokens, learning rate, the paper's parameter count,
 #        micro-batches that make a step fit the size's slice).
@@ -58,8 +59,8 @@ def get_config(arg=None):
   layers, width, heads, batch_tokens, lr, params, micro_batches = choose(SIZES, "size", size)
   config = base_config(gpt_model(num_layers=layers, hidden_size=width, num_heads=heads,
                                  mlp_dim=4 * width, max_positions=2048))
-  gpt3_training(config, batch_tokens=batch_tokens, learning_rate=lr)
+  common.gpt3_training(config, batch_tokens=batch_tokens, learning_rate=lr)
   # A step as written does not fit the size's slice; these settings make it (docs/reproducing.md).
-  memory_saving(config, grad_accum_steps=micro_batches)
+  common.memory_saving(config, grad_accum_steps=micro_batches)
   config.reference_params = params
   return config

@@ -7,13 +7,14 @@ at 2 layers, width 128, 4 heads, context 128, vocabulary 8192; batch 16 x 128 to
   bertjax train --config configs/gpt_tiny.py --workdir runs/gpt_tiny
 """
 
-from bertjax.config import base_config, gpt_model, tiny_cpu_training
+import common
+from bertjax.config import base_config, gpt_model
 
 
 def get_config():
   config = base_config(gpt_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=4,
                                  mlp_dim=512, max_positions=128))
-  tiny_cpu_training(config, batch_size=16)
+  common.tiny_cpu_training(config, batch_size=16)
   # GPT-3's optimizer shape (Brown et al. 2020, App. B), scaled down.
   config.optimizer.schedule = "cosine"
   config.optimizer.end_lr_fraction = 0.1

@@ -38,8 +38,8 @@ the paper); steps are tokens / (batch x 1,024).
   bertjax train --config configs/modernbert.py:size=tiny --workdir runs/modernbert_tiny  # CPU
 """
 
-from bertjax.config import base_config, bert_model, choose, memory_saving, parse_arg, \
-    tiny_cpu_training
+import common
+from bertjax.config import base_config, bert_model, choose, parse_arg
 
 # size: (layers, width, heads, GLU half-width, batch, peak lr, warmup tokens, the paper's
 #        parameter count, micro-batches that make a step fit the slice in the docstring).
@@ -82,7 +82,7 @@ def get_config(arg=None):
   config.data.mask_prob = 0.30
   config.data.dupe_factor = 0  # a new mask every time a sequence is seen
   if tiny:
-    tiny_cpu_training(config, batch_size=32)
+    common.tiny_cpu_training(config, batch_size=32)
     config.model.local_window = 64  # of 128 positions: the local layers see half the row
     config.max_predictions = 40  # 30% of 128
     # Long enough to leave the frequent-token plateau, so that a QA fine-tune from it beats
@@ -114,6 +114,6 @@ def get_config(arg=None):
                                  / extension_lr))
   config.checkpoint.every = 5_000
   # A step as written does not fit the slice; these settings make it (docs/reproducing.md).
-  memory_saving(config, grad_accum_steps=micro)
+  common.memory_saving(config, grad_accum_steps=micro)
   config.reference_params = params
   return config

@@ -27,7 +27,8 @@ head on [CLS] where MosaicBERT's classifier has a fresh tanh pooler.
       --config.data.dataset=/gcs/BUCKET/c4
 """
 
-from bertjax.config import base_config, bert_model, memory_saving
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
@@ -49,6 +50,6 @@ def get_config():
                                # the peak rate; optax's adamw multiplies by the rate.
                                weight_decay=1e-5 / 5e-4))
   config.checkpoint.every = 5_000
-  memory_saving(config, zero3=True)
+  common.memory_saving(config, zero3=True)
   config.reference_params = 137_000_000
   return config

@@ -11,7 +11,8 @@ document boundaries up to 512 tokens); batch 8K sequences, 500K steps; Adam lr 6
       --config.data.dataset=/gcs/BUCKET/web_text
 """
 
-from bertjax.config import base_config, bert_model, memory_saving
+import common
+from bertjax.config import base_config, bert_model
 
 
 def get_config():
@@ -28,6 +29,6 @@ def get_config():
                                clip_norm=0.0))
   config.checkpoint.every = 5_000
   # A v4-128's chips do not hold a step of 8K x 512 as written (docs/reproducing.md).
-  memory_saving(config, grad_accum_steps=2)
+  common.memory_saving(config, grad_accum_steps=2)
   config.reference_params = 125_000_000
   return config

@@ -34,7 +34,7 @@ PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
 TRUNCATED = ("modernbert",)
 # Every config a user can name: each file under configs/ with each variant it lists.
 ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
-                     for p in config_lib.CONFIGS_DIR.glob("*.py")
+                     for p in config_lib.config_files()
                      for v in config_lib.file_variants(p.stem))
 
 

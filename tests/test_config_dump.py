@@ -2,7 +2,7 @@
 
 The dump was written from the configs before they were rewritten as variants (its keys are the
 old per-size file names; SPELLINGS says how each is named now); a refactor of
-configs/ or bertjax/config.py that changes any resolved value (a learning rate, a layer count,
+configs/ or bertjax/config/ that changes any resolved value (a learning rate, a layer count,
 a step count, a derived model setting) fails here with the key that moved. Regenerate only for
 an intended change: `python tests/test_config_dump.py --write`.
 """
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from bertjax.config import CONFIGS_DIR, file_variants, load_config, model_config
+from bertjax.config import config_files, file_variants, load_config, model_config
+from bertjax.config.schema import FINETUNE_KEYS
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
 # Golden key (the per-size file names the dump was written under) -> how that config is named
@@ -30,7 +31,7 @@ SPELLINGS = {
 }
 # Every config users and docs can pass to --config: each file, with each variant it lists.
 NAMES = sorted(f"{p.stem}:{v}" if v else p.stem
-               for p in CONFIGS_DIR.glob("*.py") if not p.stem.startswith("_")
+               for p in config_files()
                for v in file_variants(p.stem))
 
 
@@ -54,7 +55,10 @@ def _flat(tree, prefix=""):
 # Keys added after the dump was written, with the value every paper config must resolve them to
 # (a new setting whose default leaves old runs as they were). Nothing else may appear.
 ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate": 0.0,
-         # Parameter-efficient tuning (bertjax/adapters.py), all off.
+         "config.init_step": -1,
+         # Fine-tuning (bertjax.finetune), off: finetune.task is empty.
+         **{f"config.finetune.{key}": default for key, (default, _) in FINETUNE_KEYS.items()},
+         # Parameter-efficient tuning (bertjax.models.peft), all off.
          **{f"{group}.{key}": value for group in ("config.model", "model")
             for key, value in (("lora_rank", 0), ("lora_alpha", 8.0), ("lora_dropout", 0.0),
                                ("lora_targets", ""), ("adapter_size", 0),

@@ -37,7 +37,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax.config import load_config, memory_saving
+from bertjax.config import load_config
+from train_helpers import configs_common
 from bertjax.tools import aot, hlo
 from bertjax.training.trainer import Trainer
 
@@ -56,7 +57,7 @@ def fsdp_config(devices: int):
       ("model.vocab_size", str(VOCAB)), ("model.max_positions", str(SEQ)),
       ("seq_length", str(SEQ)), ("sharding_rules", "fsdp")])
   # ZeRO-3 over every device, bf16 compute with fp32 master weights, "dots" remat.
-  memory_saving(config, grad_accum_steps=ACCUM)
+  configs_common().memory_saving(config, grad_accum_steps=ACCUM)
   config.batch_size = devices * ACCUM
   return config
 

@@ -6,12 +6,13 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax.config.schema import optimizer_group
 from bertjax.training import optim
 from bertjax.models import ModelConfig, build_model, jit_init
 
 
 def _opt(**kw):
-  cfg = optim.default_optimizer_config()
+  cfg = optimizer_group()
   cfg.update(kw)
   return cfg
 

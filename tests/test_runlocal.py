@@ -13,7 +13,7 @@ from bertjax.models import abstract_params, build_model
 from bertjax.models.params import count_params
 
 ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
-                     for p in config_lib.CONFIGS_DIR.glob("*.py")
+                     for p in config_lib.config_files()
                      for v in config_lib.file_variants(p.stem))
 # What runlocal keeps of a config: the recipe, not its scale.
 KEPT = ("objective", "model.family", "model.norm_position", "model.activation",

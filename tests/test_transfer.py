@@ -87,10 +87,10 @@ def test_freeze_kinds_over_the_pretraining_tree():
   params = nn.meta.unbox(jax.eval_shape(
       lambda r: objectives.model_for("mlm_nsp", cfg).init(r, *_example(cfg))["params"],
       jax.random.key(0)))
-  groups = _flat_groups(groups.parameter_groups(params, "embeddings"))
-  assert groups["bert/word_embeddings/embedding"] == "frozen"
-  assert groups["bert/encoder/layers/mlp/wi/kernel"] == "encoder"
-  assert groups["mlm_bias"] == "head" and groups["nsp/kernel"] == "head"
+  labels = _flat_groups(groups.parameter_groups(params, "embeddings"))
+  assert labels["bert/word_embeddings/embedding"] == "frozen"
+  assert labels["bert/encoder/layers/mlp/wi/kernel"] == "encoder"
+  assert labels["mlm_bias"] == "head" and labels["nsp/kernel"] == "head"
   rows = _flat_groups(groups.frozen_rows(params, "bottom:1"))
   assert np.asarray(rows["bert/encoder/layers/mlp/wi/kernel"]).ravel().tolist() == [True, False]
   with pytest.raises(ValueError, match="freeze"):

@@ -17,6 +17,17 @@ from bertjax.models import build_model
 from bertjax.training.trainer import Trainer
 
 
+def configs_common():
+  """configs/common.py, the papers' shared training recipes (a sibling of the config files,
+  not a package module)."""
+  import importlib.util
+  path = config_lib.CONFIGS_DIR / "common.py"
+  spec = importlib.util.spec_from_file_location("configs_common", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 def tiny_config(family: str, **overrides):
   """bert_tiny / gpt_tiny shrunk further, fp32, dropout off (deterministic comparisons)."""
   config = config_lib.load_config("bert_tiny" if family == "bert" else "gpt_tiny")

@@ -127,7 +127,6 @@ def _compile_fit(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> 
 
 
 def cmd_generate(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  from bertjax.checkpoints import params as checkpoint
   from bertjax.inference import generate
   from bertjax.data.tokenizers import load_tokenizer
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).

@@ -3,7 +3,7 @@
 Devlin et al. (2019, App. A.2) train 90% of the steps at sequence length 128 and the last 10%
 at 512 ("to learn the positional embeddings"); You et al. (2020) and NVIDIA's LAMB recipe also
 change the global batch (64K -> 32K sequences) and restart the learning-rate schedule with its
-own warmup at the switch. The config's `phase2` group says what changes from
+own warmup at the switch. The config's `phase2` group (bertjax.config.schema) says what changes from
 `phase2.start_step` on; `config_at(config, step)` is the config the step runs with, and the
 training loop switches its data iterator and compiled step by itself when a run crosses the
 boundary. A checkpoint saved at step s holds the iterator of the phase that step s + 1 runs
@@ -16,26 +16,6 @@ import ml_collections
 
 # Keys of `phase2` that replace the top-level key of the same name (0 keeps phase 1's value).
 SWITCHED_KEYS = ("seq_length", "batch_size", "max_predictions", "grad_accum_steps")
-
-
-def phase2_defaults() -> ml_collections.ConfigDict:
-  """The `phase2` group of every config: off unless `start_step` > 0."""
-  return ml_collections.ConfigDict({
-      # First step (0-based) trained in phase 2; 0: one phase. BERT: 90% of num_train_steps.
-      "start_step": 0,
-      # Sequence length of phase 2 (BERT: 512); 0: unchanged.
-      "seq_length": 0,
-      # Global batch (sequences) of phase 2 (LAMB 64K/32K: 32768); 0: unchanged.
-      "batch_size": 0,
-      # MLM predictions per sequence in phase 2 (google-research/bert: 76-80 at 512); 0: same.
-      "max_predictions": 0,
-      # Micro-batches per step in phase 2; 0: unchanged.
-      "grad_accum_steps": 0,
-      # Restart the learning-rate schedule at the switch with this peak (NVIDIA LAMB phase 2:
-      # 4e-3) and warmup, decaying to the end of training; 0: phase 1's schedule continues.
-      "learning_rate": 0.0,
-      "warmup_steps": 0,
-  })
 
 
 def num_phases(config: ml_collections.ConfigDict) -> int:

@@ -61,7 +61,7 @@ class BuildOptions:
   # Worker processes for cleaning/splitting/tokenizing (0: in the main process).
   num_workers: int = 0
   # Fraction of documents held out for evaluation, chosen by a hash of the document key.
-  eval_fraction: float = 0.01
+  eval_fraction: float = 0.05
   process_index: int = 0
   process_count: int = 1
   # Stop after this many documents per source (0: all); for quick looks and benchmarks.

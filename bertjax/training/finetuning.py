@@ -53,7 +53,7 @@ from bertjax.checkpoints import weights as weights_lib
 from bertjax.checkpoints import params as checkpoint
 
 from bertjax.models.groups import parse_freeze
-from bertjax.training import objectives, optim
+from bertjax.training import objectives
 
 from bertjax.parallel import sharding
 
@@ -251,7 +251,8 @@ def trainer_config(spec: FinetuneSpec, model: ModelConfig, total_steps: int
                    ) -> ml_collections.ConfigDict:
   """The one trainer's config for a fine-tuning run: the task as the objective, the recipe as
   the optimizer group (warmup as a fraction of the steps, linear decay to 0)."""
-  opt = optim.default_optimizer_config()
+  from bertjax.config.schema import optimizer_group
+  opt = optimizer_group()
   opt.update(dict(name="adamw", learning_rate=spec.learning_rate,
                   warmup_steps=round(spec.warmup_fraction * total_steps), schedule="linear",
                   power=1.0, end_lr_fraction=0.0, decay_steps=0, b1=0.9, b2=0.999, eps=1e-6,

@@ -148,38 +148,3 @@ def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule
     return optax.adafactor(schedule, weight_decay_rate=wd or None,
                            weight_decay_mask=decay_mask if wd else None)
   raise ValueError(f"optimizer.name must be adamw, lamb or adafactor, got {opt.name!r}")
-
-
-def default_optimizer_config() -> ml_collections.ConfigDict:
-  """The `optimizer` group; defaults are BERT's (Devlin et al. 2019, App. A.2)."""
-  return ml_collections.ConfigDict({
-      # adamw | lamb | adafactor
-      "name": "adamw",
-      # Peak learning rate, reached at the end of warmup.
-      "learning_rate": 1e-4,
-      # Linear warmup from 0, in steps.
-      "warmup_steps": 10_000,
-      # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant.
-      "schedule": "linear",
-      # Exponent of the linear schedule's decay (1: linear; NVIDIA's LAMB BERT: 0.5).
-      "power": 1.0,
-      # Final learning rate as a fraction of the peak (BERT: 0; GPT-3: 0.1).
-      "end_lr_fraction": 0.0,
-      # Step at which decay ends (0: the last training step); constant afterwards.
-      "decay_steps": 0,
-      # Adam/LAMB moments and epsilon (BERT: 0.9, 0.999, 1e-6).
-      "b1": 0.9,
-      "b2": 0.999,
-      "eps": 1e-6,
-      # Decoupled weight decay on kernels and embeddings only.
-      "weight_decay": 0.01,
-      # Global-norm gradient clipping (0: off).
-      "clip_norm": 1.0,
-      # Parameters given no update: none | embeddings | bottom:K (the embeddings and encoder
-      # layers 0..K-1) | encoder (everything but the heads: feature extraction) | base (all
-      # but the LoRA/adapter/prefix additions of model.lora_rank etc. and the heads).
-      "freeze": "none",
-      # Peak learning rate of the parameters outside the encoder (a fresh head); 0: the same as
-      # learning_rate. Same warmup and decay as the encoder's.
-      "head_learning_rate": 0.0,
-  })

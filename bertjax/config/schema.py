@@ -1,0 +1,334 @@
+"""Every key a run config has, with its default and a comment saying what it does.
+
+Config files (configs/*.py) build on these groups: `bert_model` / `gpt_model` for the model,
+`base_config` around it for everything else, `finetune_config` for a fine-tuning run. A key
+that is not here does not exist (a command-line override of it is an error naming it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from bertjax.data.build import BuildOptions
+from bertjax.data.pipeline import LoaderConfig
+from bertjax.models.config import ModelConfig
+
+ConfigDict = ml_collections.ConfigDict
+
+
+def _model_defaults() -> dict[str, Any]:
+  return {f.name: f.default for f in dataclasses.fields(ModelConfig)
+          if f.default is not dataclasses.MISSING}
+
+
+def bert_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a BERT config: ModelConfig's fields with BERT's defaults.
+
+  Defaults are BERT-base (Devlin et al. 2019): 12 layers, 768 wide, 12 heads, MLP 3072,
+  30522 WordPiece vocab, 512 positions, 2 segment types, post-LN, dropout 0.1, LN eps 1e-12.
+  """
+  values = _model_defaults()
+  values.update(family="bert", vocab_size=30522, hidden_size=768, num_layers=12, num_heads=12,
+                mlp_dim=3072, max_positions=512, type_vocab_size=2, norm_position="post",
+                activation="gelu", layer_norm_eps=1e-12)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
+def gpt_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a GPT config; defaults are GPT-2 small (Radford et al. 2019).
+
+  12 layers, 768 wide, 12 heads, MLP 3072, 50257 BPE vocab, 1024 positions, pre-LN with a
+  final LayerNorm, tanh-GELU, LN eps 1e-5, residual init scaled by 1/sqrt(2L), dropout 0.1.
+  """
+  values = _model_defaults()
+  values.update(family="gpt", vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
+                mlp_dim=3072, max_positions=1024, type_vocab_size=0, norm_position="pre",
+                activation="gelu_tanh", layer_norm_eps=1e-5, scale_residual_init=True,
+                final_layer_norm=True)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
+def model_config(config: ConfigDict) -> ModelConfig:
+  """The typed model configuration of a run config's `model` group."""
+  return ModelConfig.from_mapping(config.model.to_dict())
+
+
+def optimizer_group() -> ConfigDict:
+  """The `optimizer` group; defaults are BERT's (Devlin et al. 2019, App. A.2)."""
+  return ConfigDict({
+      # adamw | lamb | adafactor
+      "name": "adamw",
+      # Peak learning rate, reached at the end of warmup.
+      "learning_rate": 1e-4,
+      # Linear warmup from 0, in steps.
+      "warmup_steps": 10_000,
+      # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant.
+      "schedule": "linear",
+      # Exponent of the linear schedule's decay (1: linear; NVIDIA's LAMB BERT: 0.5).
+      "power": 1.0,
+      # Final learning rate as a fraction of the peak (BERT: 0; GPT-3: 0.1).
+      "end_lr_fraction": 0.0,
+      # Step at which decay ends (0: the last training step); constant afterwards.
+      "decay_steps": 0,
+      # Adam/LAMB moments and epsilon (BERT: 0.9, 0.999, 1e-6).
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-6,
+      # Decoupled weight decay on kernels and embeddings only.
+      "weight_decay": 0.01,
+      # Global-norm gradient clipping (0: off).
+      "clip_norm": 1.0,
+      # Parameters given no update: none | embeddings | bottom:K (the embeddings and encoder
+      # layers 0..K-1) | encoder (everything but the heads: feature extraction) | base (all
+      # but the LoRA/adapter/prefix additions of model.lora_rank etc. and the heads).
+      "freeze": "none",
+      # Peak learning rate of the parameters outside the encoder (a fresh head); 0: the same as
+      # learning_rate. Same warmup and decay as the encoder's.
+      "head_learning_rate": 0.0,
+  })
+
+
+def phase2_group() -> ConfigDict:
+  """The `phase2` group: a second phase in the same run (bertjax.config.phases); off unless
+  `start_step` > 0."""
+  return ConfigDict({
+      # First step (0-based) trained in phase 2; 0: one phase. BERT: 90% of num_train_steps.
+      "start_step": 0,
+      # Sequence length of phase 2 (BERT: 512); 0: unchanged.
+      "seq_length": 0,
+      # Global batch (sequences) of phase 2 (LAMB 64K/32K: 32768); 0: unchanged.
+      "batch_size": 0,
+      # MLM predictions per sequence in phase 2 (google-research/bert: 76-80 at 512); 0: same.
+      "max_predictions": 0,
+      # Micro-batches per step in phase 2; 0: unchanged.
+      "grad_accum_steps": 0,
+      # Restart the learning-rate schedule at the switch with this peak (NVIDIA LAMB phase 2:
+      # 4e-3) and warmup, decaying to the end of training; 0: phase 1's schedule continues.
+      "learning_rate": 0.0,
+      "warmup_steps": 0,
+  })
+
+
+_LOADER = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
+
+
+def data_group() -> ConfigDict:
+  """The `data` group: the corpus, its build on first use, instances and the loader. The
+  defaults are the data package's own (BuildOptions, LoaderConfig): one set everywhere."""
+  return ConfigDict({
+      # corpus: a built dataset (bertjax.data.pipeline); synthetic_markov: a learnable
+      # synthetic stream (tests only).
+      "source": "corpus",
+      # Built dataset directory (`bertjax data build`); empty: build `sources` into
+      # WORKDIR/data on first use (single process).
+      "dataset": "",
+      # What to build when `dataset` is empty: comma-separated kind:path[@weight] specs
+      # (bertjax.data.sources); "embedded" is the packaged Wikipedia sample.
+      "sources": "embedded",
+      # Tokenizer for that build (vocab.txt or SentencePiece dir); empty: train SentencePiece.
+      "tokenizer": "",
+      # Character coverage of that trained SentencePiece: the rarest characters beyond it are
+      # unknown (bert style) or bytes (gpt style); raise it to 1.0 for a script with many rare
+      # characters, if the vocabulary can hold them all.
+      "character_coverage": 0.9995,
+      # Casing of that build: "true" lower-cases (a trained SentencePiece folds case with
+      # nmt_nfkc_cf / nfkc_cf; a vocab.txt is read lower-cased with accents stripped), "false"
+      # keeps case (needed for a cased vocab.txt); "": each tokenizer's default, a trained
+      # SentencePiece cased and a vocab.txt as recorded next to it, else lower-cased. A given
+      # SentencePiece model keeps the casing it was trained with (contradicting it: an error).
+      "lowercase": "",
+      # Documents held out for evaluation in that build (by a hash of the document key).
+      "eval_fraction": BuildOptions.eval_fraction,
+      # Worker processes of that build (0: in the training process).
+      "build_workers": 0,
+      # Fraction of tokens masked for MLM.
+      "mask_prob": _LOADER["mask_prob"],
+      # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels),
+      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs) or "packed" (ModernBERT:
+      # [CLS] doc [SEP] streams cut into full rows, no padding, with document_ids/positions
+      # per row so attention stays within a document; use with objective "mlm").
+      "bert_instances": _LOADER["bert_instances"],
+      # Pairs: probability of a shorter target length (google-research/bert short_seq_prob).
+      "short_seq_prob": _LOADER["short_seq_prob"],
+      # Pairs: epochs e and e + dupe_factor repeat instances and masks (the reference's static
+      # copies); 0: new instances and masks every epoch (dynamic masking).
+      "dupe_factor": _LOADER["dupe_factor"],
+      # Mask whole words (all "##" pieces of a word together).
+      "whole_word_mask": _LOADER["whole_word_mask"],
+      # Seed of the data order and masking (fine-tuning: of the order of the task's rows).
+      "seed": _LOADER["seed"],
+      # Epochs over the training documents (0: repeat until num_train_steps).
+      "num_epochs": _LOADER["num_epochs"],
+      # BERT pairs: every batch row has its own stream of instances (bertjax.data.pipeline);
+      # each shuffles its instances in windows of this many, so a document's pairs spread
+      # over steps and several documents interleave (0: document order).
+      "shuffle_window": _LOADER["shuffle_window"],
+      # Loader worker processes (0: the training process) and batches prefetched per worker.
+      "num_workers": _LOADER["num_workers"],
+      "prefetch": _LOADER["prefetch"],
+      # Mixing weights "name=weight,..." (0 leaves a source out), overriding the build's
+      # `kind:path@weight`s; none stated anywhere: each source weighs its size, so an epoch is
+      # every document once. Stating some sources' weights but not others' is an error.
+      "weights": _LOADER["weights"],
+      # Documents per training epoch, shared among the sources by weight (an up-weighted source
+      # repeats, a down-weighted one is sub-sampled); 0: as many as the mixed sources hold.
+      "epoch_documents": _LOADER["epoch_documents"],
+  })
+
+
+# The `finetune` group, key by key: (default, what it does). Its help texts are also the
+# `bertjax finetune` flags' (bertjax.cli.finetune).
+FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
+    "task": ("", "fine-tune on a task: classification | regression | token_classification | "
+             "question_answering (BERT) | completion (GPT); empty: pre-training"),
+    "train": ("", "training examples (.tsv, .csv, .jsonl; SQuAD .json)"),
+    "dev": ("", "dev examples, scored after every epoch (or every eval_every steps)"),
+    "text_a": ("sentence", "input column (a name, or a 0-based number without a header row)"),
+    "text_b": ("", "second input column of sentence pairs (empty: single sentences)"),
+    "label": ("label", "label column"),
+    "tokens": ("tokens", "token classification: the JSONL field of the words"),
+    "tags": ("tags", "token classification: the JSONL field of the tags"),
+    "header": (True, "TSV/CSV files have a header row (CoLA's do not: give column numbers)"),
+    "num_labels": (0, "number of labels, checked against the training labels (0: inferred)"),
+    "metric": ("", "dev metric that selects the best parameters and stops early (empty: the "
+               "task's: accuracy, pearson, f1, f1, loss)"),
+    "epochs": (3.0, "epochs over the training rows (fractions allowed)"),
+    "warmup_fraction": (0.1, "linear warmup over this fraction of the steps, then linear decay"),
+    "eval_batch_size": (0, "dev batch size (0: batch_size)"),
+    "patience": (0, "stop after this many evaluations without improvement (0: never)"),
+    "doc_stride": (128, "question answering: tokens between the starts of a context's windows"),
+    "max_query_length": (64, "question answering: question tokens kept"),
+    "max_answer_length": (30, "question answering: longest answer decoded, in tokens"),
+    "n_best": (20, "question answering: start and end candidates considered per window"),
+    "null_threshold": (0.0, "question answering (SQuAD v2.0): answer nothing unless the best "
+                       "span beats the null score by more than this"),
+    "generate_examples": (8, "completion: dev prompts generated from after training"),
+    "max_new_tokens": (32, "completion: tokens generated per dev prompt (greedy)"),
+    "dropout": (-1.0, "hidden and attention dropout (-1: the weights' own)"),
+    "tokenizer": ("", "tokenizer: vocab.txt, spm .model or a directory (empty: the weights')"),
+    "lowercase": ("", "lower-case the text: true | false (empty: the tokenizer's default)"),
+    "export_hf": (False, "also export the best parameters for transformers (OUT/hf; a LoRA "
+                  "run also OUT/peft)"),
+}
+
+
+def finetune_group() -> ConfigDict:
+  return ConfigDict({key: default for key, (default, _) in FINETUNE_KEYS.items()})
+
+
+def base_config(model: ConfigDict) -> ConfigDict:
+  """A complete config around a model group: objective, data, optimizer, mesh, logging."""
+  config = ConfigDict()
+  # Model shape and numerics (bertjax.models.config.ModelConfig).
+  config.model = model
+  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | causal_lm (GPT); a
+  # fine-tuning run trains its task's objective (finetune.task).
+  config.objective = "causal_lm" if model.family == "gpt" else "mlm_nsp"
+  # Global batch size in sequences (all hosts together).
+  config.batch_size = 256
+  # Sequence length of the training batches.
+  config.seq_length = 128
+  # MLM predictions per sequence (google-research/bert: ~0.15 * seq_length).
+  config.max_predictions = 20
+  # Optimizer updates to run (fine-tuning: finetune.epochs decides).
+  config.num_train_steps = 1_000_000
+  # Micro-batches per step, accumulated inside the step (batch_size must divide by it).
+  config.grad_accum_steps = 1
+  # A second phase with another sequence length / batch / schedule (BERT's 128 -> 512), run
+  # in the same run from phase2.start_step on (bertjax.config.phases).
+  config.phase2 = phase2_group()
+  # Optimizer and learning-rate schedule (bertjax.training.optim).
+  config.optimizer = optimizer_group()
+  # Input data.
+  config.data = data_group()
+  # Fine-tuning on a task (bertjax.finetune); off while `task` is empty.
+  config.finetune = finetune_group()
+  # Training checkpoints in WORKDIR/checkpoints (bertjax.checkpoints.train_state).
+  config.checkpoint = ConfigDict({
+      # Save every this many steps (0: only at the end and on preemption; -1: at every
+      # evaluation, what fine-tuning does).
+      "every": 1000,
+      # Keep the latest this many (0: all) ...
+      "keep": 3,
+      # ... plus every step divisible by this one, permanently (0: none).
+      "keep_period": 0,
+      # Write in the background while training continues.
+      "async_save": True,
+  })
+  # Resume from this checkpoint step instead of the latest (-1: latest).
+  config.restore_step = -1
+  # Resume even though the config differs from the checkpoint's in what the run computes (the
+  # model, data, optimizer; bertjax.checkpoints.workdir lists what may change freely). False:
+  # refused.
+  config.resume_with_changes = False
+  # Start a new run from these weights (continued pre-training, fine-tuning): a params-only
+  # checkpoint, a fine-tuned OUT/best, a training workdir or a Hugging Face directory.
+  # Empty: random init.
+  config.init_from = ""
+  # With a training workdir as init_from: its checkpoint step (-1: the latest).
+  config.init_step = -1
+  # Log train metrics every this many steps.
+  config.log_every = 100
+  # Evaluate every this many steps on eval_steps held-out batches (0: never; fine-tuning: 0
+  # scores the dev set at the end of every epoch).
+  config.eval_every = 0
+  config.eval_steps = 10
+  # jax.profiler trace of num_steps steps from start_step (-1: off), in WORKDIR/profile.
+  config.profile = ConfigDict({"start_step": -1, "num_steps": 5})
+  # Multi-host: empty coordinator = single process, or detected on TPU/GKE/SLURM, or from
+  # BERTJAX_COORDINATOR_ADDRESS / BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID.
+  config.distributed = ConfigDict({
+      "coordinator_address": "",
+      "num_processes": 0,
+      "process_id": -1,
+      # Detect TPU VM / GKE / SLURM clusters from their environment.
+      "auto": True,
+      # jax.distributed heartbeat: how soon a dead peer is noticed.
+      "heartbeat_timeout_s": 100,
+      "initialization_timeout_s": 300,
+      # Exit with a message when no step completes for this long (0: off).
+      "step_timeout_s": 600.0,
+      # Use gloo CPU collectives (multi-process CPU runs and tests).
+      "cpu_collectives": False,
+  })
+  # Device mesh sizes per axis (data, fsdp, tensor) within one TPU slice (or the whole machine
+  # set elsewhere); one -1 takes the remaining devices.
+  config.mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Multi-slice jobs: how each axis is split again over the slices, which talk over the
+  # data-center network (DCN, far slower than the chips' ICI links); one -1 takes the
+  # remaining slices. The default is data parallelism across slices (one gradient all-reduce
+  # per step crosses the DCN). With one slice every size is 1.
+  config.dcn_mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Logical-axis rules: a preset name from bertjax.parallel.sharding.RULE_PRESETS or a list of
+  # (logical_axis, mesh_axes) pairs, applied in order.
+  config.sharding_rules = "fsdp_tensor"
+  # Seed of parameter initialisation (and of dropout).
+  config.seed = 0
+  # Parameter count the paper states (0: none); `bertjax info` prints ours next to it.
+  config.reference_params = 0
+  return config
+
+
+def finetune_config(model: ConfigDict | None = None) -> ConfigDict:
+  """A fine-tuning run (Devlin et al. 2019's recipe): AdamW lr 2e-5 (β 0.9/0.999, ε 1e-6,
+  weight decay 0.01 on kernels and embeddings), batch 32 of 128 tokens, 3 epochs, linear
+  warmup over 10% of the steps then linear decay to 0, gradients clipped to norm 1, the dev set
+  scored and a checkpoint saved after every epoch. The model is the weights' of `init_from`
+  (with `model`'s parameter-efficient options); `model` alone: a random initialisation."""
+  config = base_config(model if model is not None else bert_model())
+  config.finetune.task = "classification"
+  config.batch_size = 32
+  config.seq_length = 128
+  config.optimizer.update(dict(name="adamw", learning_rate=2e-5, warmup_steps=0,
+                               schedule="linear", power=1.0, end_lr_fraction=0.0,
+                               decay_steps=0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
+                               clip_norm=1.0))
+  config.checkpoint.every = -1
+  config.checkpoint.keep = 1
+  config.log_every = 50
+  return config
