@@ -14,7 +14,7 @@ import tracemalloc
 
 import pytest
 
-from bertjax.data import sources
+from bertjax.data import corpus_files, sources
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.sources import SourceSpec, TextDocument, format_source, parse_source, read_source
 
@@ -455,12 +455,12 @@ def test_permission_errors_become_corpus_errors(tmp_path, monkeypatch):
   def denied(path, *args, **kwargs):
     raise PermissionError(13, "Permission denied", str(path))
 
-  monkeypatch.setattr(sources, "open", denied, raising=False)  # the module's builtin open
+  monkeypatch.setattr(corpus_files, "open", denied, raising=False)  # the module's builtin open
   with pytest.raises(CorpusError, match=rf"{tmp_path}/d/a.txt: cannot be read \(Permission "
                                         rf"denied\)"):
     _read(f"text:{tmp_path / 'd'}")
   monkeypatch.undo()
-  monkeypatch.setattr(sources.os, "scandir", denied)
+  monkeypatch.setattr(corpus_files.os, "scandir", denied)
   with pytest.raises(CorpusError, match=rf"{tmp_path}/d: directory cannot be read \(Permission "
                                         rf"denied\)"):
     _read(f"text:{tmp_path / 'd'}")
@@ -507,7 +507,7 @@ def test_many_bad_lines_log_only_the_first_few(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     assert len(_read(f"jsonl:{path}", skips)) == 1
   assert skips.counts == {"malformed JSON line": 50}
-  assert caplog.text.count("malformed JSON line (") == sources.WARNINGS_PER_REASON
+  assert caplog.text.count("malformed JSON line (") == corpus_files.WARNINGS_PER_REASON
 
 
 def test_enormous_lines_are_skipped_with_bounded_memory(tmp_path, caplog):
