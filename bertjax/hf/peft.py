@@ -18,7 +18,7 @@ from safetensors.numpy import save as save_safetensors
 from bertjax import paths
 from bertjax.hf.convert import hf_config_dict
 from bertjax.models.config import ModelConfig
-from bertjax.models.layers import LORA_SITES, lora_param_names
+from bertjax.models.lora import LORA_SITES, lora_param_names
 from bertjax.models.params import layer_prefix, unstack_layers
 from bertjax.models.peft import base_model_config, flat_params
 

@@ -10,11 +10,12 @@ query/key/value projection), mlp (MLP hidden), vocab, layers (the scanned layer 
 Shape suffixes in names: B batch, L (query) length, S (key) length, D model width, N heads,
 H head dim, F MLP width.
 
-Parameter-efficient additions (bertjax/adapters.py, off by default) live here too, so that
-they scan and shard like the weights they modify: LoRA updates inside `Dense` (parameters
-`lora_a*`/`lora_b*`), bottleneck adapters in `Block` (modules `adapter_*`) and key/value
+Position encodings are in bertjax/models/positions.py. The parameter-efficient additions
+(off by default) sit in the layers they modify, so that they scan and shard like their
+weights: LoRA updates inside `Dense` (parameters `lora_a*`/`lora_b*`, computed by
+bertjax/models/lora.py), bottleneck adapters in `Block` (modules `adapter_*`) and key/value
 prefixes in `SelfAttention` (`prefix_key`, `prefix_value`). Their names all start with a
-prefix that bertjax.training.optim.is_added recognises.
+prefix that bertjax.models.groups.is_added recognises.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bertjax.models import attention, precision
+from bertjax.models import attention, positions, precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.lora import lora_delta, lora_updates
 
 Array = jax.Array
 Initializer = Callable[..., Array]
@@ -67,39 +68,6 @@ def activation_fn(name: str) -> Callable[[Array], Array]:
   return _ACTIVATIONS[name]
 
 
-# Where each LoRA target sits in a layer: (module path inside a Block, the index of its slice
-# along the kernel's first output axis or None for the whole kernel). BERT's query, key and
-# value are the slices of the fused qkv kernel [D, 3, N, H], in that order.
-LORA_SITES: dict[str, tuple[tuple[str, ...], int | None]] = {
-    "query": (("attention", "qkv"), 0), "key": (("attention", "qkv"), 1),
-    "value": (("attention", "qkv"), 2), "qkv": (("attention", "qkv"), None),
-    "out": (("attention", "out"), None), "wi": (("mlp", "wi"), None),
-    "wo": (("mlp", "wo"), None)}
-
-
-def lora_param_names(target: str) -> tuple[str, str]:
-  """The (A, B) parameter names of a LoRA target inside its Dense: `lora_a`/`lora_b` for a
-  whole kernel, `lora_a_query`/`lora_b_query` for a slice of the fused one."""
-  sliced = LORA_SITES[target][1] is not None
-  return (f"lora_a_{target}", f"lora_b_{target}") if sliced else ("lora_a", "lora_b")
-
-
-def _lora_updates(config: ModelConfig, site: tuple[str, ...]) -> tuple[tuple[str, int | None],
-                                                                         ...]:
-  """The (target, slice) LoRA updates `config` puts on the Dense at `site`."""
-  return tuple((t, LORA_SITES[t][1]) for t in config.lora_modules if LORA_SITES[t][0] == site)
-
-
-def lora_a_init(key: Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
-  """peft's A: kaiming-uniform with a = sqrt(5) (nn.Linear's default), i.e. U(-b, b) with
-  b = 1/sqrt(fan_in); A is [*in, r], so fan_in is the product of all but the last axis."""
-  fan_in = 1
-  for size in shape[:-1]:
-    fan_in *= size
-  bound = 1.0 / fan_in ** 0.5
-  return jax.random.uniform(key, shape, dtype, -bound, bound)
-
-
 def constrain(x: Array, axes: tuple[str, ...]) -> Array:
   return nn.with_logical_constraint(x, axes)
 
@@ -118,8 +86,8 @@ class Dense(nn.Module):
   bias_shape: tuple[int, ...] | None
   bias_axes: tuple[str | None, ...] | None = None
   init: Initializer | None = None
-  # LoRA updates of this kernel, (target, slice) each (`LORA_SITES`); the kernel's input axes
-  # must come before its output axes in `equation`.
+  # LoRA updates of this kernel, (target, slice) each (bertjax.models.lora.LORA_SITES); the
+  # kernel's input axes must come before its output axes in `equation`.
   lora: tuple[tuple[str, int | None], ...] = ()
   # LoRA's input dropout runs only when False (training).
   deterministic: bool = True
@@ -132,7 +100,9 @@ class Dense(nn.Module):
                         self.kernel_shape, cfg.weight_dtype)
     y = precision.einsum(cfg, self.equation, x, kernel)
     if self.lora:
-      y = y + self._lora_delta(x).astype(y.dtype)
+      delta = lora_delta(self, cfg, x, self.equation, self.kernel_shape, self.kernel_axes,
+                         self.lora, self.deterministic)
+      y = y + delta.astype(y.dtype)
     if self.bias_shape is not None:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              self.bias_axes),
@@ -140,50 +110,6 @@ class Dense(nn.Module):
       # The bias's leading axes spelled out: [*batch, *out] + [1.., *out].
       y = y + jnp.expand_dims(bias.astype(y.dtype), tuple(range(y.ndim - bias.ndim)))
     return y
-
-  def _lora_delta(self, x: Array) -> Array:
-    """(alpha / r) · dropout(x) A B in the layout of the einsum's output: A [*in, r] and B
-    [r, *out] (a slice's B without the sliced axis; untargeted slices get zeros)."""
-    cfg = self.config
-    x_sub, rest = self.equation.split(",")
-    k_sub, y_sub = rest.split("->")
-    n_in = sum(c in x_sub for c in k_sub)
-    in_sub, out_sub = k_sub[:n_in], k_sub[n_in:]
-    if any(c in x_sub for c in out_sub):
-      raise ValueError(f"LoRA needs the kernel's input axes first, got {self.equation!r}")
-    r = next(c for c in "rzyxwvutsq" if c not in self.equation)
-    batch_sub = "".join(c for c in x_sub if c not in k_sub)
-    rank = cfg.lora_rank
-    x = Dropout(cfg.lora_dropout, cfg.dropout_rng, name="lora_dropout")(
-        x, deterministic=self.deterministic)
-    in_shape, in_axes = self.kernel_shape[:n_in], self.kernel_axes[:n_in]
-    out_shape, out_axes = self.kernel_shape[n_in:], self.kernel_axes[n_in:]
-    slices: dict[int, Array] = {}
-    whole = None
-    for target, index in self.lora:
-      a_name, b_name = lora_param_names(target)
-      sub, b_shape, b_axes = out_sub, out_shape, out_axes
-      if index is not None:
-        sub, b_shape, b_axes = out_sub[1:], out_shape[1:], out_axes[1:]
-      a = self.param(a_name, nn.with_logical_partitioning(lora_a_init, in_axes + (None,)),
-                     in_shape + (rank,), cfg.weight_dtype)
-      b = self.param(b_name, nn.with_logical_partitioning(nn.initializers.zeros,
-                                                          (None,) + b_axes),
-                     (rank,) + b_shape, cfg.weight_dtype)
-      h = precision.einsum(cfg, f"{x_sub},{in_sub}{r}->{batch_sub}{r}", x, a) * cfg.lora_scale
-      out = "".join(c for c in y_sub if c in batch_sub + sub)
-      delta = precision.einsum(cfg, f"{batch_sub}{r},{r}{sub}->{out}", h, b)
-      if index is None:
-        whole = delta
-      else:
-        slices[index] = delta
-    if whole is not None:
-      return whole
-    # Targeted slices of the fused kernel stacked along its first output axis, zeros between.
-    axis = y_sub.index(out_sub[0])
-    some = next(iter(slices.values()))
-    return jnp.stack([slices.get(i, jnp.zeros_like(some)) for i in range(out_shape[0])],
-                     axis=axis)
 
 
 def layer_norm(config: ModelConfig, name: str, axis_name: str = "embed") -> nn.LayerNorm:
@@ -277,47 +203,6 @@ def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
   return embedding.attend(x_BLD)
 
 
-def rotary_frequencies(config: ModelConfig, theta: float) -> np.ndarray:
-  """RoPE's inverse frequencies 1 / theta^(2i / H), i < H/2, in float32 (Hugging Face's
-  default rope parameters)."""
-  h = config.head_dim
-  return (1.0 / (np.float32(theta) ** (np.arange(0, h, 2, dtype=np.float32) / np.float32(h)))
-          ).astype(np.float32)
-
-
-def apply_rotary(x_BLNH: Array, positions_BL: Array, inv_freq_K: Array) -> Array:
-  """Rotary position embedding in Hugging Face's rotate-half layout: the first and second
-  halves of each head's features are the two coordinates of each rotated pair. In float32."""
-  freqs_BLK = positions_BL.astype(jnp.float32)[..., None] * inv_freq_K[None, None, :]
-  angles_BL1H = jnp.concatenate([freqs_BLK, freqs_BLK], axis=-1)[:, :, None, :]
-  x = x_BLNH.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return (x * jnp.cos(angles_BL1H) + rotated * jnp.sin(angles_BL1H)).astype(x_BLNH.dtype)
-
-
-def alibi_slopes(num_heads: int) -> np.ndarray:
-  """ALiBi's per-head slopes (Press et al. 2022, as MosaicBERT): the geometric sequence
-  2^(-8/n), 2^(-16/n), ... for n a power of two; otherwise those of the nearest lower power
-  of two followed by every other slope of the next one."""
-  def power_of_two(n: int) -> list[float]:
-    start = 2.0 ** (-8.0 / n)
-    return [start ** (i + 1) for i in range(n)]
-  lower = 2 ** int(np.floor(np.log2(num_heads)))
-  slopes = power_of_two(lower)
-  if lower < num_heads:
-    slopes += power_of_two(2 * lower)[0::2][:num_heads - lower]
-  return np.asarray(slopes, np.float32)
-
-
-def alibi_bias(config: ModelConfig, positions_BL: Array) -> Array:
-  """-slope_n |pos_l - pos_s|: the symmetric ALiBi penalty of a bidirectional encoder,
-  [B, N, L, S] in float32."""
-  pos = positions_BL.astype(jnp.float32)
-  distance_B1LS = jnp.abs(pos[:, None, :, None] - pos[:, None, None, :])
-  return -jnp.asarray(alibi_slopes(config.num_heads))[None, :, None, None] * distance_B1LS
-
-
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a fused QKV projection; the core is
   `config.attention`'s implementation (bertjax/models/attention.py).
@@ -348,18 +233,19 @@ class SelfAttention(nn.Module):
     bias = cfg.attention_bias
     qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
                       (3, n, h) if bias else None, ("qkv", "heads", "kv"),
-                      lora=_lora_updates(cfg, ("attention", "qkv")),
+                      lora=lora_updates(cfg, ("attention", "qkv")),
                       deterministic=self.deterministic, name="qkv")(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]), x_BLD.shape[:2])
     if cfg.position_embedding == "rotary":
-      inv_freq_K = jnp.asarray(rotary_frequencies(cfg, cfg.rope_theta))
+      inv_freq_K = jnp.asarray(positions.rotary_frequencies(cfg, cfg.rope_theta))
       if cfg.local_window:
-        local_K = jnp.asarray(rotary_frequencies(cfg, cfg.local_rope_theta or cfg.rope_theta))
+        local_K = jnp.asarray(positions.rotary_frequencies(
+            cfg, cfg.local_rope_theta or cfg.rope_theta))
         inv_freq_K = jnp.where(local, local_K, inv_freq_K)
-      q_BLNH = apply_rotary(q_BLNH, positions_BL, inv_freq_K)
-      k_BSNH = apply_rotary(k_BSNH, positions_BL, inv_freq_K)
+      q_BLNH = positions.apply_rotary(q_BLNH, positions_BL, inv_freq_K)
+      k_BSNH = positions.apply_rotary(k_BSNH, positions_BL, inv_freq_K)
     q_BLNH = constrain(q_BLNH, ACT_BLNH)
     if self.decode:
       initialized = self.has_variable("cache", "cached_key")
@@ -382,14 +268,15 @@ class SelfAttention(nn.Module):
       mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
     if cfg.prefix_length:
       k_BSNH, v_BSNH, mask = self._prepend_prefix(k_BSNH, v_BSNH, mask)
-    score_bias = alibi_bias(cfg, positions_BL) if cfg.position_embedding == "alibi" else None
+    score_bias = (positions.alibi_bias(cfg, positions_BL) if cfg.position_embedding == "alibi"
+                  else None)
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
                                 deterministic=self.deterministic, decode=self.decode,
                                 local=local, score_bias_BNLS=score_bias)
     out_BLNH = constrain(out_BLNH, ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),
                  (d,) if bias else None, ("embed",),
-                 init=residual_init(cfg), lora=_lora_updates(cfg, ("attention", "out")),
+                 init=residual_init(cfg), lora=lora_updates(cfg, ("attention", "out")),
                  deterministic=self.deterministic, name="out")(out_BLNH)
 
   def _prepend_prefix(self, k_BSNH: Array, v_BSNH: Array, mask: attention.AttentionMask
@@ -423,7 +310,7 @@ class Mlp(nn.Module):
     cfg = self.config
     d, f = cfg.hidden_size, cfg.mlp_dim
     bias = cfg.mlp_bias
-    lora = _lora_updates(cfg, ("mlp", "wi"))
+    lora = lora_updates(cfg, ("mlp", "wi"))
     act = activation_fn(cfg.activation)
     if cfg.mlp_gated:
       # [D, 2, F]: the activated half and the gate (Hugging Face's Wi rows, chunked in two).
@@ -438,7 +325,7 @@ class Mlp(nn.Module):
     h_BLF = constrain(h_BLF, ACT_BLF)
     return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,) if bias else None,
                  ("embed",),
-                 init=residual_init(cfg), lora=_lora_updates(cfg, ("mlp", "wo")),
+                 init=residual_init(cfg), lora=lora_updates(cfg, ("mlp", "wo")),
                  deterministic=self.deterministic, name="wo")(h_BLF)
 
 

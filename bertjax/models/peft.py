@@ -30,7 +30,7 @@ from flax import traverse_util
 
 from bertjax.models.config import ModelConfig
 from bertjax.models.groups import encoder_path, frozen_rows, is_added
-from bertjax.models.layers import LORA_SITES, lora_param_names
+from bertjax.models.lora import LORA_SITES, lora_param_names
 from bertjax.models.params import layer_prefix, stack_layers, unstack_layers
 
 Flat = dict[tuple[str, ...], Any]
