@@ -1,0 +1,146 @@
+"""BERT's mapping: parameter names of BertForPreTraining / BertForMaskedLM / BertModel and of the
+fine-tuning heads (BertForSequenceClassification, BertForTokenClassification,
+BertForQuestionAnswering), and its config.json both ways.
+
+PyTorch nn.Linear stores [out, in]: kernels are transposed; bertjax fuses Q, K, V into one
+[D, 3, N, H] kernel and keeps heads as their own axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.models import ModelConfig
+
+# Where the Hugging Face models keep the encoder under the heads: its tensors' name prefix.
+PREFIX = "bert."
+
+# What an exported BERT carries on top of the encoder: the pre-training heads, or a fine-tuning
+# classifier on the pooled [CLS] output / on every token (bertjax.models.bert).
+EXPORT_HEADS = {"pretraining": "BertForPreTraining",
+                "sequence_classification": "BertForSequenceClassification",
+                "token_classification": "BertForTokenClassification",
+                "question_answering": "BertForQuestionAnswering"}
+# Heads on every token: Hugging Face's models have no pooler under them.
+TOKEN_HEADS = ("token_classification", "question_answering")
+
+
+def check_head(cfg: ModelConfig, head: str) -> None:
+  if head not in EXPORT_HEADS:
+    raise ValueError(f"head must be one of {', '.join(EXPORT_HEADS)}, got {head!r}")
+  if head != "pretraining" and cfg.family != "bert":
+    raise HFConversionError(f"head={head!r} is for BERT; this is a {cfg.family} model")
+
+
+def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  e = f"{prefix}embeddings."
+  entries = [
+      same(("bert", "word_embeddings", "embedding"), f"{e}word_embeddings.weight"),
+      same(("bert", "position_embeddings", "embedding"), f"{e}position_embeddings.weight"),
+      same(("bert", "token_type_embeddings", "embedding"), f"{e}token_type_embeddings.weight"),
+      *norm(("bert", "embeddings_norm"), f"{e}LayerNorm"),
+      transposed(("bert", "pooler", "kernel"), f"{prefix}pooler.dense.weight", optional=True),
+      same(("bert", "pooler", "bias"), f"{prefix}pooler.dense.bias", optional=True),
+      transposed(("mlm_transform", "kernel"), "cls.predictions.transform.dense.weight", True),
+      same(("mlm_transform", "bias"), "cls.predictions.transform.dense.bias", True),
+      *norm(("mlm_norm",), "cls.predictions.transform.LayerNorm", True),
+      same(("mlm_bias",), "cls.predictions.bias", True),
+      transposed(("nsp", "kernel"), "cls.seq_relationship.weight", True),
+      same(("nsp", "bias"), "cls.seq_relationship.bias", True),
+  ]
+  for i in range(cfg.num_layers):
+    ours = ("bert", "encoder", f"layers_{i}")
+    hf = f"{prefix}encoder.layer.{i}."
+    qkv = tuple(f"{hf}attention.self.{t}" for t in ("query", "key", "value"))
+    entries += [
+        Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
+              lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
+              lambda x: tuple(x.reshape(d, 3, d)[:, t].T for t in range(3))),
+        Entry(ours + ("attention", "qkv", "bias"), tuple(f"{q}.bias" for q in qkv),
+              lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
+              lambda x: tuple(x.reshape(3, d))),
+        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attention.output.dense.weight",),
+              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
+        same(ours + ("attention", "out", "bias"), f"{hf}attention.output.dense.bias"),
+        *norm(ours + ("attention_norm",), f"{hf}attention.output.LayerNorm"),
+        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}intermediate.dense.weight"),
+        same(ours + ("mlp", "wi", "bias"), f"{hf}intermediate.dense.bias"),
+        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}output.dense.weight"),
+        same(ours + ("mlp", "wo", "bias"), f"{hf}output.dense.bias"),
+        *norm(ours + ("mlp_norm",), f"{hf}output.LayerNorm"),
+    ]
+  return entries
+
+
+def classifier_entries(cfg: ModelConfig, head: str) -> list[Entry]:
+  """The encoder (no pre-training heads; no pooler under a per-token head, as Hugging Face's
+  BertForTokenClassification and BertForQuestionAnswering have none) plus the head:
+  `classifier.weight` / `classifier.bias`, or the span head `qa_outputs.weight` / `.bias`."""
+  encoder = [e for e in entries(cfg, PREFIX) if e.ours[0] == "bert"]
+  if head in TOKEN_HEADS:
+    encoder = [e for e in encoder if e.ours[:2] != ("bert", "pooler")]
+  name = "qa_outputs" if head == "question_answering" else "classifier"
+  return encoder + [transposed((name, "kernel"), f"{name}.weight"),
+                    same((name, "bias"), f"{name}.bias")]
+
+
+def tied_copies(prefix: str) -> dict[str, str]:
+  """Checkpoint tensors that copy another (bertjax ties them): copy -> original."""
+  return {"cls.predictions.decoder.weight": f"{prefix}embeddings.word_embeddings.weight",
+          "cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+
+def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+  """A ModelConfig equivalent to a BERT config.json (`common`: the keys every family shares)."""
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise HFConversionError(f"position_embedding_type={hf['position_embedding_type']!r} is "
+                            "not supported (only 'absolute')")
+  act = hf.get("hidden_act", "gelu")
+  if act not in HF_ACT:
+    raise HFConversionError(f"hidden_act={act!r} is not supported ({', '.join(HF_ACT)})")
+  return ModelConfig(
+      family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      mlp_dim=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+      type_vocab_size=hf["type_vocab_size"], norm_position="post", activation=HF_ACT[act],
+      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), **common)
+
+
+def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining",
+                labels: list[str] | None = None) -> dict[str, Any]:
+  """BertForPreTraining's config.json, or that of the fine-tuning model of `head` (`act`: the
+  Hugging Face activation name; `head`, `labels`: see export_hf)."""
+  if head == "question_answering":
+    # qa_outputs: two outputs per token (start, end), HF's num_labels for this head.
+    return {**config_dict(cfg, dtype, act), "architectures": [EXPORT_HEADS[head]],
+            "num_labels": 2}
+  if head != "pretraining":
+    labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in
+                                                      range(cfg.num_labels)]
+    if len(labels) != cfg.num_labels:
+      raise ValueError(f"{len(labels)} label names for num_labels={cfg.num_labels}")
+    config = config_dict(cfg, dtype, act)
+    problem = ("regression" if cfg.num_labels == 1 and head == "sequence_classification"
+               else "single_label_classification")
+    config.update({"architectures": [EXPORT_HEADS[head]], "num_labels": cfg.num_labels,
+                   "id2label": {str(i): name for i, name in enumerate(labels)},
+                   "label2id": {name: i for i, name in enumerate(labels)},
+                   "problem_type": problem, "classifier_dropout": None})
+    return config
+  return {
+      "architectures": ["BertForPreTraining"], "model_type": "bert",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+      "intermediate_size": cfg.mlp_dim, "hidden_act": act,
+      "hidden_dropout_prob": cfg.hidden_dropout,
+      "attention_probs_dropout_prob": cfg.attention_dropout,
+      "max_position_embeddings": cfg.max_positions, "type_vocab_size": cfg.type_vocab_size,
+      "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
+      "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
+      "torch_dtype": dtype}

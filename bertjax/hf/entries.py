@@ -1,0 +1,44 @@
+"""What each model family's mapping (bert, modernbert, gpt) is built from: `Entry`, one bertjax
+parameter and the checkpoint tensor(s) it is made of, with its constructors; the activation
+names of `transformers` configs; and the error a checkpoint that does not fit raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+          "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
+
+
+class HFConversionError(ValueError):
+  """A checkpoint that does not fit the model, naming the offending tensor."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One bertjax parameter and the checkpoint tensor(s) it is made of."""
+
+  ours: tuple[str, ...]
+  theirs: tuple[str, ...]
+  to_ours: Callable[..., np.ndarray]
+  to_theirs: Callable[[np.ndarray], tuple[np.ndarray, ...]]
+  # Heads may be absent from a checkpoint (a bare BertModel): then freshly initialised.
+  optional: bool = False
+
+
+def same(name: tuple[str, ...], hf: str, optional: bool = False) -> Entry:
+  return Entry(name, (hf,), lambda x: x, lambda x: (x,), optional)
+
+
+def transposed(name: tuple[str, ...], hf: str, optional: bool = False) -> Entry:
+  return Entry(name, (hf,), lambda x: x.T, lambda x: (x.T,), optional)
+
+
+def norm(name: tuple[str, ...], hf: str, optional: bool = False,
+         bias: bool = True) -> list[Entry]:
+  return [same(name + ("scale",), f"{hf}.weight", optional)] + (
+      [same(name + ("bias",), f"{hf}.bias", optional)] if bias else [])
