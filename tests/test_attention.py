@@ -95,7 +95,7 @@ def test_models_give_the_same_logits_with_each_implementation(family):
       return model.apply({"params": params}, ids, attention_mask_BL=jnp.asarray(valid)
                          ).mlm_logits
     segments = jnp.asarray(np.where(np.arange(length) < 17, 1, 2)[None].repeat(2, 0))
-    return model.apply({"params": params}, ids, segment_ids_BL=segments)
+    return model.apply({"params": params}, ids, document_ids_BL=segments)
 
   ref = np.asarray(logits("xla"))
   used = valid.astype(bool) if family == "bert" else np.ones((2, length), bool)
@@ -123,8 +123,8 @@ def test_splash_is_sharded_by_the_rules_and_trains_like_xla():
     rng = np.random.RandomState(0)
     ids = rng.randint(0, 128, (8, 65)).astype(np.int32)
     batch = {"input_ids": ids[:, :-1], "target_ids": ids[:, 1:],
-             "loss_mask": np.ones((8, 64), np.float32),
-             "segment_ids": np.repeat(np.where(np.arange(64) < 30, 1, 2)[None], 8, 0
+             "loss_mask": np.ones((8, 64), np.int32),
+             "document_ids": np.repeat(np.where(np.arange(64) < 30, 1, 2)[None], 8, 0
                                       ).astype(np.int32),
              "positions": np.tile(np.r_[np.arange(30), np.arange(34)], (8, 1)).astype(np.int32)}
     trainer.compile_step(batch)

@@ -58,7 +58,7 @@ def test_synthetic_bert_batch_is_like_real_data():
     assert len(set(real.tolist())) == len(real) and 0 < real.min() and real.max() < length - 1
     np.testing.assert_array_equal(batch["masked_lm_ids"][row][:len(real)],
                                   batch["input_ids"][row][real])
-  assert set(np.unique(batch["segment_ids"])) == {0, 1}
+  assert set(np.unique(batch["token_type_ids"])) == {0, 1}
 
 
 @pytest.mark.benchmark

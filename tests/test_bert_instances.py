@@ -114,7 +114,7 @@ def test_layout_and_no_mask_on_special_tokens(generated):
     assert instance.masked_positions == sorted(instance.masked_positions)
     features = instance.features(cfg, SPECIAL.pad)
     assert features["input_ids"].shape == (cfg.max_seq_length,)
-    assert not np.any(features["input_mask"][len(tokens):])
+    assert not np.any(features["attention_mask"][len(tokens):])
     assert features["masked_lm_weights"].sum() == len(instance.masked_positions)
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from bertjax import cli
 from bertjax.data import multistream, records
-from bertjax.data.build import BuildOptions, build_dataset
+from bertjax.data.build import build_dataset
+from bertjax.data.options import BuildOptions
 from bertjax.data.errors import CorpusError
 from bertjax.data.sources import parse_sources
 

@@ -406,15 +406,14 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
   for origin in (source / "params", tmp_path / "hf"):
     config = train_helpers.tiny_config("gpt", init_from=str(origin))
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
-    from bertjax.training import loop
-    params = loop.start_from(str(origin), trainer, trainer.init_state(0)).params
+    params = trainer.start_from(trainer.init_state(0), str(origin))[0].params
     expected, _ = checkpoint.load_params(source / "params")
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(params)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=0, rtol=0)
   with pytest.raises(ValueError, match="does not fit the model"):
     config = train_helpers.tiny_config("gpt", **{"model.hidden_size": 32})
     trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 2, 2)))
-    loop.start_from(str(source / "params"), trainer, trainer.init_state(0))
+    trainer.start_from(trainer.init_state(0), str(source / "params"))
 
 
 def test_checkpoint_bench_command(capsys):

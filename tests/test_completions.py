@@ -63,7 +63,7 @@ def test_loss_mask_is_exactly_the_completion_targets(tmp_path):
   assert rows["target_ids"][0].tolist() == tokens[1:] + [PAD] * 4
   # Targets " ", "c", "d", <|endoftext|> (slots 2..5) are trained; "b", ":" and padding not.
   assert rows["loss_mask"][0].tolist() == [0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
-  assert rows["segment_ids"][0].tolist() == [1] * 7 + [0] * 3
+  assert rows["document_ids"][0].tolist() == [1] * 7 + [0] * 3
   assert rows["positions"][0].tolist() == list(range(7)) + [0] * 3
   assert all(v.dtype == np.int32 for v in rows.values())
   assert (packed.examples, packed.loss_tokens, packed.tokens) == (1, 4, 7)
@@ -76,8 +76,8 @@ class _LogitsProbe(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, ids, positions=None, segment_ids=None, deterministic=True):
-    logits = GPT(self.config, name="gpt")(ids, positions, segment_ids,
+  def __call__(self, ids, positions=None, document_ids=None, deterministic=True):
+    logits = GPT(self.config, name="gpt")(ids, positions, document_ids,
                                           deterministic=deterministic)
     return logits + self.param("delta", nn.initializers.zeros, logits.shape)
 
@@ -114,7 +114,7 @@ def test_prompt_and_padding_positions_get_no_gradient(tmp_path, gpt_params):
   for prompt, completion in ((17, 6), (len("User: hi\nAssistant:"), 4), (4, 3)):
     mask[0, at + prompt - 1:at + prompt + completion - 1] = True
     at += prompt + completion
-  assert rows["segment_ids"][0, at - 1] == 3 and rows["segment_ids"][0, at] == 0
+  assert rows["document_ids"][0, at - 1] == 3 and rows["document_ids"][0, at] == 0
   assert np.all(per_position[~mask] == 0.0)  # exactly: prompt and padding slots
   assert np.all(per_position[mask] > 0.0)
   # Prompt (and padding) targets may be anything: the loss does not change by a bit.
@@ -132,7 +132,7 @@ def test_first_fit_packs_whole_examples(tmp_path):
   packed = C.load_completions(_write(tmp_path, records), TOK, 16)
   rows = packed.rows
   assert rows["input_ids"].shape == (2, 16) and packed.examples == 4
-  assert rows["segment_ids"].tolist() == [[1] * 10 + [2] * 5 + [0],
+  assert rows["document_ids"].tolist() == [[1] * 10 + [2] * 5 + [0],
                                           [1] * 8 + [2] * 7 + [0]]
   assert rows["positions"].tolist() == [
       list(range(10)) + list(range(5)) + [0], list(range(8)) + list(range(7)) + [0]]
@@ -148,14 +148,14 @@ def test_first_fit_packs_whole_examples(tmp_path):
 
 def test_packed_row_equals_each_example_alone(tmp_path, gpt_params):
   rows = _packed_batch(tmp_path, RECORDS, 64)
-  assert rows["input_ids"].shape[0] == 1 and rows["segment_ids"].max() == 3
+  assert rows["input_ids"].shape[0] == 1 and rows["document_ids"].max() == 3
   forward = jax.jit(build_model(CFG).apply)
   logits = forward({"params": gpt_params}, jnp.asarray(rows["input_ids"]),
-                   jnp.asarray(rows["positions"]), jnp.asarray(rows["segment_ids"]))
+                   jnp.asarray(rows["positions"]), jnp.asarray(rows["document_ids"]))
   logp = jax.nn.log_softmax(np.asarray(logits[0]), axis=-1)
   packed_nll = -np.take_along_axis(logp, rows["target_ids"][0][:, None], axis=-1)[:, 0]
   for segment in (1, 2, 3):
-    slots = np.flatnonzero(rows["segment_ids"][0] == segment)
+    slots = np.flatnonzero(rows["document_ids"][0] == segment)
     ids = rows["input_ids"][0, slots]
     alone = jax.nn.log_softmax(np.asarray(forward({"params": gpt_params},
                                                   jnp.asarray(ids[None])))[0], axis=-1)
@@ -173,7 +173,7 @@ def test_chat_trains_only_assistant_turns(tmp_path):
   targets = rows["target_ids"][0]
   # The trained targets, in order, are exactly the two assistant turns and their closers.
   assert targets[mask].tolist() == _ids(" Hello.") + [EOT] + _ids(" Goodbye.") + [EOT]
-  n = int((rows["segment_ids"][0] > 0).sum())
+  n = int((rows["document_ids"][0] > 0).sum())
   text = ("System: Be brief.\nUser: Hi\nAssistant: Hello.", "User: Bye\nAssistant: Goodbye.")
   assert rows["input_ids"][0, :n].tolist() == (_ids(text[0]) + [EOT] + _ids(text[1]) + [EOT])
 

@@ -15,6 +15,7 @@ import pytest
 from flax import traverse_util
 
 from bertjax.checkpoints import weights as weights_lib
+from bertjax.checkpoints.weights import load_finetuned
 from bertjax.checkpoints import params as checkpoint
 
 from bertjax.models import groups
@@ -23,7 +24,9 @@ from bertjax.finetune import scores as dev_scores
 from bertjax.finetune import labeled
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import load_tokenizer
+from bertjax.finetune.tasks import TASKS
 from bertjax.models import ModelConfig, build_model, jit_init
+from train_helpers import finetune
 
 # Two topics: "same topic" is an XOR of the two sentences' topics, a genuine pair task.
 TOPICS, WORDS = 2, 6
@@ -64,12 +67,17 @@ def _pair_task(path, n: int, seed: int) -> None:
   path.write_text("\n".join(lines) + "\n")
 
 
-def _spec(**changes) -> ft.FinetuneSpec:
+def _spec(**changes) -> dict:
+  """Fine-tuning settings by their friendly names (the `bertjax finetune` flags)."""
   base = dict(task="classification", text_a="sentence1", text_b="sentence2", label="label",
               learning_rate=1e-3, batch_size=32, epochs=8, seq_length=16, seed=0,
-              log_every=0)
+              log_every=50)
   base.update(changes)
-  return ft.FinetuneSpec(**base)
+  return base
+
+
+def _finetune(spec: dict, init_from, train, dev, out, **more) -> dict:
+  return finetune(out, init_from, train, dev, **spec, **more)
 
 
 def _flat(tree):
@@ -88,16 +96,18 @@ def test_pair_classification_learns_from_random_init(tmp_path):
   cfg = _tiny(len(vocab.read_text().split()), initializer_range=0.2)
   spec = _spec(model=cfg, tokenizer=str(vocab), export_hf=True, patience=4, epochs=10,
                learning_rate=3e-3)
-  result = ft.finetune(spec, None, tmp_path / "train.tsv", tmp_path / "dev.tsv",
+  result = _finetune(spec, None, tmp_path / "train.tsv", tmp_path / "dev.tsv",
                        tmp_path / "out")
   assert result["labels"] == ["different", "same"]
   assert result["metric"] == "accuracy"
   assert result["best_value"] >= 0.9, result["history"]
   lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-  assert lines and {"dev_accuracy", "dev_f1", "dev_matthews", "step"} <= set(lines[0])
-  assert max(x["dev_accuracy"] for x in lines) == result["best_value"]
+  dev = [x for x in lines if x["split"] == "dev"]
+  assert dev and {"accuracy", "f1", "matthews", "step", "epoch"} <= set(dev[0])
+  assert max(x["accuracy"] for x in dev) == result["best_value"]
+  assert [x["step"] for x in dev] == [h["step"] for h in result["history"]]
   # The best checkpoint reloads and scores the same; it exports to HF with id2label.
-  params, config, info = ft.load_finetuned(result["best_dir"])
+  params, config, info = load_finetuned(result["best_dir"])
   assert info["labels"] == ["different", "same"] and config.num_labels == 2
   hf_config = json.loads((tmp_path / "out" / "hf" / "config.json").read_text())
   assert hf_config["architectures"] == ["BertForSequenceClassification"]
@@ -114,9 +124,9 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
   pretrained = tmp_path / "pretrained"
   checkpoint.save_params(pretrained, start, cfg)
   spec = _spec(tokenizer=str(vocab), freeze=freeze, epochs=2, weight_decay=0.1)
-  result = ft.finetune(spec, pretrained, tmp_path / "train.tsv", tmp_path / "dev.tsv",
+  result = _finetune(spec, pretrained, tmp_path / "train.tsv", tmp_path / "dev.tsv",
                        tmp_path / "out")
-  tuned, _, _ = ft.load_finetuned(result["best_dir"])
+  tuned, _, _ = load_finetuned(result["best_dir"])
   before, after = _flat(start["bert"]), _flat(tuned["bert"])
   frozen, trained = [], []
   for name, old in before.items():
@@ -138,7 +148,7 @@ def test_frozen_parameters_bit_identical(tmp_path, freeze):
 
 def test_frozen_rows_unscanned_layers():
   cfg = _tiny(40, scan_layers=False)
-  params = jit_init(objectives.model_for("classification", cfg))(jax.random.key(0))
+  params = jit_init(build_model(cfg, "sequence_classification"))(jax.random.key(0))
   frozen = _flat(groups.frozen_rows(params, "bottom:1"))
   assert frozen["bert/encoder/layers_0/mlp/wi/kernel"] is True or \
       bool(frozen["bert/encoder/layers_0/mlp/wi/kernel"])
@@ -168,12 +178,12 @@ def test_regression_learns_a_synthetic_score(tmp_path):
   cfg = _tiny(len(vocab.read_text().split()), initializer_range=0.2)
   spec = _spec(task="regression", text_a="s1", text_b="s2", label="score", model=cfg,
                tokenizer=str(vocab), epochs=6, learning_rate=3e-3)
-  result = ft.finetune(spec, None, tmp_path / "train.jsonl", tmp_path / "dev.jsonl",
+  result = _finetune(spec, None, tmp_path / "train.jsonl", tmp_path / "dev.jsonl",
                        tmp_path / "out")
   assert result["metric"] == "pearson" and result["labels"] == []
   assert result["best_value"] > 0.8, result["history"]
   assert {"dev_spearman", "dev_mse"} <= set(result["history"][-1])
-  _, config, _ = ft.load_finetuned(result["best_dir"])
+  _, config, _ = load_finetuned(result["best_dir"])
   assert config.num_labels == 1
 
 
@@ -196,7 +206,7 @@ def test_token_classification_runs_and_learns(tmp_path):
   cfg = _tiny(len(vocab.read_text().split()), initializer_range=0.2)
   spec = _spec(task="token_classification", model=cfg, tokenizer=str(vocab), epochs=10,
                learning_rate=3e-3, export_hf=True)
-  result = ft.finetune(spec, None, tmp_path / "train.jsonl", tmp_path / "dev.jsonl",
+  result = _finetune(spec, None, tmp_path / "train.jsonl", tmp_path / "dev.jsonl",
                        tmp_path / "out")
   assert result["labels"] == ["O", "B-ENT", "I-ENT"]
   assert result["metric"] == "f1" and result["best_value"] > 0.9, result["history"]
@@ -346,7 +356,7 @@ def test_hf_export_logits_equal(tmp_path, task, num_labels):
   transformers = hf_models.transformers
   cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                     mlp_dim=48, max_positions=16, num_labels=num_labels)
-  model = objectives.model_for(task, cfg)
+  model = build_model(cfg, TASKS[task].head)
   params = _perturbed(jit_init(model)(jax.random.key(0)))
   head = "token_classification" if task == "token_classification" else "sequence_classification"
   labels = [f"L{i}" for i in range(num_labels)]
@@ -374,7 +384,7 @@ def test_hf_export_question_answering_logits_equal(tmp_path):
   from bertjax import hf
   cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                     mlp_dim=48, max_positions=16)
-  model = objectives.model_for("question_answering", cfg)
+  model = build_model(cfg, "question_answering")
   params = _perturbed(jit_init(model)(jax.random.key(0)))
   hf.export_hf(params, cfg, tmp_path, head="question_answering")
   theirs_model = hf_models.transformers.BertForQuestionAnswering.from_pretrained(tmp_path).eval()
@@ -397,7 +407,7 @@ def test_question_answering_loss_is_the_mean_of_start_and_end_cross_entropy():
   (CE(start) + CE(end)) / 2 averaged over the batch, as Hugging Face's model."""
   cfg = ModelConfig(family="bert", vocab_size=64, hidden_size=32, num_layers=1, num_heads=4,
                     mlp_dim=48, max_positions=16, hidden_dropout=0.0, attention_dropout=0.0)
-  model = objectives.model_for("question_answering", cfg)
+  model = build_model(cfg, "question_answering")
   objective = objectives.build_objective("question_answering", model)
   params = _perturbed(jit_init(model)(jax.random.key(1)))
   rng = np.random.RandomState(0)
@@ -427,9 +437,9 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   np.testing.assert_array_equal(encoder.params["bert"]["word_embeddings"]["embedding"], hf_word)
   _pair_task(tmp_path / "train.tsv", 32, seed=1)
   spec = _spec(epochs=1, freeze="all_but_head")
-  result = ft.finetune(spec, tmp_path / "ref", tmp_path / "train.tsv", tmp_path / "train.tsv",
+  result = _finetune(spec, tmp_path / "ref", tmp_path / "train.tsv", tmp_path / "train.tsv",
                        tmp_path / "out")
-  tuned, _, _ = ft.load_finetuned(result["best_dir"])
+  tuned, _, _ = load_finetuned(result["best_dir"])
   np.testing.assert_array_equal(np.asarray(tuned["bert"]["word_embeddings"]["embedding"]),
                                 hf_word)
   # A fine-tuned directory is itself a valid starting point.
@@ -449,7 +459,7 @@ def test_init_from_a_training_workdir(tmp_path):
     np.testing.assert_array_equal(_flat(encoder.params)[name], value, err_msg=name)
   vocab = _vocab(tmp_path)
   _pair_task(tmp_path / "train.tsv", 32, seed=1)
-  result = ft.finetune(_spec(epochs=1, tokenizer=str(vocab), freeze="bottom:2"),
+  result = _finetune(_spec(epochs=1, tokenizer=str(vocab), freeze="bottom:2"),
                        tmp_path / "run", tmp_path / "train.tsv", tmp_path / "train.tsv",
                        tmp_path / "out")
   assert result["steps"] == 1
@@ -457,17 +467,16 @@ def test_init_from_a_training_workdir(tmp_path):
 
 def test_same_result_on_a_3d_mesh(tmp_path):
   """Data parallel (8,1,1) vs data x fsdp x tensor (2,2,2): the same parameters after training."""
-  import train_helpers
   vocab = _vocab(tmp_path)
   _pair_task(tmp_path / "train.tsv", 64, seed=1)
   cfg = _tiny(len(vocab.read_text().split()))
   tuned = []
   for axes in ((8, 1, 1), (2, 2, 2)):
     out = tmp_path / "x".join(map(str, axes))
-    result = ft.finetune(_spec(model=cfg, tokenizer=str(vocab), epochs=1), None,
+    result = _finetune(_spec(model=cfg, tokenizer=str(vocab), epochs=1), None,
                          tmp_path / "train.tsv", tmp_path / "train.tsv", out,
-                         mesh=train_helpers.mesh_for(axes))
-    tuned.append(_flat(ft.load_finetuned(result["best_dir"])[0]))
+                         mesh=dict(zip(("data", "fsdp", "tensor"), axes)))
+    tuned.append(_flat(load_finetuned(result["best_dir"])[0]))
   assert tuned[0].keys() == tuned[1].keys()
   for name in tuned[0]:
     np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
@@ -514,7 +523,7 @@ def test_article_task_from_the_embedded_corpus(tmp_path, capsys):
 
 def test_recipe_note_for_small_models_at_the_paper_rate():
   """BERT-base's 2e-5 leaves the README's tiny BERT at chance: the run says what to try."""
-  note = ft.recipe_note(ft.FinetuneSpec(), hidden_size=128)
+  note = ft.recipe_note(2e-5, hidden_size=128)
   assert note and "--learning-rate 1e-3" in note and "128-wide" in note
-  assert ft.recipe_note(ft.FinetuneSpec(learning_rate=1e-3), hidden_size=128) is None
-  assert ft.recipe_note(ft.FinetuneSpec(), hidden_size=768) is None
+  assert ft.recipe_note(1e-3, hidden_size=128) is None
+  assert ft.recipe_note(2e-5, hidden_size=768) is None

@@ -184,9 +184,8 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   dev = squad.build_features(squad.read_squad(tmp_path / "qa" / "dev-v2.0.json"),
                              tmp_path / "out" / "best" / "tokenizer", max_seq_length=64,
                              doc_stride=32, max_query_length=24)
-  from bertjax.training import objectives
   rows = {k: v[:4] for k, v in dev.batch().items()}
-  ours = np.asarray(objectives.model_for("question_answering", config).apply(
+  ours = np.asarray(build_model(config, "question_answering").apply(
       {"params": params}, rows["input_ids"], rows["token_type_ids"], rows["attention_mask"]))
   with torch.no_grad():
     out = hf_model(**{k: torch.tensor(rows[k]).long() for k in

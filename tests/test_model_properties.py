@@ -47,7 +47,7 @@ def test_gpt_output_at_t_does_not_depend_on_later_tokens(cfg):
   np.testing.assert_array_equal(np.asarray(a[0, :-1]), np.asarray(b[0, :-1]))
 
 
-def test_gpt_segment_ids_isolate_packed_documents():
+def test_gpt_document_ids_isolate_packed_documents():
   model = build_model(GPT)
   params = jit_init(model)(jax.random.key(1))
   rng = np.random.RandomState(1)

@@ -15,7 +15,7 @@ from safetensors.numpy import load_file
 import hf_models
 from bertjax import hf
 from bertjax.models import ModelConfig, build_model, jit_init
-from bertjax.models import layers
+from bertjax.models import positions
 
 torch = hf_models.torch
 transformers = hf_models.transformers
@@ -161,10 +161,10 @@ def test_alibi_slopes_are_the_reference_ones():
   """ALiBi's reference get_slopes (Press et al.; MosaicBERT's bert_layers.py): for 12 heads the
   8 slopes of 8 heads, then every other one of 16 heads', in that head order."""
   expected = [2.0 ** -k for k in range(1, 9)] + [2.0 ** -(k + 0.5) for k in range(4)]
-  np.testing.assert_allclose(layers.alibi_slopes(12), expected, rtol=1e-6)
-  np.testing.assert_allclose(layers.alibi_slopes(16), [2.0 ** -(k / 2) for k in range(1, 17)],
+  np.testing.assert_allclose(positions.alibi_slopes(12), expected, rtol=1e-6)
+  np.testing.assert_allclose(positions.alibi_slopes(16), [2.0 ** -(k / 2) for k in range(1, 17)],
                              rtol=1e-6)
-  np.testing.assert_allclose(layers.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)],
+  np.testing.assert_allclose(positions.alibi_slopes(8), [2.0 ** -k for k in range(1, 9)],
                              rtol=1e-6)
 
 

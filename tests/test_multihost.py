@@ -105,7 +105,8 @@ CORPUS_MODEL = ["--config.model.vocab_size=1024", "--config.model.hidden_size=64
 @pytest.fixture(scope="module")
 def wiki(tmp_path_factory):
   """The embedded Wikipedia sample built twice (BERT and GPT SentencePiece, 1,024 pieces)."""
-  from bertjax.data.build import BuildOptions, build_dataset
+  from bertjax.data.build import build_dataset
+  from bertjax.data.options import BuildOptions
   from bertjax.data.prepare import corpus_sentences
   from bertjax.data.sources import parse_sources
   from bertjax.data.tokenizers import train_sentencepiece

@@ -32,8 +32,8 @@ def test_mlm_loss_matches_hand_computation():
   batch = _bert_batch()
   loss_fn = objectives.build_objective("mlm_nsp", model)
   loss, metrics = loss_fn(params, batch, loss_fn.normalizers(batch), None)
-  out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                    batch["input_mask"], batch["masked_lm_positions"])
+  out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
+                    batch["attention_mask"], batch["masked_lm_positions"])
   logp = jax.nn.log_softmax(np.asarray(out.mlm_logits), axis=-1)
   w = np.asarray(batch["masked_lm_weights"])
   nll = -np.take_along_axis(np.asarray(logp), np.asarray(batch["masked_lm_ids"])[..., None],

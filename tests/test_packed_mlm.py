@@ -11,9 +11,10 @@ import pytest
 
 from bertjax.data import records
 from bertjax.data.bert_instances import InstanceConfig, SpecialIds
-from bertjax.data.build import BuildOptions, build_dataset
-from bertjax.data.pipeline import (CorpusBatches, LoaderConfig,
-                                   document_stream, instance_dataset, merge_states)
+from bertjax.data.build import build_dataset
+from bertjax.data.options import BuildOptions
+from bertjax.data.pipeline import CorpusBatches, document_stream, instance_dataset, merge_states
+from bertjax.data.options import LoaderConfig
 from bertjax.data.sources import parse_source
 
 WORDS = [f"w{i}" for i in range(300)]
@@ -47,7 +48,7 @@ def _unmasked(ex: dict[str, np.ndarray]) -> np.ndarray:
   ids = ex["input_ids"].copy()
   w = ex["masked_lm_weights"] > 0
   ids[ex["masked_lm_positions"][w]] = ex["masked_lm_ids"][w]
-  return ids[:int(ex["input_mask"].sum())]
+  return ids[:int(ex["attention_mask"].sum())]
 
 
 def _elements(docs, first_ordinal=0):
@@ -89,18 +90,18 @@ def test_rows_written_out_by_hand():
     here = f"row {i}"
     np.testing.assert_array_equal(_unmasked(row), tokens[:n], err_msg=here)
     np.testing.assert_array_equal(row["input_ids"][n:], tokens[n:], err_msg=here)
-    np.testing.assert_array_equal(row["input_mask"], [1] * n + [0] * (6 - n), err_msg=here)
+    np.testing.assert_array_equal(row["attention_mask"], [1] * n + [0] * (6 - n), err_msg=here)
     np.testing.assert_array_equal(row["document_ids"], document_ids, err_msg=here)
     np.testing.assert_array_equal(row["positions"], positions, err_msg=here)
-    np.testing.assert_array_equal(row["segment_ids"], np.zeros(6), err_msg=here)
+    np.testing.assert_array_equal(row["token_type_ids"], np.zeros(6), err_msg=here)
     assert row["next_sentence_labels"] == 0
-    for key in ("input_ids", "input_mask", "segment_ids", "document_ids", "positions",
+    for key in ("input_ids", "attention_mask", "token_type_ids", "document_ids", "positions",
                 "masked_lm_positions", "masked_lm_ids"):
       assert row[key].dtype == np.int32, key
     assert row["masked_lm_weights"].dtype == np.float32
   # A stream that ends exactly at a row's end has no padded row.
   exact = list(_pack(_elements(docs), seq_length=7))
-  assert len(exact) == 4 and all(r["input_mask"].all() for r in exact)
+  assert len(exact) == 4 and all(r["attention_mask"].all() for r in exact)
   # Restoring any saved state continues exactly, and reads the state back unchanged.
   iterator = iter(dataset)
   states = [iterator.get_state()]
@@ -159,11 +160,11 @@ def test_rows_reproduce_the_document_stream_of_every_batch_row(corpus):
     examples = list(instance_dataset(dataset, cfg, "train", row, batch_size))
     tokens, owner, first = _stream(order[row::batch_size])
     assert len(examples) == -(-len(tokens) // L) > 5
-    assert all(ex["input_mask"].all() for ex in examples[:-1])  # no padding but the last
+    assert all(ex["attention_mask"].all() for ex in examples[:-1])  # no padding but the last
     np.testing.assert_array_equal(np.concatenate([_unmasked(ex) for ex in examples]), tokens)
     for i, ex in enumerate(examples):
       here = f"row {row}, example {i}"
-      n = int(ex["input_mask"].sum())
+      n = int(ex["attention_mask"].sum())
       from_ = owner[i * L:i * L + n]
       want_ids = np.zeros(L, np.int32)
       want_ids[:n] = from_ - from_[0] + 1
@@ -246,9 +247,9 @@ def test_training_config_carries_the_packed_keys(corpus):
   config.data.prefetch = 0
   batches = make_batches(config, "train", (1, 2), str(corpus))
   batch = next(batches)
-  assert {"document_ids", "positions", "input_ids", "input_mask", "segment_ids",
+  assert {"document_ids", "positions", "input_ids", "attention_mask", "token_type_ids",
           "masked_lm_positions", "masked_lm_ids", "masked_lm_weights",
           "next_sentence_labels"} == set(batch)
   assert batch["document_ids"].shape == batch["positions"].shape == (2, L)
-  assert batch["input_mask"].all() and (batch["document_ids"] >= 1).all()
+  assert batch["attention_mask"].all() and (batch["document_ids"] >= 1).all()
   batches.close()

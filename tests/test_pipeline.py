@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from bertjax.data import records
-from bertjax.data.build import BuildOptions, build_dataset
+from bertjax.data.build import build_dataset
+from bertjax.data.options import BuildOptions
 from bertjax.data.errors import CorpusError
-from bertjax.data.pipeline import CorpusBatches, LoaderConfig, document_stream
+from bertjax.data.pipeline import CorpusBatches, document_stream
+from bertjax.data.options import LoaderConfig
 from bertjax.data.sources import parse_source
 from bertjax.data.tokenizers import train_sentencepiece
 
@@ -144,8 +146,8 @@ def test_gpt_packing_loses_and_repeats_nothing(corpus):
       # document's first token (an all-ones mask trains across document boundaries).
       np.testing.assert_array_equal(b["loss_mask"][row], inputs_from == targets_from,
                                     err_msg=f"loss_mask, {here}")
-      np.testing.assert_array_equal(b["segment_ids"][row], inputs_from - inputs_from[0] + 1,
-                                    err_msg=f"segment_ids, {here}")
+      np.testing.assert_array_equal(b["document_ids"][row], inputs_from - inputs_from[0] + 1,
+                                    err_msg=f"document_ids, {here}")
       # Positions count from the document's start, or from the window's where the document
       # began in an earlier window.
       np.testing.assert_array_equal(
@@ -194,7 +196,7 @@ def test_gpt_packing_masks_exactly_the_document_boundaries():
   ]
   assert len(packed) == len(want)
   for i, (got, expected) in enumerate(zip(packed, want)):
-    for key, values in zip(("input_ids", "target_ids", "loss_mask", "segment_ids", "positions"),
+    for key, values in zip(("input_ids", "target_ids", "loss_mask", "document_ids", "positions"),
                            expected):
       np.testing.assert_array_equal(got[key], values, err_msg=f"window {i}: {key}")
 
@@ -322,7 +324,8 @@ def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
   script.write_text("""
 import json, sys
 import numpy as np
-from bertjax.data.pipeline import CorpusBatches, LoaderConfig
+from bertjax.data.pipeline import CorpusBatches
+from bertjax.data.options import LoaderConfig
 if __name__ == "__main__":
   cfg = LoaderConfig(**json.loads(sys.argv[1]))
   batches = CorpusBatches(cfg, "train", range(8), 8)
@@ -402,17 +405,17 @@ def test_full_sentences_packing_layout(corpus):
                      prefetch=0)
   dataset = records.BuiltDataset.open(corpus / "bert")
   examples = list(instance_dataset(dataset, cfg, "train", 0, 1))
-  fill = [ex["input_mask"].sum() / 48 for ex in examples]
+  fill = [ex["attention_mask"].sum() / 48 for ex in examples]
   assert np.mean(fill) > 0.8  # sentences packed across documents: little padding
   for ex in examples:
-    n = ex["input_mask"].sum()
+    n = ex["attention_mask"].sum()
     ids = ex["input_ids"].copy()
     w = ex["masked_lm_weights"] > 0
     ids[ex["masked_lm_positions"][w]] = ex["masked_lm_ids"][w]
     assert ids[0] == 2 and ids[n - 1] == 3  # [CLS] ... [SEP]
-    assert not np.any(ex["segment_ids"]) and ex["next_sentence_labels"] == 0
+    assert not np.any(ex["token_type_ids"]) and ex["next_sentence_labels"] == 0
     assert not set(ex["masked_lm_positions"][w]) & {0, n - 1}
-  tokens = sum(int(ex["input_mask"].sum()) for ex in examples)
+  tokens = sum(int(ex["attention_mask"].sum()) for ex in examples)
   counts = records.BuiltDataset.open(corpus / "bert").counts()
   corpus_tokens = sum(c["train"]["tokens"] for c in counts.values())
   # Every document token is used once, plus [CLS]/[SEP] and the document separators.

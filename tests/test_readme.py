@@ -193,9 +193,11 @@ def test_empty_eval_split_is_caught_at_start_up(tmp_path):
   eval split came out empty and died at the first evaluation; now such a build fails with the
   counts, and the train loader of a run that evaluates refuses a dataset built without an
   eval split before the first step."""
-  from bertjax.data.build import BuildOptions, build_dataset
+  from bertjax.data.build import build_dataset
+  from bertjax.data.options import BuildOptions
   from bertjax.data.errors import CorpusError
-  from bertjax.data.pipeline import CorpusBatches, LoaderConfig
+  from bertjax.data.pipeline import CorpusBatches
+  from bertjax.data.options import LoaderConfig
   from bertjax.data.sources import parse_source
 
   words = [f"w{i}" for i in range(50)]

@@ -21,6 +21,7 @@ import train_helpers
 from bertjax import cli
 from bertjax.checkpoints import params as checkpoint
 from bertjax.training import flops, hooks, loop, plot
+from bertjax.training.pretraining import Pretraining
 from bertjax.parallel import sharding
 from bertjax.training.metrics import TrainingDiverged
 from bertjax.training.trainer import Trainer
@@ -321,12 +322,13 @@ def test_the_loops_batch_check_uses_the_rules_data_parallel_width(devices, rules
   trainer = Trainer(config, sharding.mesh_from_config(config))
   assert dict(trainer.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
   assert sharding.batch_ways(trainer.mesh, trainer.rules) == ways
+  workload = Pretraining(config, None, is_main=True)  # synthetic data: no dataset to build
   if 4 % ways:
     with pytest.raises(ValueError, match=f"not divisible by the {ways} data-parallel ways"):
-      loop._PhaseData(config, trainer, "", 0)
+      loop._PhaseData(workload, trainer, 0)
   else:
-    phase = loop._PhaseData(config, trainer, "", 0)
+    phase = loop._PhaseData(workload, trainer, 0)
     phase.batches.close()
     assert phase.rows == (0, 1, 2, 3) and phase.layout.batch_size == 4
   config.batch_size = 8  # a multiple of both widths
-  loop._PhaseData(config, trainer, "", 0).batches.close()
+  loop._PhaseData(workload, trainer, 0).batches.close()

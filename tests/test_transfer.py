@@ -16,8 +16,8 @@ from flax import traverse_util
 import train_helpers
 from bertjax.checkpoints import weights as weights_lib
 from bertjax.checkpoints import params as checkpoint
-from bertjax.models import groups
-from bertjax.training import loop, objectives
+from bertjax.models import build_model, groups
+from bertjax.training import loop
 
 
 def _flat(tree) -> dict[str, np.ndarray]:
@@ -30,7 +30,7 @@ def classifier_weights(tmp_path_factory):
   directory = tmp_path_factory.mktemp("tuned") / "best"
   config = train_helpers.tiny_config("bert")
   cfg = checkpoint.ModelConfig.from_mapping(config.model.to_dict())
-  model = objectives.model_for("classification", cfg)
+  model = build_model(cfg, "sequence_classification")
   params = nn.meta.unbox(jax.jit(lambda r: model.init(r, *_example(cfg))["params"])(
       jax.random.key(7)))
   params = jax.tree.map(lambda x: x + 0.01, jax.tree.map(np.asarray, params))  # not an init
@@ -85,7 +85,7 @@ def test_freeze_kinds_over_the_pretraining_tree():
   config = train_helpers.tiny_config("bert")
   cfg = checkpoint.ModelConfig.from_mapping(config.model.to_dict())
   params = nn.meta.unbox(jax.eval_shape(
-      lambda r: objectives.model_for("mlm_nsp", cfg).init(r, *_example(cfg))["params"],
+      lambda r: build_model(cfg, "pretraining").init(r, *_example(cfg))["params"],
       jax.random.key(0)))
   labels = _flat_groups(groups.parameter_groups(params, "embeddings"))
   assert labels["bert/word_embeddings/embedding"] == "frozen"

@@ -48,7 +48,7 @@ def padded_batch(docs):
   mask = np.zeros_like(ids)
   for row, doc in enumerate(docs):
     ids[row, :len(doc)], mask[row, :len(doc)] = doc, 1
-  return {"input_ids": ids, "input_mask": mask}
+  return {"input_ids": ids, "attention_mask": mask}
 
 
 def packed_batch(docs, cut=False):
@@ -82,14 +82,14 @@ def packed_batch(docs, cut=False):
       ids[r, span], mask[r, span], document_ids[r, span] = doc, 1, d
       positions[r, span] = np.arange(len(doc))
       start += len(doc)
-  return {"input_ids": ids, "input_mask": mask, "document_ids": document_ids,
+  return {"input_ids": ids, "attention_mask": mask, "document_ids": document_ids,
           "positions": positions}
 
 
 def _token_losses(model, params, batch, labels):
   """Per-position MLM cross-entropy against `labels` (logits at every position)."""
   out = model.apply({"params": params}, jnp.asarray(batch["input_ids"]), None,
-                    jnp.asarray(batch["input_mask"]),
+                    jnp.asarray(batch["attention_mask"]),
                     document_ids_BL=None if "document_ids" not in batch
                     else jnp.asarray(batch["document_ids"]),
                     positions_BL=None if "positions" not in batch
@@ -101,7 +101,7 @@ def _token_losses(model, params, batch, labels):
 def _per_document(losses, batch):
   """Each document's token losses, in document order."""
   out = []
-  doc_ids = batch.get("document_ids", batch["input_mask"])
+  doc_ids = batch.get("document_ids", batch["attention_mask"])
   for row in range(losses.shape[0]):
     for d in range(1, int(doc_ids[row].max()) + 1):
       out.append(losses[row][doc_ids[row] == d])
@@ -121,7 +121,7 @@ def test_packed_and_padded_documents_get_the_same_token_losses(variant):
             for name, b in (("padded", padded), ("packed", packed))}
   # The same label for the same token in both layouts.
   flat_labels = np.concatenate([labels["padded"][i, :n] for i, n in enumerate(LENGTHS)])
-  labels["packed"][packed["input_mask"] == 1] = flat_labels
+  labels["packed"][packed["attention_mask"] == 1] = flat_labels
   a = _per_document(_token_losses(model, params, padded, labels["padded"]), padded)
   b = _per_document(_token_losses(model, params, packed, labels["packed"]), packed)
   assert [len(x) for x in a] == [len(x) for x in b] == LENGTHS
@@ -142,7 +142,7 @@ def test_splash_kernel_runs_packed_local_and_global_layers():
   labels = np.random.RandomState(2).randint(0, VOCAB, packed["input_ids"].shape)
   xla = _token_losses(model, params, packed, labels)
   splash = _token_losses(build_model(cfg.replace(attention="splash")), params, packed, labels)
-  real = packed["input_mask"] == 1
+  real = packed["attention_mask"] == 1
   assert np.abs(xla[real] - splash[real]).max() <= 1e-4
 
 
@@ -153,14 +153,14 @@ def test_cudnn_call_takes_the_window_as_the_band_mask():
   rng = np.random.RandomState(0)
   q, k, v = (jnp.asarray(rng.standard_normal((2, ROW, 4, 8)), jnp.float32) for _ in range(3))
   packed = packed_batch(_documents())
-  mask = attention.encoder_mask(jnp.asarray(packed["input_mask"][:2]),
+  mask = attention.encoder_mask(jnp.asarray(packed["attention_mask"][:2]),
                                 jnp.asarray(packed["document_ids"][:2]))
   window = cfg.local_window // 2
   core = attention.XlaAttention(cfg)
   band = attention.window_band(ROW, window)
   ours = core.apply({}, q, k, v, mask.dense_B1LS & band)
   theirs = attention.cudnn_attention(cfg, q, k, v, mask, implementation="xla", window=window)
-  real = packed["input_mask"][:2] == 1
+  real = packed["attention_mask"][:2] == 1
   assert np.abs(np.asarray(ours - theirs))[real].max() <= 1e-5
   wide = core.apply({}, q, k, v, mask.dense_B1LS)
   assert np.abs(np.asarray(ours - wide))[real].max() > 1e-3
@@ -173,7 +173,7 @@ def _dot_flops(cfg, batch):
   labels = jnp.zeros(batch["input_ids"].shape, jnp.int32)
 
   def loss(params, batch):
-    out = model.apply({"params": params}, batch["input_ids"], None, batch["input_mask"],
+    out = model.apply({"params": params}, batch["input_ids"], None, batch["attention_mask"],
                       document_ids_BL=batch.get("document_ids"),
                       positions_BL=batch.get("positions"))
     return optax.softmax_cross_entropy_with_integer_labels(out.mlm_logits, labels).mean()
@@ -211,7 +211,7 @@ def test_mlm_eval_weights_batches_by_their_predictions():
   packed = packed_batch(_documents(), cut=True)
   rng = np.random.RandomState(0)
   rows, predictions = packed["input_ids"].shape[0], 12
-  batch = dict(packed, segment_ids=np.zeros_like(packed["input_ids"]),
+  batch = dict(packed, token_type_ids=np.zeros_like(packed["input_ids"]),
                masked_lm_positions=rng.randint(0, ROW, (rows, predictions)).astype(np.int32),
                masked_lm_ids=rng.randint(0, VOCAB, (rows, predictions)).astype(np.int32),
                next_sentence_labels=np.zeros(rows, np.int32))
@@ -237,7 +237,7 @@ def test_cudnn_call_with_a_window_passes_jax_argument_checks():
   cfg = _config(**{**MODERN, "dtype": "bfloat16", "attention": "cudnn"})
   q = jax.ShapeDtypeStruct((2, ROW, 4, 8), jnp.bfloat16)
   packed = packed_batch(_documents())
-  mask = attention.encoder_mask(jnp.asarray(packed["input_mask"][:2]),
+  mask = attention.encoder_mask(jnp.asarray(packed["attention_mask"][:2]),
                                 jnp.asarray(packed["document_ids"][:2]))
   try:
     jax.eval_shape(lambda q, k, v: attention.cudnn_attention(cfg, q, k, v, mask, window=4),

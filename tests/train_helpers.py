@@ -101,3 +101,13 @@ def uncached_greedy(params, cfg, prompt, steps):
     ids[0, :len(seq)] = seq
     seq.append(int(jnp.argmax(forward(jnp.asarray(ids))[0, len(seq) - 1])))
   return seq[len(prompt):]
+
+
+def finetune(out, init_from=None, train=None, dev=None, **values):
+  """A fine-tuning run of the one training loop, its settings by their friendly names (the
+  `bertjax finetune` flags: learning_rate, epochs, model=ModelConfig for a random init, ...);
+  returns its summary."""
+  from bertjax.config.finetune import finetune_run_config
+  from bertjax.training.loop import train_and_evaluate
+  config = finetune_run_config({**values, "init_from": init_from, "train": train, "dev": dev})
+  return train_and_evaluate(config, out)

@@ -20,7 +20,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -34,6 +34,9 @@ from bertjax.models.params import shape_mismatches
 log = logging.getLogger(__name__)
 
 ITEMS = ("params", "train", "data", "config")
+# Items a run may add (`extra`): its own state as JSON ("run": a fine-tune's best score, the
+# evaluations so far) and a parameter tree ("best": the best parameters so far).
+EXTRA_ITEMS = ("run", "best")
 
 
 class CheckpointMismatch(ValueError):
@@ -124,8 +127,13 @@ def _shape_tree(tree: Any) -> dict[str, tuple]:
 class TrainCheckpoints:
   """The CheckpointManager of one run directory."""
 
-  def __init__(self, workdir: str | Path, config: ml_collections.ConfigDict):
+  def __init__(self, workdir: str | Path, config: ml_collections.ConfigDict,
+               extra: tuple[str, ...] = ()):
     c = config.checkpoint
+    unknown = set(extra) - set(EXTRA_ITEMS)
+    if unknown:
+      raise ValueError(f"unknown checkpoint items {sorted(unknown)}; extras: {EXTRA_ITEMS}")
+    self.items = ITEMS + tuple(extra)
     self.directory = paths.path(workdir) / "checkpoints"
     self.every = int(c.every)
     options = ocp.CheckpointManagerOptions(
@@ -137,11 +145,12 @@ class TrainCheckpoints:
         cleanup_tmp_directories=True,
         create=True)
     self.manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=ITEMS,
-        item_handlers={"params": ocp.StandardCheckpointHandler(),
-                       "train": ocp.StandardCheckpointHandler(),
-                       "data": DataStateHandler(),
-                       "config": ocp.JsonCheckpointHandler()})
+        self.directory, options=options, item_names=self.items,
+        item_handlers={name: handler for name, handler in (
+            ("params", ocp.StandardCheckpointHandler()),
+            ("train", ocp.StandardCheckpointHandler()), ("data", DataStateHandler()),
+            ("config", ocp.JsonCheckpointHandler()), ("run", ocp.JsonCheckpointHandler()),
+            ("best", ocp.StandardCheckpointHandler())) if name in self.items})
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -150,11 +159,14 @@ class TrainCheckpoints:
     steps = self.steps()
     return steps[-1] if steps else None
 
-  def due(self, step: int, total: int) -> bool:
-    return step == total or (self.every > 0 and step % self.every == 0)
+  def due(self, step: int, total: int, evaluated: bool = False) -> bool:
+    """Whether `step` is saved: the last step, every `checkpoint.every` steps, or with
+    `checkpoint.every=-1` each step that was evaluated."""
+    return (step == total or (self.every > 0 and step % self.every == 0)
+            or (self.every == -1 and evaluated))
 
-  def save(self, step: int, state: Any, batches: Any,
-           config: ml_collections.ConfigDict) -> None:
+  def save(self, step: int, state: Any, batches: Any, config: ml_collections.ConfigDict,
+           extra: dict[str, Any] | None = None) -> None:
     """Starts an (async) save of `step`; returns once the device arrays are copied. A failed
     write (this one or the previous one still in the background) raises CheckpointWriteError."""
     args = ocp.args.Composite(
@@ -162,7 +174,9 @@ class TrainCheckpoints:
         train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state,
                                      "rng": state.rng}),
         data=DataSave(batches),
-        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())))
+        config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())),
+        **{name: (ocp.args.JsonSave(value) if name == "run" else ocp.args.StandardSave(value))
+           for name, value in (extra or {}).items()})
     try:
       self.manager.save(step, args=args, force=True)
     except Exception as e:  # noqa: BLE001 - any write failure: one line naming the cause
@@ -189,7 +203,7 @@ class TrainCheckpoints:
     marked = any((self.directory / str(s) / COMMIT_MARKER).exists() for s in self.steps())
     if marked and not (directory / COMMIT_MARKER).exists():
       return f"{directory / COMMIT_MARKER} is missing (the save did not finish)"
-    for item in ITEMS:
+    for item in self.items:
       item_dir = directory / item
       if not item_dir.is_dir():
         return f"{item_dir} is missing"
@@ -285,6 +299,38 @@ class TrainCheckpoints:
         params=ocp.args.StandardRestore(abstract_params)))
     return restored["params"], step
 
+  def restore_extra(self, step: int, best: Any | None = None) -> dict[str, Any]:
+    """The run's own items of `step`: "run" (JSON) and, given its abstract tree, "best"."""
+    items = {"run": ocp.args.JsonRestore()} if "run" in self.items else {}
+    if best is not None and "best" in self.items:
+      items["best"] = ocp.args.StandardRestore(best)
+    return dict(self.manager.restore(step, args=ocp.args.Composite(**items))) if items else {}
+
   def saved_config(self, step: int) -> dict:
     return self.manager.restore(step, args=ocp.args.Composite(
         config=ocp.args.JsonRestore()))["config"]
+
+
+def restore_or_initialize(checkpoints: TrainCheckpoints, abstract_state: Any,
+                          batches: Any | None, restore_step: int,
+                          initialize: Callable[[], Any]) -> tuple[Any, int | None]:
+  """The run's state: its latest checkpoint (or `restore_step`'s, when >= 0) with the data
+  position, or `initialize()` where the run has none yet. Returns the state and the step
+  restored (None: initialised). Training on from an earlier step rewrites history: the
+  checkpoints after it are deleted (a damaged step in the way would stop the new saves)."""
+  if checkpoints.latest_step() is None:
+    if restore_step >= 0:
+      raise ValueError(f"restore_step={restore_step} but {checkpoints.directory} holds no "
+                       "checkpoint")
+    return initialize(), None
+  requested = None if restore_step < 0 else restore_step
+  state, step = checkpoints.restore(abstract_state, batches, requested)
+  later = [s for s in checkpoints.steps() if s > step]
+  if later:
+    why = (f"restore_step={step}" if requested is not None else
+           f"the later step(s) could not be restored; resuming from step {step}")
+    log.warning("%s: deleting the later checkpoints %s", why, later)
+    for s in later:
+      checkpoints.manager.delete(s)
+  log.info("resumed from %s step %d", checkpoints.directory, step)
+  return state, step

@@ -6,14 +6,17 @@ loader that `init_from`, fine-tuning, export, generation and few-shot evaluation
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax
 import ml_collections
+from etils import epath
 from flax import traverse_util
 
 from bertjax import hf, paths
@@ -103,30 +106,58 @@ def load_finetuned(directory: paths.PathLike, shardings: Any = None
   return peft.combine(base_params, jax.device_get(trained)), config, info
 
 
+def describe_weights(source: paths.PathLike, step: int | None = None) -> Weights:
+  """`load_weights`' answer without the parameters (`params` None) where that saves reading
+  them: the model config, tokenizer and, of a workdir, the checkpoint step `step` resolves to.
+  A Hugging Face directory is read whole (its config alone does not say everything)."""
+  path = paths.path(source)
+  if (path / FINETUNE_FILE).is_file():
+    return Weights(None, load_model_config(path), tokenizer_dir(path), f"fine-tuned {source}")
+  if (path / "model.json").is_file():
+    return Weights(None, load_model_config(path), tokenizer_dir(path), f"params {source}")
+  if (path / "checkpoints").is_dir():
+    with _run_checkpoints(path) as checkpoints:
+      step, config, tokenizer = _run_step(path, checkpoints, step)
+    return Weights(None, config, tokenizer, f"workdir {source} step {step}", step)
+  return dataclasses.replace(load_weights(source, step), params=None)
+
+
+@contextlib.contextmanager
+def _run_checkpoints(workdir: epath.Path) -> Iterator[TrainCheckpoints]:
+  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
+                                                     "async_save": False}})
+  checkpoints = TrainCheckpoints(workdir, probe)
+  try:
+    yield checkpoints
+  finally:
+    checkpoints.close()
+
+
+def _run_step(workdir: epath.Path, checkpoints: TrainCheckpoints, step: int | None
+              ) -> tuple[int, ModelConfig, Path | None]:
+  """The step `step` names (None: the latest), its model config and the run's tokenizer."""
+  step = checkpoints.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
+  saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
+  dataset = saved.data.get("dataset", "") if "data" in saved else ""
+  tokenizer = next((c for c in (workdir / "params" / "tokenizer",
+                                workdir / "data" / "dataset" / "tokenizer",
+                                paths.path(dataset) / "tokenizer" if dataset else None)
+                    if c is not None and c.is_dir()), None)
+  return step, model_config(saved), paths.local_copy(tokenizer) if tokenizer else None
+
+
 def run_params(workdir: paths.PathLike, step: int | None = None
                ) -> tuple[Any, ModelConfig, Path | None, int]:
   """(params, model config, tokenizer directory or None, step) of a training run's checkpoint
   (default: the latest): the parameters only, on this process's first device — the optimizer
   state is never read. What export and fine-tuning start from."""
   workdir = paths.path(workdir)
-  probe = ml_collections.ConfigDict({"checkpoint": {"every": 0, "keep": 0, "keep_period": 0,
-                                                     "async_save": False}})
-  checkpoints = TrainCheckpoints(workdir, probe)
-  try:
-    step = checkpoints.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
-    saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
-    config = model_config(saved)
+  with _run_checkpoints(workdir) as checkpoints:
+    step, config, tokenizer = _run_step(workdir, checkpoints, step)
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                             abstract_params_of(config))
     params, step = checkpoints.restore_params(abstract, step)
-  finally:
-    checkpoints.close()
-  dataset = saved.data.get("dataset", "") if "data" in saved else ""
-  tokenizer = next((c for c in (workdir / "params" / "tokenizer",
-                                workdir / "data" / "dataset" / "tokenizer",
-                                paths.path(dataset) / "tokenizer" if dataset else None)
-                    if c is not None and c.is_dir()), None)
-  return params, config, paths.local_copy(tokenizer) if tokenizer else None, step
+  return params, config, tokenizer, step

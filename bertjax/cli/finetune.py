@@ -1,95 +1,66 @@
-"""The fine-tuning commands of `bertjax`: `finetune` (FinetuneSpec fields as flags, `--recipe`
-presets), `fewshot`, and the export of a fine-tuned OUT/best (`bertjax export`'s handler calls
-`export_finetuned` for such a directory). bertjax/cli.py registers them with `add_commands`.
-"""
+"""The fine-tuning commands: `finetune` (the friendly front of a fine-tuning run of the one
+training loop: `--recipe` presets and a flag per setting, bertjax.config.finetune) and
+`fewshot`."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+import sys
 
-from bertjax.checkpoints import weights as weights_lib
-from bertjax import paths
+from bertjax.cli.common import Add
 from bertjax.finetune.recipes import RECIPES, recipe_values
 
+Overrides = list[tuple[str, str]]
 
-def cmd_finetune(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
-  import dataclasses
+
+def cmd_finetune(args: argparse.Namespace, overrides: Overrides) -> int:
   import json
 
-  from bertjax.training import finetuning as finetune
+  from bertjax.config.finetune import SETTINGS, finetune_run_config
+  from bertjax.training.loop import train_and_evaluate
   logging.getLogger("bertjax").setLevel(logging.INFO)
-  if overrides:
-    raise ValueError("finetune takes no --config.* overrides; its settings are flags (--help)")
   values = recipe_values(args.recipe) if args.recipe else {}
-  values.update({f.name: getattr(args, f.name) for f in dataclasses.fields(finetune.FinetuneSpec)
-                 if f.name in _FINETUNE_FLAGS and getattr(args, f.name) is not None})
+  values.update({name: getattr(args, name) for name in SETTINGS
+                 if getattr(args, name) is not None})
+  values.update(init_from=args.init_from, train=args.train, dev=args.dev)
   if args.mesh:
-    values["mesh_axes"] = {k: int(v) for k, v in (part.split("=") for part in
-                                                  args.mesh.split(","))}
-  spec = finetune.FinetuneSpec(**values)
-  result = finetune.finetune(spec, args.init_from, args.train, args.dev, args.out)
+    values["mesh"] = dict(part.split("=") for part in args.mesh.split(","))
+  config = finetune_run_config(values, overrides)
+  # Progress and the run's summary on stderr: stdout is the result, as JSON.
+  result = train_and_evaluate(config, args.out, report=sys.stderr)
   print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
   return 0
 
 
-# FinetuneSpec fields offered as flags (the model/mesh objects are not).
-_FINETUNE_FLAGS = ("task", "text_a", "text_b", "label", "tokens", "tags", "header", "num_labels",
-                   "metric", "learning_rate", "head_learning_rate", "batch_size",
-                   "eval_batch_size", "epochs", "warmup_fraction", "weight_decay", "clip_norm",
-                   "freeze", "patience", "eval_every", "seq_length", "doc_stride",
-                   "max_query_length", "max_answer_length", "n_best", "null_threshold",
-                   "generate_examples", "max_new_tokens", "lora_rank", "lora_alpha",
-                   "lora_dropout", "lora_targets", "adapter_size", "prefix_length", "seed",
-                   "dropout", "tokenizer", "lowercase", "step", "rules", "export_hf",
-                   "log_every")
-
-
 def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
-  import dataclasses
-
-  from bertjax.training.finetuning import FinetuneSpec
-  comments = _field_comments(FinetuneSpec)
-  for f in dataclasses.fields(FinetuneSpec):
-    if f.name not in _FINETUNE_FLAGS:
-      continue
-    flag = "--" + f.name.replace("_", "-")
-    kind = str(f.type)
-    help_text = comments.get(f.name, "") + f" (default: {f.default})"
-    if "bool" in kind:
-      p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                     help=help_text)
+  """A flag per fine-tuning setting (bertjax.config.finetune.SETTINGS), typed like the config
+  key it sets."""
+  from bertjax.config.finetune import SETTINGS
+  from bertjax.config.schema import finetune_config
+  defaults = finetune_config()
+  for name, (keys, help_text) in SETTINGS.items():
+    node = defaults
+    for part in keys[0].split("."):
+      node = node[part]
+    flag = "--" + name.replace("_", "-")
+    shown = f" (default: {node})" if node not in ("", None) else ""
+    if isinstance(node, bool):
+      p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                     help=help_text + shown)
     else:
-      caster = int if kind.startswith("int") else float if kind.startswith("float") else str
-      p.add_argument(flag, dest=f.name, type=caster, default=None, help=help_text)
+      p.add_argument(flag, dest=name, type=type(node), default=None, help=help_text + shown)
 
 
-def _field_comments(cls: type) -> dict[str, str]:
-  """The comment lines above each dataclass field: the flags' help texts."""
-  import inspect
-  comments, pending = {}, []
-  for line in inspect.getsource(cls).splitlines():
-    stripped = line.strip()
-    if stripped.startswith("#"):
-      pending.append(stripped.lstrip("# "))
-    elif ":" in stripped and not stripped.startswith(("def ", "class ", "@", '"""')):
-      comments[stripped.split(":")[0]] = " ".join(pending)
-      pending = []
-    else:
-      pending = []
-  return comments
-
-
-def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> int:
+def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
   import json
 
-
-  from bertjax.finetune import fewshot
+  from bertjax.checkpoints.weights import load_weights
   from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.finetune import fewshot
   if overrides:
     raise ValueError("fewshot takes no --config overrides")
-  weights = weights_lib.load_weights(args.params)
+  weights = load_weights(args.params)
   if weights.config.family != "gpt":
     raise ValueError(f"{args.params}: few-shot evaluation needs a GPT, this is a "
                      f"{weights.config.family} model")
@@ -122,31 +93,7 @@ def cmd_fewshot(args: argparse.Namespace, overrides: list[tuple[str, str]]) -> i
   return 0
 
 
-def export_finetuned(args: argparse.Namespace) -> int:
-  """A fine-tuned OUT/best: its task's Hugging Face model (LoRA merged), or the peft adapter."""
-  import json
-
-
-  from bertjax.training import finetuning as finetune
-  if not (paths.path(args.params) / weights_lib.FINETUNE_FILE).is_file():
-    raise ValueError(f"--format peft exports a fine-tuned OUT/best; {args.params} has no "
-                     f"{weights_lib.FINETUNE_FILE}")
-  if args.format == "peft":
-    out = finetune.export_peft(args.params, args.out)
-    print(f"wrote a peft LoRA adapter to {out}")
-  elif args.format == "hf":
-    dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(args.dtype, args.dtype)
-    out = finetune.export_hf(args.params, args.out, dtype)
-    architecture = json.loads((out / "config.json").read_text())["architectures"][0]
-    print(f"wrote a Hugging Face {architecture} directory to {out} ({dtype})")
-  else:
-    raise ValueError(f"{args.params} is a fine-tuned output: export it with --format hf or peft")
-  return 0
-
-
-def add_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-  """Registers `finetune` and `fewshot` with the main parser's `add(name, help, description,
-  epilog, fn)`."""
+def register(add: Add) -> None:
   p = add("finetune", "fine-tune BERT or GPT on a task",
           "Fine-tunes pre-trained weights (a params checkpoint, a training run's directory or a "
           "Hugging Face directory): BERT on sentence or sentence-pair classification (GLUE), "

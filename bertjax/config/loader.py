@@ -25,7 +25,7 @@ import ml_collections
 
 from bertjax.config import phases
 from bertjax.config.overrides import apply_override, parse_value
-from bertjax.config.runlocal import runlocal
+from bertjax.config.runlocal import RUNLOCAL, runlocal
 from bertjax.config.schema import model_config
 from bertjax.config.validate import validate_training
 
@@ -40,8 +40,6 @@ class VariantError(ValueError):
   file in front of the message."""
 
 
-# The variant every config has, applied by the loader after get_config (see `runlocal`).
-RUNLOCAL = "runlocal"
 
 T = TypeVar("T")
 

@@ -6,6 +6,9 @@ import ml_collections
 
 ConfigDict = ml_collections.ConfigDict
 
+# The variant every config has, applied by the loader after get_config.
+RUNLOCAL = "runlocal"
+
 # What `:runlocal` makes of any config (see `runlocal`).
 _LOCAL_MODEL = dict(num_layers=2, hidden_size=128, num_heads=2, vocab_size=8192,
                     max_positions=128)
@@ -32,6 +35,9 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   checkpoint every 100. CPU settings: float32, no remat, no loss chunking, one micro-batch,
   data parallelism over the local devices, no profile, no paper parameter count.
   """
+  if config.finetune.task:
+    raise ValueError(f"{RUNLOCAL} shrinks a pre-training recipe; a fine-tuning config runs at "
+                     "the scale of its weights and task")
   steps = int(config.num_train_steps)
 
   def scaled(value: int) -> int:  # a step count at the same fraction of the shorter run

@@ -12,8 +12,8 @@ from typing import Any
 
 import ml_collections
 
-from bertjax.data.build import BuildOptions
-from bertjax.data.pipeline import LoaderConfig
+from bertjax.data.options import BuildOptions
+from bertjax.data.options import LoaderConfig
 from bertjax.models.config import ModelConfig
 
 ConfigDict = ml_collections.ConfigDict
@@ -324,6 +324,7 @@ def finetune_config(model: ConfigDict | None = None) -> ConfigDict:
   config.finetune.task = "classification"
   config.batch_size = 32
   config.seq_length = 128
+  config.max_predictions = 0  # no masked-LM head
   config.optimizer.update(dict(name="adamw", learning_rate=2e-5, warmup_steps=0,
                                schedule="linear", power=1.0, end_lr_fraction=0.0,
                                decay_steps=0, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,

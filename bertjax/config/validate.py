@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ml_collections
 
+from bertjax.finetune.tasks import task
+from bertjax.models.groups import FREEZE_KINDS, parse_freeze
+
 ConfigDict = ml_collections.ConfigDict
 
 
@@ -29,7 +32,8 @@ def validate_training(config: ConfigDict) -> None:
   need("log_every", int(config.log_every) >= 1, "must be at least 1")
   need("eval_every", int(config.eval_every) >= 0, "must be 0 (never) or more")
   need("eval_steps", int(config.eval_steps) >= 1, "must be at least 1")
-  need("checkpoint.every", int(config.checkpoint.every) >= 0, "must be 0 or more")
+  need("checkpoint.every", int(config.checkpoint.every) >= -1,
+       "must be -1 (at every evaluation), 0 (at the end) or more")
   need("checkpoint.keep", int(config.checkpoint.keep) >= 0, "must be 0 (all) or more")
   need("data.num_epochs", int(config.data.num_epochs) >= 0, "must be 0 (repeat) or more")
   need("data.epoch_documents", int(config.data.epoch_documents) >= 0,
@@ -43,3 +47,36 @@ def validate_training(config: ConfigDict) -> None:
        f"makes no sentence pairs for objective={config.objective!r}: use objective=mlm")
   need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,
        "must be positive")
+  need("optimizer.freeze", _freeze_ok(str(config.optimizer.freeze)),
+       f"must be {FREEZE_KINDS}")
+  validate_finetune(config)
+
+
+def _freeze_ok(freeze: str) -> bool:
+  try:
+    parse_freeze(freeze)
+  except ValueError:
+    return False
+  return True
+
+
+def validate_finetune(config: ConfigDict) -> None:
+  """The `finetune` group of a fine-tuning run (finetune.task set): the task, and settings that
+  would train or export nothing. (Its files are checked when the run reads them.)"""
+  ft = config.finetune
+  if not ft.task:
+    return
+  task(ft.task)  # a ValueError listing the tasks
+  if float(ft.epochs) <= 0:
+    raise ValueError(f"--config.finetune.epochs={ft.epochs}: must be positive")
+  if not 0 <= float(ft.warmup_fraction) < 1:
+    raise ValueError(f"warmup_fraction must be in [0, 1), got {ft.warmup_fraction}")
+  model = config.model
+  added = model.lora_rank or model.adapter_size or model.prefix_length
+  if config.optimizer.freeze == "base" and not added:
+    raise ValueError("freeze=base trains only LoRA / adapter / prefix parameters (and a BERT "
+                     "head): set lora_rank, adapter_size or prefix_length, or freeze "
+                     "all_but_head")
+  if ft.export_hf and (model.adapter_size or model.prefix_length):
+    raise ValueError("export_hf: adapters and prefixes have no transformers equivalent "
+                     "(only LoRA merges into the weights); leave export_hf off")

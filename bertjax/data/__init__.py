@@ -44,7 +44,7 @@ class SyntheticBatches:
 
 
 def loader_config(config: ml_collections.ConfigDict, dataset: str):
-  from bertjax.data.pipeline import LoaderConfig
+  from bertjax.data.options import LoaderConfig
   d = config.data
   return LoaderConfig(
       dataset=dataset, objective=config.objective, seq_length=int(config.seq_length),

@@ -59,13 +59,14 @@ class Instance:
   masked_labels: list[int]
 
   def features(self, cfg: InstanceConfig, pad: int) -> dict[str, np.ndarray]:
-    """google-research/bert's feature dict, zero-padded to fixed shapes."""
+    """google-research/bert's features, zero-padded to fixed shapes, under the batch schema's
+    names (bertjax.data.schema: input_mask is attention_mask, segment_ids token_type_ids)."""
     n, p = len(self.tokens), len(self.masked_positions)
     pad_len, pad_pred = cfg.max_seq_length - n, cfg.max_predictions - p
     return {
         "input_ids": np.array(self.tokens + [pad] * pad_len, np.int32),
-        "input_mask": np.array([1] * n + [0] * pad_len, np.int32),
-        "segment_ids": np.array(self.segment_ids + [0] * pad_len, np.int32),
+        "token_type_ids": np.array(self.segment_ids + [0] * pad_len, np.int32),
+        "attention_mask": np.array([1] * n + [0] * pad_len, np.int32),
         "masked_lm_positions": np.array(self.masked_positions + [0] * pad_pred, np.int32),
         "masked_lm_ids": np.array(self.masked_labels + [0] * pad_pred, np.int32),
         "masked_lm_weights": np.array([1.0] * p + [0.0] * pad_pred, np.float32),

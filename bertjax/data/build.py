@@ -42,6 +42,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 from bertjax import paths
 from bertjax.data import multistream, records
 from bertjax.data.errors import CorpusError, SkipCounts
+from bertjax.data.options import BuildOptions
 from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, TextDocument, read_source
 from bertjax.data.tokenizers import load_tokenizer
@@ -53,25 +54,6 @@ _CHUNK_DOCUMENTS = 64
 # Compressed bytes of a multistream dump per worker task: a few dozen streams of ~100 pages,
 # small enough that the tasks in flight stay a modest amount of memory.
 _TASK_BYTES = 2 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildOptions:
-  num_shards: int = 8
-  # Worker processes for cleaning/splitting/tokenizing (0: in the main process).
-  num_workers: int = 0
-  # Fraction of documents held out for evaluation, chosen by a hash of the document key.
-  eval_fraction: float = 0.05
-  process_index: int = 0
-  process_count: int = 1
-  # Stop after this many documents per source (0: all); for quick looks and benchmarks.
-  max_documents: int = 0
-  # Sentence-splitting language of sources that do not state their own (`?language=`).
-  language: str = "en"
-  # A vocab.txt tokenizer only: lower-case (bert-*-uncased) or not (-cased).
-  lowercase: bool = True
-  # Drop exact duplicate documents within each source (the first is kept), counted.
-  dedup: bool = True
 
 
 def eval_split(key: str, fraction: float) -> bool:

@@ -102,7 +102,7 @@ class _GptPackIterator(_BufferedDocuments):
         "input_ids": window[:n],
         "target_ids": window[1:],
         "loss_mask": (segments[:n] == segments[1:]).astype(np.int32),
-        "segment_ids": segments[:n],
+        "document_ids": segments[:n],
         "positions": positions[:n],
     }
 

@@ -22,7 +22,6 @@ so a checkpoint written by any number of processes restores onto any other numbe
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import random
@@ -39,6 +38,7 @@ from bertjax.data.bert_instances import (
   instances_from_document,
 )
 from bertjax.data.errors import CorpusError
+from bertjax.data.options import LoaderConfig
 from bertjax.data.mixture import Mixture, MixtureElements, mixture, source_records
 from bertjax.data.packing import (
   DocumentElement,
@@ -52,42 +52,6 @@ from bertjax.data.tokenizers import load_tokenizer, special_ids
 log = logging.getLogger(__name__)
 
 BERT_INSTANCE_MODES = ("pairs", "full_sentences", "packed")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoaderConfig:
-  """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
-
-  dataset: str
-  objective: str  # mlm_nsp | mlm | mlm_sop | causal_lm
-  seq_length: int
-  max_predictions: int = 20
-  mask_prob: float = 0.15
-  # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
-  # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
-  # "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with document ids and
-  # positions per row).
-  bert_instances: str = "pairs"
-  short_seq_prob: float = 0.1
-  # Pairs: epochs e and e + dupe_factor see the same instances (google-research/bert's static
-  # copies); 0: new instances and masks every epoch (dynamic masking).
-  dupe_factor: int = 10
-  whole_word_mask: bool = False
-  seed: int = 0
-  num_epochs: int = 0  # 0: repeat forever
-  # BERT pairs: each row stream shuffles its instances in windows of this many (a document's
-  # instances apart, several documents interleaved); 0 or 1: in document order.
-  shuffle_window: int = 64
-  num_workers: int = 0
-  prefetch: int = 2
-  # "name=weight,..." overrides the mixing weights the dataset was built with (0: left out).
-  weights: str = ""
-  # Documents per training epoch, apportioned among the sources by weight; 0: as many as the
-  # mixed sources hold (with weights = sizes, every document once).
-  epoch_documents: int = 0
-  # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
-  # the run stops at start-up rather than at its first evaluation.
-  require_eval: bool = False
 
 
 class _DocumentView:

@@ -16,7 +16,8 @@ import ml_collections
 
 from bertjax import paths
 from bertjax.data import records
-from bertjax.data.build import BuildOptions, build_dataset
+from bertjax.data.build import build_dataset
+from bertjax.data.options import BuildOptions
 from bertjax.data.errors import SkipCounts
 from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, parse_sources, read_source

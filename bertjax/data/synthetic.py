@@ -97,8 +97,8 @@ class SyntheticMarkov:
     pad_p = self.max_predictions - num
     return {
         "input_ids": ids.astype(np.int32),
-        "input_mask": np.ones(self.seq_length, np.int32),
-        "segment_ids": np.array(segment, np.int32),
+        "token_type_ids": np.array(segment, np.int32),
+        "attention_mask": np.ones(self.seq_length, np.int32),
         "masked_lm_positions": np.pad(positions, (0, pad_p)).astype(np.int32),
         "masked_lm_ids": np.pad(labels, (0, pad_p)).astype(np.int32),
         "masked_lm_weights": np.pad(np.ones(num, np.float32), (0, pad_p)),
@@ -123,6 +123,6 @@ class SyntheticMarkov:
         "input_ids": tokens[:n].astype(np.int32),
         "target_ids": tokens[1:n + 1].astype(np.int32),
         "loss_mask": (segments[:n] == segments[1:n + 1]).astype(np.int32),
-        "segment_ids": segments[:n].astype(np.int32),
+        "document_ids": segments[:n].astype(np.int32),
         "positions": np.array(positions[:n], np.int32),
     }

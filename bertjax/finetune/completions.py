@@ -32,7 +32,7 @@ where `target_ids[t]` is one of those.
 
 Packing: first-fit in input order: each example goes whole into the first row with room for it
 (rows are never split across; an example's last token only ever is an input whose target lies
-outside it, so it gets loss_mask 0). `segment_ids` number the examples of a row 1, 2, ... (0:
+outside it, so it gets loss_mask 0). `document_ids` number the examples of a row 1, 2, ... (0:
 padding), `positions` restart at 0 in each, padding is <pad> with loss_mask 0, so attention and
 loss never cross examples (GPT's segment-aware causal mask). An example longer than
 `seq_length` keeps its end: the prompt is cut from the left when the last completion (with its
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 ROLES = ("system", "user", "assistant")
 ROLE_NAMES = {"system": "System", "user": "User", "assistant": "Assistant"}
 EOT_TEXT = "<|endoftext|>"  # how an <|endoftext|> id is spelled in held-out prompt text
-BATCH_KEYS = ("input_ids", "target_ids", "loss_mask", "segment_ids", "positions")
+BATCH_KEYS = ("input_ids", "target_ids", "loss_mask", "document_ids", "positions")
 # Skips logged one by one before further ones are only counted.
 _LOGGED_SKIPS = 20
 
@@ -317,7 +317,7 @@ def pack_examples(examples: Sequence[EncodedExample], seq_length: int, pad_id: i
       # The last token's target lies outside the example: padding, loss_mask 0.
       rows["target_ids"][r, at:at + n - 1] = tokens[1:]
       rows["loss_mask"][r, at:at + n - 1] = np.asarray(example.in_loss[1:], np.int32)
-      rows["segment_ids"][r, at:at + n] = segment
+      rows["document_ids"][r, at:at + n] = segment
       rows["positions"][r, at:at + n] = np.arange(n, dtype=np.int32)
       at += n
   return rows, truncated, skips
@@ -346,7 +346,7 @@ def load_completions(paths: str | Path | Sequence[str | Path], tokenizer: Any,
   return PackedCompletions(
       rows=rows,
       held_out=[held_out_example(records[i], tokenizer) for i in sorted(held)],
-      examples=int(np.sum(rows["segment_ids"].max(axis=1))),
+      examples=int(np.sum(rows["document_ids"].max(axis=1))),
       truncated=truncated, skips=skips,
       loss_tokens=int(rows["loss_mask"].sum()),
-      tokens=int((rows["segment_ids"] > 0).sum()))
+      tokens=int((rows["document_ids"] > 0).sum()))

@@ -1,5 +1,6 @@
 """Named fine-tuning presets (`bertjax finetune --recipe NAME`): the recipe table of how
-pre-trained weights are used, task by task, as FinetuneSpec values. Flags given with a recipe
+pre-trained weights are used, task by task, as fine-tuning settings by their friendly names
+(bertjax.config.finetune.SETTINGS: the `bertjax finetune` flags). Flags given with a recipe
 override its values.
 
 Sources: Devlin et al. 2019 (GLUE: lr among 2e-5..5e-5, batch 32, 3 epochs; SQuAD), the course
@@ -19,7 +20,7 @@ from typing import Any
 class Recipe:
   # What the recipe is for, one line (the docs' table and --help).
   purpose: str
-  # FinetuneSpec values.
+  # Settings by their friendly names (the flags').
   values: dict[str, Any]
 
 
@@ -76,7 +77,7 @@ RECIPES: dict[str, Recipe] = {
 
 
 def recipe_values(names: str) -> dict[str, Any]:
-  """The FinetuneSpec values of `names` ("squad", or several joined by "+", e.g.
+  """The settings of `names` ("squad", or several joined by "+", e.g.
   "completion+lora": later recipes override earlier ones)."""
   values: dict[str, Any] = {}
   for name in names.split("+"):

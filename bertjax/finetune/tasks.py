@@ -1,5 +1,5 @@
-"""What each fine-tuning task reads, trains on and is scored by: the rows the one trainer steps
-over and the dev evaluation, for `bertjax.training.finetuning`.
+"""The fine-tuning tasks: every fact about each (`TASKS`), and what each reads, trains on and is
+scored by (`build`): the rows the one trainer steps over and the dev evaluation.
 
 - labelled tasks (classification, regression, token_classification; BERT): GLUE-style TSV/CSV/
   JSONL or CoNLL (bertjax.finetune.labeled), dev scores by bertjax.finetune.scores.task_scores.
@@ -12,7 +12,8 @@ over and the dev evaluation, for `bertjax.training.finetuning`.
   (OUT/generations.jsonl: generated beside the reference completion).
 
 A `TaskData` holds the training rows (every field [N, ...], host arrays) and the functions the
-runner calls; nothing here steps or saves.
+training loop calls (bertjax.training.finetuning); nothing here steps or saves. The settings
+come from the run config: its `finetune` group, `seq_length` and `batch_size`.
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ import dataclasses
 import json
 import logging
 import math
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding
 
-from bertjax.finetune import labeled, scores
+from bertjax import paths
+
+from bertjax.finetune import completions, labeled, scores, squad
+from bertjax.hf.tokenizer import fast_tokenizer
+from bertjax.inference import generate
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +97,7 @@ class TaskData:
   # What finetune.json records about the task (labels, preprocessing settings).
   info: dict[str, Any]
   # (trainer, best params, OUT) -> summary, run once after training (generations).
-  final: Callable[[Trainer, Any, Path], dict[str, Any]] | None = None
+  final: Callable[[Trainer, Any, paths.PathLike], dict[str, Any]] | None = None
 
 
 def put(arrays: Rows, shardings: dict[str, NamedSharding]) -> dict[str, jax.Array]:
@@ -145,91 +150,95 @@ def lm_loss_over_rows(trainer: Trainer, params: Any, rows: Rows, batch_size: int
   return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "tokens": tokens}
 
 
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  return int(config.finetune.eval_batch_size) or int(config.batch_size)
+
+
 # --- labelled tasks ------------------------------------------------------------------------
 
-def labelled(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
-             ) -> TaskData:
-  columns = spec.columns()
-  train_examples = labeled.read_examples(train_path, spec.task, columns, header=spec.header)
-  dev_examples = labeled.read_examples(dev_path, spec.task, columns, header=spec.header)
-  label_names = labeled.label_vocabulary(train_examples, spec.task)
-  num_labels = 1 if spec.task == "regression" else len(label_names)
-  if spec.num_labels is not None and spec.num_labels != num_labels:
-    raise ValueError(f"num_labels={spec.num_labels} but {train_path} has {num_labels} "
+def labelled(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
+  ft = config.finetune
+  seq_length = int(config.seq_length)
+  columns = labeled.Columns(ft.text_a, ft.text_b or None, ft.label, ft.tokens, ft.tags)
+  train_examples = labeled.read_examples(ft.train, ft.task, columns, header=bool(ft.header))
+  dev_examples = labeled.read_examples(ft.dev, ft.task, columns, header=bool(ft.header))
+  label_names = labeled.label_vocabulary(train_examples, ft.task)
+  num_labels = 1 if ft.task == "regression" else len(label_names)
+  if int(ft.num_labels) and int(ft.num_labels) != num_labels:
+    raise ValueError(f"num_labels={ft.num_labels} but {ft.train} has {num_labels} "
                      f"label(s): {', '.join(label_names)}")
-  if num_labels < 1 or (spec.task != "regression" and num_labels < 2):
-    raise ValueError(f"{train_path}: {num_labels} distinct label(s); classification needs 2+")
-  train = labeled.encode(train_examples, tokenizer, spec.seq_length, label_names, spec.task)
-  dev = labeled.encode(dev_examples, tokenizer, spec.seq_length, label_names, spec.task)
+  if num_labels < 1 or (ft.task != "regression" and num_labels < 2):
+    raise ValueError(f"{ft.train}: {num_labels} distinct label(s); classification needs 2+")
+  train = labeled.encode(train_examples, tokenizer, seq_length, label_names, ft.task)
+  dev = labeled.encode(dev_examples, tokenizer, seq_length, label_names, ft.task)
   train.pop("word_index", None)
   dev.pop("word_index", None)
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
-    preds = predict_rows(trainer, params, dev, spec.eval_batch_size or spec.batch_size)
-    return scores.task_scores(spec.task, dev["labels"], preds, label_names)
+    preds = predict_rows(trainer, params, dev, eval_batch_size(config))
+    return scores.task_scores(ft.task, dev["labels"], preds, label_names)
 
   return TaskData(train, len(train_examples), len(dev_examples), evaluate,
                   {"num_labels": num_labels},
-                  {"labels": label_names, "text_b": spec.text_b is not None})
+                  {"labels": label_names, "text_b": bool(ft.text_b)})
 
 
 # --- extractive question answering ---------------------------------------------------------
 
-def question_answering(spec: Any, tokenizer: Any, train_path: str | Path,
-                       dev_path: str | Path) -> TaskData:
-  from bertjax.finetune import squad
-  from bertjax.hf.tokenizer import fast_tokenizer
+def question_answering(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
+  ft = config.finetune
   fast = fast_tokenizer(tokenizer)  # offsets, and exactly bertjax's ids
-  settings = dict(max_seq_length=spec.seq_length, doc_stride=spec.doc_stride,
-                  max_query_length=spec.max_query_length)
+  seq_length, doc_stride = int(config.seq_length), int(ft.doc_stride)
+  settings = dict(max_seq_length=seq_length, doc_stride=doc_stride,
+                  max_query_length=int(ft.max_query_length))
   # Context tokens per window beside the longest question.
-  window = spec.seq_length - spec.max_query_length - 3
-  if spec.doc_stride >= window:
+  window = seq_length - int(ft.max_query_length) - 3
+  if doc_stride >= window:
     log.warning("doc_stride=%d >= the %d context tokens of a window: windows do not overlap, "
                 "and an answer across a window edge is in none; try doc_stride %d",
-                spec.doc_stride, window, max(1, window // 2))
-  train_examples = squad.read_squad(train_path)
-  dev_examples = squad.read_squad(dev_path)
+                doc_stride, window, max(1, window // 2))
+  train_examples = squad.read_squad(ft.train)
+  dev_examples = squad.read_squad(ft.dev)
   train = squad.build_features(train_examples, fast, **settings)
   dev = squad.build_features(dev_examples, fast, **settings)
   version_2 = any(e.is_impossible for e in train_examples + dev_examples)
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
-    logits = predict_rows(trainer, params, dev.batch(), spec.eval_batch_size or spec.batch_size)
-    answers = squad.postprocess(dev_examples, dev, logits, n_best=spec.n_best,
-                                max_answer_length=spec.max_answer_length, version_2=version_2,
-                                null_threshold=spec.null_threshold)
+    logits = predict_rows(trainer, params, dev.batch(), eval_batch_size(config))
+    answers = squad.postprocess(dev_examples, dev, logits, n_best=int(ft.n_best),
+                                max_answer_length=int(ft.max_answer_length),
+                                version_2=version_2, null_threshold=float(ft.null_threshold))
     return scores.squad_scores({k: v["answer"] for k, v in answers.items()}, dev_examples)
 
   return TaskData(train.batch(), len(train_examples), len(dev_examples), evaluate, {},
-                  {"version_2": version_2, "doc_stride": spec.doc_stride,
-                   "max_query_length": spec.max_query_length,
-                   "max_answer_length": spec.max_answer_length, "n_best": spec.n_best,
-                   "null_threshold": spec.null_threshold, "train_windows": len(train),
+                  {"version_2": version_2, "doc_stride": doc_stride,
+                   "max_query_length": int(ft.max_query_length),
+                   "max_answer_length": int(ft.max_answer_length), "n_best": int(ft.n_best),
+                   "null_threshold": float(ft.null_threshold), "train_windows": len(train),
                    "dev_windows": len(dev)})
 
 
 # --- GPT on prompts and completions --------------------------------------------------------
 
-def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
-               ) -> TaskData:
-  from bertjax.finetune import completions
-  train = completions.load_completions(train_path, tokenizer, spec.seq_length)
-  dev = completions.load_completions(dev_path, tokenizer, spec.seq_length)
+def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
+  ft = config.finetune
+  train = completions.load_completions(ft.train, tokenizer, int(config.seq_length))
+  dev = completions.load_completions(ft.dev, tokenizer, int(config.seq_length))
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
-    result = lm_loss_over_rows(trainer, params, dev.rows, spec.eval_batch_size or spec.batch_size)
+    result = lm_loss_over_rows(trainer, params, dev.rows, eval_batch_size(config))
     return {"loss": result["loss"], "perplexity": result["perplexity"]}
 
-  def final(trainer: Trainer, params: Any, out: Path) -> dict[str, Any]:
+  def final(trainer: Trainer, params: Any, out: paths.PathLike) -> dict[str, Any]:
     """Greedy generations of the dev file's first prompts, from exactly the tokens training
     puts before a completion, to <|endoftext|>."""
-    from bertjax.inference import generate
-    records = completions.read_completion_records(dev_path)[:spec.generate_examples]
-    if not records or not spec.max_new_tokens:
+    records = completions.read_completion_records(ft.dev)[:int(ft.generate_examples)]
+    max_new_tokens = int(ft.max_new_tokens)
+    if not records or not max_new_tokens:
       return {}
+    out = paths.path(out)
     held_out = [completions.held_out_example(r, tokenizer) for r in records]
-    keep = trainer.model_config.max_positions - spec.max_new_tokens  # > 0: checked up front
+    keep = trainer.model_config.max_positions - max_new_tokens  # > 0: checked up front
     eot = tokenizer.eot_id
     if jax.process_count() > 1:  # parameters sharded across processes: gathered first
       from jax.experimental import multihost_utils
@@ -239,14 +248,12 @@ def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str 
     new = generate.generate(jax.device_get(params), trainer.model_config,
                             [list(h.prompt_ids)[max(0, len(h.prompt_ids) - keep):]
                              for h in held_out],
-                            max_new_tokens=spec.max_new_tokens, stop_tokens=(eot,))
+                            max_new_tokens=max_new_tokens, stop_tokens=(eot,))
     lines = [{"where": h.where, "prompt": h.prompt, "reference": h.completion,
               "generated": generate.continuation_text(tokenizer, list(h.prompt_ids),
                                                       [t for t in ids if t != eot])}
              for h, ids in zip(held_out, new)]
-    with (out / "generations.jsonl").open("w") as f:
-      for line in lines:
-        f.write(json.dumps(line) + "\n")
+    (out / "generations.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return {"generations": str(out / "generations.jsonl")}
 
   log.info("completion data: %d train examples in %d rows (%d loss tokens), %d dev examples "
@@ -258,11 +265,11 @@ def completion(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str 
                   final)
 
 
-def build(spec: Any, tokenizer: Any, train_path: str | Path, dev_path: str | Path
-          ) -> TaskData:
-  """The task `spec.task` reads from `train_path` and `dev_path`."""
-  if spec.task == "question_answering":
-    return question_answering(spec, tokenizer, train_path, dev_path)
-  if spec.task == "completion":
-    return completion(spec, tokenizer, train_path, dev_path)
-  return labelled(spec, tokenizer, train_path, dev_path)
+def build(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
+  """The data of the run's task (`finetune.task`), read from `finetune.train` and `.dev`."""
+  name = config.finetune.task
+  if name == "question_answering":
+    return question_answering(config, tokenizer)
+  if name == "completion":
+    return completion(config, tokenizer)
+  return labelled(config, tokenizer)

@@ -72,18 +72,18 @@ def encoder_mask(attention_mask_BL: Array, document_ids_BL: Array | None = None
   return AttentionMask((same_BLS & valid_BL[:, None, :])[:, None], segments_BL)
 
 
-def decoder_mask(length: int, segment_ids_BL: Array | None = None,
+def decoder_mask(length: int, document_ids_BL: Array | None = None,
                  attention_mask_BL: Array | None = None) -> AttentionMask:
   """GPT: causal, within one document, and not onto padding.
 
-  `segment_ids` number the documents packed into a row (0 = padding), so packed documents
+  `document_ids` number the documents packed into a row (0 = padding), so packed documents
   never attend to each other; `attention_mask` (1 = token, 0 = padding) masks padded keys.
   """
   dense = jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
   segments = None
-  if segment_ids_BL is not None:
-    dense = dense & (segment_ids_BL[:, :, None] == segment_ids_BL[:, None, :])[:, None]
-    segments = segment_ids_BL.astype(jnp.int32)
+  if document_ids_BL is not None:
+    dense = dense & (document_ids_BL[:, :, None] == document_ids_BL[:, None, :])[:, None]
+    segments = document_ids_BL.astype(jnp.int32)
   if attention_mask_BL is not None:
     valid_BL = attention_mask_BL.astype(bool)
     dense = dense & valid_BL[:, None, None, :]

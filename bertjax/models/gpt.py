@@ -34,7 +34,7 @@ class GPT(nn.Module):
       self.final_norm = layers.layer_norm(cfg, "final_norm")
 
   def __call__(self, input_ids_BL: Array, positions_BL: Array | None = None,
-               segment_ids_BL: Array | None = None, attention_mask_BL: Array | None = None,
+               document_ids_BL: Array | None = None, attention_mask_BL: Array | None = None,
                deterministic: bool = True, decode: bool = False) -> Array:
     """Returns next-token logits [B, L, V] in fp32.
 
@@ -51,24 +51,24 @@ class GPT(nn.Module):
     if decode:
       if positions_BL is None:
         raise ValueError("decode=True needs positions_BL (each row's token positions)")
-      if segment_ids_BL is not None:
-        raise ValueError("decode=True does not take segment_ids_BL")
+      if document_ids_BL is not None:
+        raise ValueError("decode=True does not take document_ids_BL")
       mask = attention.AttentionMask(
           jnp.ones((1, 1, 1, 1), bool) if attention_mask_BL is None
           else attention_mask_BL.astype(bool)[:, None, None, :])
     else:
-      mask = attention.decoder_mask(length, segment_ids_BL, attention_mask_BL)
+      mask = attention.decoder_mask(length, document_ids_BL, attention_mask_BL)
     x_BLD = self._hidden(input_ids_BL, positions_BL, mask, deterministic, decode)
     logits_BLV = layers.tied_logits(cfg, self.wte, x_BLD)
     return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
 
   def features(self, input_ids_BL: Array, positions_BL: Array | None = None,
-               segment_ids_BL: Array | None = None,
+               document_ids_BL: Array | None = None,
                deterministic: bool = True) -> tuple[Array, Array]:
     """(final hidden states [B, L, D], the tied token table [V, D]): what the LM head
     multiplies, for a loss that projects onto the vocabulary itself in chunks
     (`model.loss_chunk`, bertjax/objectives.py)."""
-    mask = attention.decoder_mask(input_ids_BL.shape[1], segment_ids_BL)
+    mask = attention.decoder_mask(input_ids_BL.shape[1], document_ids_BL)
     x_BLD = self._hidden(input_ids_BL, positions_BL, mask, deterministic)
     return layers.constrain(x_BLD, layers.ACT_BLD), self.wte.embedding
 

@@ -32,9 +32,9 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
+from bertjax.data import schema
 from bertjax.parallel import distributed, sharding
 from bertjax.training import flops as flops_lib
 from bertjax.tools.hlo import analyze_hlo
@@ -225,23 +225,10 @@ def topology_mesh(config: ml_collections.ConfigDict, spec: TopologySpec,
 
 
 def abstract_batch(config: ml_collections.ConfigDict) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch of `config.objective` as shapes (the fields `bertjax.data` produces)."""
-  b, l = int(config.batch_size), int(config.seq_length)
-  i32 = jnp.int32
-  if config.objective == "causal_lm":
-    return {k: jax.ShapeDtypeStruct((b, l), i32)
-            for k in ("input_ids", "target_ids", "loss_mask", "segment_ids", "positions")}
-  p = int(config.max_predictions)
-  batch = {k: jax.ShapeDtypeStruct((b, l), i32)
-           for k in ("input_ids", "input_mask", "segment_ids")}
-  batch.update({k: jax.ShapeDtypeStruct((b, p), i32)
-                for k in ("masked_lm_positions", "masked_lm_ids")})
-  batch["masked_lm_weights"] = jax.ShapeDtypeStruct((b, p), jnp.float32)
-  batch["next_sentence_labels"] = jax.ShapeDtypeStruct((b,), i32)
-  if config.data.bert_instances == "packed":
-    # Packed rows: no attention across documents, positions restarting in each.
-    batch.update({k: jax.ShapeDtypeStruct((b, l), i32) for k in ("document_ids", "positions")})
-  return batch
+  """The global batch of the config's objective as shapes (bertjax.data.schema)."""
+  return schema.abstract_batch(config.objective, int(config.batch_size), int(config.seq_length),
+                               int(config.max_predictions),
+                               packed=config.data.bert_instances == "packed")
 
 
 @dataclasses.dataclass

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax.data import schema
 from bertjax.training import flops as flops_lib
 from bertjax.parallel import sharding
 from bertjax.models.params import count_params
@@ -42,31 +43,12 @@ from bertjax.tools import bench_hf, hlo
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
-  """A global batch of the config's shape with what real data has: BERT rows of two segments,
-  round(mask_prob·L) masked positions (capped at max_predictions, padded slots weighing 0),
-  random sentence labels; GPT rows of one document with a loss on every token."""
-  rng = np.random.RandomState(seed)
-  b, l = int(config.batch_size), int(config.seq_length)
-  vocab = int(config.model.vocab_size)
-  ids = rng.randint(5, vocab, (b, l)).astype(np.int32)
-  if config.objective == "causal_lm":
-    return {"input_ids": ids, "target_ids": np.roll(ids, -1, axis=1),
-            "loss_mask": np.ones((b, l), np.int32), "segment_ids": np.ones((b, l), np.int32),
-            "positions": np.tile(np.arange(l, dtype=np.int32), (b, 1))}
-  p = int(config.max_predictions)
-  masked = min(p, max(1, round(float(config.data.get("mask_prob", 0.15)) * l)))
-  positions = np.zeros((b, p), np.int32)
-  weights = np.zeros((b, p), np.float32)
-  for row in range(b):
-    positions[row, :masked] = np.sort(rng.choice(np.arange(1, l - 1), masked, replace=False))
-    weights[row, :masked] = 1.0
-  segment_ids = np.zeros((b, l), np.int32)
-  segment_ids[:, l // 2:] = 1
-  return {"input_ids": ids, "input_mask": np.ones((b, l), np.int32), "segment_ids": segment_ids,
-          "masked_lm_positions": positions,
-          "masked_lm_ids": np.take_along_axis(ids, positions, axis=1),
-          "masked_lm_weights": weights,
-          "next_sentence_labels": rng.randint(0, 2, (b,)).astype(np.int32)}
+  """A global batch of the config's shape with what real data has (bertjax.data.schema)."""
+  return schema.example_batch(config.objective, int(config.batch_size), int(config.seq_length),
+                              int(config.max_predictions),
+                              vocab_size=int(config.model.vocab_size),
+                              mask_prob=float(config.data.mask_prob),
+                              packed=config.data.bert_instances == "packed", seed=seed)
 
 
 def predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:

@@ -115,8 +115,8 @@ class ReferenceStep:
     for row in range(labels.shape[0]):
       real = batch["masked_lm_weights"][row] > 0
       labels[row, batch["masked_lm_positions"][row][real]] = batch["masked_lm_ids"][row][real]
-    inputs = {"input_ids": t(batch["input_ids"]), "token_type_ids": t(batch["segment_ids"]),
-              "attention_mask": t(batch["input_mask"]), "labels": t(labels)}
+    inputs = {"input_ids": t(batch["input_ids"]), "token_type_ids": t(batch["token_type_ids"]),
+              "attention_mask": t(batch["attention_mask"]), "labels": t(labels)}
     if config.objective in ("mlm_nsp", "mlm_sop"):
       inputs["next_sentence_label"] = t(batch["next_sentence_labels"])
     return inputs

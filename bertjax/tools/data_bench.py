@@ -19,16 +19,19 @@ from typing import Iterator
 
 import numpy as np
 
-from bertjax.data.build import BuildOptions, build_dataset
-from bertjax.data.pipeline import CorpusBatches, LoaderConfig
+from bertjax.data.build import build_dataset
+
+from bertjax.data.options import BuildOptions
+from bertjax.data.pipeline import CorpusBatches
+from bertjax.data.options import LoaderConfig
 from bertjax.data.prepare import corpus_sentences
 from bertjax.data.sources import parse_sources
 from bertjax.data.tokenizers import train_sentencepiece
 
 
 def _batch_tokens(batch: dict[str, np.ndarray]) -> int:
-  if "input_mask" in batch:
-    return int(batch["input_mask"].sum())
+  if "attention_mask" in batch:
+    return int(batch["attention_mask"].sum())
   return int(batch["input_ids"].size)
 
 

@@ -1,11 +1,13 @@
-"""`bertjax train`: the outer loop around the jitted step — data, logging, eval, profiling.
+"""The one training loop of every run, pre-training and fine-tuning alike.
 
-Each iteration loads a batch, dispatches the step, runs the step hooks (bertjax/hooks.py:
-bookkeeping, first-step timing, profile, train metrics, eval) and then what changes the run's
-course: a phase switch, a checkpoint save, a preemption. The host never waits on the device at
-a log step (its metrics are read after the next step is dispatched); it waits at evals, saves,
-a phase's first step and the end (async dispatch keeps the host building the next batch while
-the device runs this one).
+A run's workload says what it trains on and how it is judged (bertjax.training.pretraining:
+a corpus and its held-out eval; bertjax.training.finetuning: a task, its dev set, the best
+parameters); the loop does the rest for both: the workdir's lock, resume or initialise, the
+jitted step, the hooks after each step (bertjax.training.hooks: bookkeeping, first-step timing,
+profile, train metrics, the workload's evaluation), then what changes the run's course — a phase
+switch, a checkpoint save, an early stop, a preemption — and the end-of-run summary. The host
+never waits on the device at a log step (its metrics are read after the next step is
+dispatched); it waits at evaluations, saves, a phase's first step and the end.
 """
 
 from __future__ import annotations
@@ -13,63 +15,77 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
-import threading
 import time
-from typing import Any
+from typing import Any, Protocol, Sequence, TextIO
 
 import jax
 import ml_collections
 import numpy as np
 import tqdm
 from etils import epath
-from flax.traverse_util import flatten_dict
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from bertjax.checkpoints import weights as weights_lib
-from bertjax.models.params import shape_mismatches
 from bertjax import paths
-
-from bertjax.checkpoints import params as checkpoint
-
-from bertjax.parallel import distributed, sharding
-
-from bertjax.training import flops, hooks, plot
-
-from bertjax.config import phases
-from bertjax.data import make_batches
-from bertjax.data.prepare import ensure_dataset
-from bertjax.training.metrics import MetricsWriter, summary_lines
-from bertjax.training.trainer import Trainer, TrainState
-from bertjax.checkpoints.train_state import CheckpointWriteError, TrainCheckpoints
+from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoints,
+                                             restore_or_initialize)
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
+from bertjax.config import phases
+from bertjax.parallel import distributed, sharding
+from bertjax.training import flops, hooks, plot
+from bertjax.training.finetuning import FineTuning
+from bertjax.training.metrics import MetricsWriter, summary_lines
+from bertjax.training.preemption import Preemption
+from bertjax.training.pretraining import Pretraining
+from bertjax.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
+
+
+class Workload(Protocol):
+  """What a run trains on and how it is judged (Pretraining, FineTuning)."""
+
+  config: ml_collections.ConfigDict  # the run config, resolved
+  checkpoint_items: tuple[str, ...]  # what it adds to a checkpoint (TrainCheckpoints' extras)
+  stopped: bool  # it asked the run to end (an early stop)
+
+  def batches(self, phase_config: ml_collections.ConfigDict, rows: Sequence[int]) -> Any: ...
+
+  def initial_state(self, trainer: Trainer) -> TrainState: ...
+
+  def add_hooks(self, step_hooks: hooks.Hooks, trainer: Trainer, writer: MetricsWriter,
+                train_metrics: hooks.TrainMetrics) -> None: ...
+
+  def evaluated_at(self, step: int) -> bool: ...
+
+  def saved(self, state: TrainState) -> dict[str, Any]: ...
+
+  def restore(self, checkpoints: TrainCheckpoints, step: int, trainer: Trainer) -> None: ...
+
+  def finish(self, state: TrainState, trainer: Trainer, trained: bool) -> dict[str, Any]: ...
 
 
 class _TqdmStream:
   """Console lines printed above the progress bar instead of through it."""
 
+  def __init__(self, file: TextIO) -> None:
+    self.file = file
+
   def write(self, text: str) -> None:
     if text.strip():
-      tqdm.tqdm.write(text.rstrip("\n"))
+      tqdm.tqdm.write(text.rstrip("\n"), file=self.file)
 
   def flush(self) -> None:
     pass
 
 
-def _predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
-  return None if config.objective == "causal_lm" else int(config.max_predictions)
-
-
 class _PhaseData:
   """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
-  (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is jitted
-  again for its batch shape at its first batch (`compiled`)."""
+  (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is
+  jitted again for its batch shape at its first batch (`compiled`)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
-               step: int) -> None:
+  def __init__(self, workload: Workload, trainer: Trainer, step: int) -> None:
+    config = workload.config
     self.index = phases.phase_of(config, step)
     self.config = phases.config_at(config, step)
     self.batch_size = int(self.config.batch_size)
@@ -80,12 +96,15 @@ class _PhaseData:
     # they interleave with other hosts' rows); the data of a row is the same wherever loaded.
     self.layout = distributed.row_layout(trainer.data_sharding(), self.batch_size)
     self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
-    self.batches = make_batches(self.config, "train", self.rows, dataset)
+    self.batches = workload.batches(self.config, self.rows)
     # Finite epochs: a row stream that runs out ends the run for every process at once.
-    self.finite = self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
+    self.finite = (self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
+                   and not self.config.finetune.task)
+    objective = self.config.objective
     self.flops_per_step = flops.train_flops_per_step(
         trainer.model_config, self.batch_size, self.seq_length,
-        _predictions_per_seq(self.config))
+        None if objective == "causal_lm" else
+        int(self.config.max_predictions) if objective.startswith("mlm") else 0)
     self.compiled = False
 
   def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -109,17 +128,19 @@ class _PhaseData:
             f"{self.accum_steps} micro-batch(es)")
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict,
-                       workdir: paths.PathLike) -> dict[str, Any]:
-  """Trains `config.num_train_steps` steps in `workdir` (a local path or an object store such
-  as gs://); returns the last logged train metrics."""
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLike,
+                       report: TextIO | None = None) -> dict[str, Any]:
+  """Runs `config` in `workdir` (a local path or an object store such as gs://): pre-training,
+  or fine-tuning when `config.finetune.task` is set. Returns the last logged train metrics of a
+  pre-training run, the summary of a fine-tuning run. Process 0 writes its console lines and
+  the end-of-run summary to `report` (default: stdout)."""
   distributed.initialize(config.distributed)
   phases.validate(config)
   workdir = paths.path(workdir)
   is_main = jax.process_index() == 0
   lock = _lock_workdir(workdir, is_main)
   try:
-    return _train(config, workdir, is_main, lock)
+    return _run(config, workdir, is_main, lock, report or sys.stdout)
   except jax.errors.JaxRuntimeError as e:
     if jax.process_count() > 1:  # a collective with a dead peer: out now, in one line
       lock.release()
@@ -157,48 +178,32 @@ def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoin
     return
 
 
-def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
-           lock: WorkdirLock) -> dict[str, Any]:
+def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
+         lock: WorkdirLock, report: TextIO) -> dict[str, Any]:
   started = time.perf_counter()
   mesh = sharding.mesh_from_config(config)
+  workload: Workload = (FineTuning if config.finetune.task else Pretraining)(
+      config, workdir, is_main)
+  config = workload.config
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
-  checkpoints = TrainCheckpoints(workdir, config)
+  checkpoints = TrainCheckpoints(workdir, config, workload.checkpoint_items)
   if checkpoints.latest_step() is not None:
     _check_resume(config, checkpoints)
   if is_main:
     (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
     log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
              jax.process_count())
-
-  dataset = ""
-  if config.data.source == "corpus":
-    # Built on first use by process 0 (small corpora; pod runs set data.dataset), the others
-    # read it once it is there (the workdir is shared by all hosts).
-    if is_main or config.data.dataset:
-      dataset = ensure_dataset(config, workdir)
-    distributed.barrier("dataset ready")
-    if not dataset:
-      dataset = ensure_dataset(config, workdir, build=False)
-  # The data state in a checkpoint belongs to the phase of the step it resumes at.
-  requested = int(config.restore_step)
-  resume_at = requested if requested >= 0 else (checkpoints.latest_step() or 0)
-  phase = _PhaseData(config, trainer, dataset, resume_at)
-  state = _initial_state(config, trainer, checkpoints, phase.batches)
-  if phases.phase_of(config, int(state.step)) != phase.index:
-    # A damaged latest step made the restore fall back across the phase switch.
-    phase.batches.close()
-    phase = _PhaseData(config, trainer, dataset, int(state.step))
-    state, _ = checkpoints.restore(trainer.abstract_state(), phase.batches, int(state.step))
-  if int(state.step) >= total:
+  state, phase = _restore_or_initialize(workload, trainer, checkpoints)
+  if int(state.step) >= total or workload.stopped:
     log.info("%s: the run already finished (step %d of %d)", workdir, int(state.step), total)
-    _write_final_params(workdir, state, trainer, dataset, is_main)
     phase.batches.close()
     checkpoints.close()
+    result = workload.finish(state, trainer, trained=False)
     if is_main:
-      _print_summary(workdir, int(state.step), total, trainer,
+      _print_summary(report, workdir, int(state.step), total, trainer,
                      plotted=(workdir / plot.PLOT_NAME).exists())
-    return {}
+    return result
 
   # MFU is against the peak of the dtype the model's matmuls run in.
   peak = flops.run_peak(trainer.model_config.dtype)
@@ -208,10 +213,10 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     log.info("%s", phase.layout.summary())
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
-  progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True)
-              if is_main and sys.stdout.isatty() else None)
+  progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True,
+                        file=report) if is_main and report.isatty() else None)
   writer = MetricsWriter(workdir, total, enabled=is_main,
-                         stream=_TqdmStream() if progress else None)
+                         stream=_TqdmStream(report) if progress else report)
   # Log records too go above the progress bar while it is drawn, not into it.
   quiet_bar = contextlib.ExitStack()
   if progress:
@@ -220,10 +225,14 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
   step = first_step = saved_step = int(state.step)
   train_metrics = hooks.TrainMetrics(writer, peak, step)
   profiler = hooks.Profiler(config.profile, workdir, enabled=is_main)
-  step_hooks = _step_hooks(config, trainer, dataset, writer, train_metrics, profiler,
-                           progress, watchdog, lock, is_main)
+  step_hooks = _step_hooks(config, train_metrics, profiler, progress, watchdog, lock, is_main)
+  workload.add_hooks(step_hooks, trainer, writer, train_metrics)
+
+  def save(at: int) -> None:
+    checkpoints.save(at, state, phase.batches, config, workload.saved(state))
+
   info = None  # the last step's StepInfo
-  preemption = _Preemption(checkpoints)
+  preemption = Preemption(checkpoints)
   try:
     while step < total:
       profiler.maybe_start(step)
@@ -235,7 +244,7 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
                  "here on every process", int(config.data.num_epochs), step)
         train_metrics.write_final(info)
         if saved_step != step and step > first_step:
-          checkpoints.save(step, state, phase.batches, config)
+          save(step)
         break
       # The step is (re)jitted for the phase's batch shape when its first batch arrives.
       compiling = not phase.compiled
@@ -251,18 +260,22 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
       step_hooks.run(info)
       if step < total and phases.phase_of(config, step) != phase.index:
         # Switch before any save: a checkpoint of this step holds the new phase's position.
-        phase = _switch_phase(config, trainer, dataset, phase, step, train_metrics, is_main)
+        phase = _switch_phase(workload, trainer, phase, step, train_metrics, is_main)
       preempted = preemption.requested(step)
-      if preempted or checkpoints.due(step, total):
+      if (preempted or workload.stopped
+          or checkpoints.due(step, total, workload.evaluated_at(step))):
         # Counted in step time: what a save costs the run is part of its throughput. A
         # diverged step is never saved: its pending metrics (NaN check) are read first.
         train_metrics.read_pending()
-        checkpoints.save(step, state, phase.batches, config)
+        save(step)
         saved_step = step
       if preempted:
         checkpoints.wait()
         log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
                     "resumes)", step, preemption.reason)
+        break
+      if workload.stopped:
+        total = step
         break
     train_metrics.read_pending()  # nothing is left pending whatever ended the loop
     if info is not None:
@@ -281,11 +294,35 @@ def _train(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool
     if progress:
       progress.close()
     quiet_bar.close()
+  result = train_metrics.last
   if step >= total:
-    _write_final_params(workdir, state, trainer, dataset, is_main, replace=True)
+    result = workload.finish(state, trainer, trained=True) or result
   if is_main:
-    _print_summary(workdir, step, total, trainer, plotted, time.perf_counter() - started)
-  return train_metrics.last
+    _print_summary(report, workdir, step, total, trainer, plotted,
+                   time.perf_counter() - started)
+  return result
+
+
+def _restore_or_initialize(workload: Workload, trainer: Trainer, checkpoints: TrainCheckpoints
+                           ) -> tuple[TrainState, _PhaseData]:
+  """The state to train on from and the data of its phase: the latest (or `restore_step`)
+  checkpoint with the data position and the workload's own items, or a new state."""
+  config = workload.config
+  # The data state in a checkpoint belongs to the phase of the step it resumes at.
+  requested = int(config.restore_step)
+  resume_at = requested if requested >= 0 else (checkpoints.latest_step() or 0)
+  phase = _PhaseData(workload, trainer, resume_at)
+  state, restored = restore_or_initialize(checkpoints, trainer.abstract_state(), phase.batches,
+                                          requested, lambda: workload.initial_state(trainer))
+  if phases.phase_of(config, int(state.step)) != phase.index:
+    # A damaged latest step made the restore fall back across the phase switch.
+    phase.batches.close()
+    phase = _PhaseData(workload, trainer, int(state.step))
+    state, restored = checkpoints.restore(trainer.abstract_state(), phase.batches,
+                                          int(state.step))
+  if restored is not None:
+    workload.restore(checkpoints, restored, trainer)
+  return state, phase
 
 
 def _dispatch(trainer: Trainer, phase: _PhaseData, state: TrainState,
@@ -301,13 +338,12 @@ def _dispatch(trainer: Trainer, phase: _PhaseData, state: TrainState,
     return trainer.step(state, batch)
 
 
-def _step_hooks(config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
-                writer: MetricsWriter, train_metrics: hooks.TrainMetrics,
+def _step_hooks(config: ml_collections.ConfigDict, train_metrics: hooks.TrainMetrics,
                 profiler: hooks.Profiler, progress: tqdm.tqdm | None,
                 watchdog: distributed.StepWatchdog, lock: WorkdirLock,
                 is_main: bool) -> hooks.Hooks:
   """What runs after every step, in this order: bookkeeping, the first step's timing, the
-  profile's end, train metrics, eval."""
+  profile's end, train metrics (the workload adds its evaluation after these)."""
   step_hooks = hooks.Hooks()
 
   def alive(info: hooks.StepInfo) -> None:
@@ -316,49 +352,29 @@ def _step_hooks(config: ml_collections.ConfigDict, trainer: Trainer, dataset: st
     if progress:
       progress.update(1)
 
-  def evaluate_step(info: hooks.StepInfo) -> None:
-    # This step's train record comes first; the eval waits for the step anyway.
-    train_metrics.read_pending()
-    jax.block_until_ready(info.metrics)
-    eval_start = time.perf_counter()
-    phase = info.phase
-    eval_batches = make_batches(phase.config, "eval", phase.rows, dataset)
-    try:
-      writer.write(info.step, evaluate(trainer, info.state, (phase.global_batch(
-          trainer, next(eval_batches)) for _ in iter(int, 1)), int(config.eval_steps)),
-                   prefix="eval")
-    finally:
-      eval_batches.close()
-    writer.plot()
-    # Time spent evaluating is not training time: keep it out of step time and tokens/s.
-    train_metrics.exclude(time.perf_counter() - eval_start)
-
   step_hooks.add(alive, every=1)
   step_hooks.add(hooks.FirstStepTimer(train_metrics, is_main), every=1, name="first_step")
   if profiler.enabled:
     step_hooks.add(profiler.stop, steps=[profiler.stop_step], name="profile_stop")
   step_hooks.add(train_metrics, every=int(config.log_every), last=True, name="train_metrics")
-  if config.eval_every:
-    step_hooks.add(evaluate_step, every=int(config.eval_every), last=True, name="eval")
   return step_hooks
 
 
-def _switch_phase(config: ml_collections.ConfigDict, trainer: Trainer, dataset: str,
-                  phase: _PhaseData, step: int, train_metrics: hooks.TrainMetrics,
-                  is_main: bool) -> _PhaseData:
+def _switch_phase(workload: Workload, trainer: Trainer, phase: _PhaseData, step: int,
+                  train_metrics: hooks.TrainMetrics, is_main: bool) -> _PhaseData:
   """The data of the phase that starts after `step`; its step compiles at its first batch."""
   train_metrics.read_pending()  # the old phase's last record, before the new one compiles
   phase.batches.close()
-  phase = _PhaseData(config, trainer, dataset, step)
+  phase = _PhaseData(workload, trainer, step)
   if is_main:
     log.info("step %d: switching to %s; model FLOPs/step %.3g", step, phase.describe(),
              phase.flops_per_step)
   return phase
 
 
-def _print_summary(workdir: epath.Path, step: int, total: int, trainer: Trainer,
-                   plotted: bool, wall_seconds: float | None = None) -> None:
-  """The end-of-run summary on stdout (process 0): never fails the run it describes."""
+def _print_summary(report: TextIO, workdir: epath.Path, step: int, total: int,
+                   trainer: Trainer, plotted: bool, wall_seconds: float | None = None) -> None:
+  """The end-of-run summary (process 0): never fails the run it describes."""
   metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
   try:
     records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
@@ -367,130 +383,4 @@ def _print_summary(workdir: epath.Path, step: int, total: int, trainer: Trainer,
   except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
     log.warning("could not summarise the run from %s: %s", metrics_path, e)
     return
-  print("\n".join(lines), flush=True)
-
-
-def _initial_state(config: ml_collections.ConfigDict, trainer: Trainer,
-                   checkpoints: TrainCheckpoints, train_batches) -> TrainState:
-  """The latest (or `restore_step`) checkpoint with the data position, or a fresh state,
-  optionally with the weights of `init_from`."""
-  latest = checkpoints.latest_step()
-  if latest is not None:
-    requested = None if int(config.restore_step) < 0 else int(config.restore_step)
-    state, step = checkpoints.restore(trainer.abstract_state(), train_batches, requested)
-    later = [s for s in checkpoints.steps() if s > step]
-    if later:
-      # Training on from an earlier step rewrites history: the later steps are gone (and a
-      # damaged step in the way would stop the new saves).
-      why = (f"restore_step={step}" if requested is not None else
-             f"the later step(s) could not be restored; resuming from step {step}")
-      log.warning("%s: deleting the later checkpoints %s", why, later)
-      for s in later:
-        checkpoints.manager.delete(s)
-    log.info("resumed from %s step %d", checkpoints.directory, step)
-    return state
-  if int(config.restore_step) >= 0:
-    raise ValueError(f"restore_step={config.restore_step} but {checkpoints.directory} holds "
-                     "no checkpoint")
-  state = trainer.init_state(int(config.seed))
-  if config.init_from:
-    state = start_from(config.init_from, trainer, state)
-  return state
-
-
-def start_from(path: str, trainer: Trainer, state: TrainState) -> TrainState:
-  """`state` with the weights of `init_from` (params-only, fine-tuned, workdir or Hugging
-  Face; local or an object store) in the trainer's shardings; what is not loaded follows
-  from the model (`Trainer.with_weights`)."""
-  source = paths.path(path)
-  if (source / "model.json").is_file() and not (source / weights_lib.FINETUNE_FILE).is_file():
-    saved = checkpoint.abstract_params_of(checkpoint.load_model_config(source))
-    if not shape_mismatches(flatten_dict(saved, sep="/"),
-                                       flatten_dict(state.params, sep="/"), "model"):
-      # The same model: restored straight into its shardings, no host copy (pod scale).
-      params, _ = checkpoint.load_params(source, trainer.state_shardings.params)
-      log.info("initialised the parameters from %s", path)
-      return state.replace(params=params)
-  weights = weights_lib.load_weights(path, scan_layers=trainer.model_config.scan_layers)
-  state, fresh, dropped = trainer.with_weights(state, weights.params, f"init_from={path}")
-  log.info("initialised the parameters from %s%s%s", weights.source,
-           f"; fresh: {', '.join(fresh)}" if fresh else "",
-           f"; not loaded (the model has no such head): {', '.join(dropped)}" if dropped else "")
-  return state
-
-
-def _write_final_params(workdir: epath.Path, state: TrainState, trainer: Trainer,
-                        dataset: str, is_main: bool, replace: bool = False) -> None:
-  """The product of the run: params-only, what `bertjax export` and fine-tuning start from.
-  `replace`: this invocation trained to the end (perhaps again, from an earlier step)."""
-  existed = (workdir / "params").exists()
-  # Every process looks before any process writes: save_params creates the directory, and a
-  # process that looked after a faster peer began saving would take the replace branch alone
-  # and deadlock the barriers (seen in CI with 2 processes).
-  distributed.barrier("final params checked")
-  if existed:
-    if not replace:
-      return
-    if is_main:
-      (workdir / "params").rmtree()
-    distributed.barrier("final params replaced")
-  params_dir = checkpoint.save_params(workdir / "params", state.params, trainer.model_config)
-  if is_main and dataset:
-    # The ids mean nothing without the tokenizer: it travels with the parameters.
-    paths.copy_tree(paths.path(dataset) / "tokenizer", params_dir / "tokenizer")
-  if is_main:
-    log.info("final parameters written to %s", params_dir)
-
-
-class _Preemption:
-  """SIGTERM (how TPU VMs announce preemption) or Ctrl-C: finish the step, save, exit 0.
-
-  One process: a Python handler sets a flag; a second signal while saving changes nothing
-  (Orbax commits a step atomically, so even a kill leaves the previous step intact). Several
-  processes: JAX's preemption sync point, so that every process stops at the same step."""
-
-  def __init__(self, checkpoints: TrainCheckpoints):
-    self._checkpoints = checkpoints
-    self.reason = ""
-    self._previous = {}
-    self._multi = jax.process_count() > 1
-    if not self._multi and threading.current_thread() is threading.main_thread():
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
-
-  def _handle(self, signum, frame) -> None:
-    if not self.reason:
-      self.reason = signal.Signals(signum).name
-      log.warning("%s received: saving a checkpoint after this step, then exiting",
-                  self.reason)
-      # Further notices (TPU VMs and schedulers repeat SIGTERM) are ignored by the OS from
-      # now on: a Python handler would be reset to the default by the interpreter's own
-      # shutdown, and a repeat landing then would kill the run before it exits 0.
-      for sig in self._previous:
-        signal.signal(sig, signal.SIG_IGN)
-
-  def requested(self, step: int) -> bool:
-    if self._multi:
-      if self._checkpoints.manager.reached_preemption(step):
-        self.reason = "preemption notice"
-        return True
-      return False
-    return bool(self.reason)
-
-  def uninstall(self) -> None:
-    if self.reason:
-      return  # preempted: the process is on its way out, still ignoring further notices
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-
-
-def evaluate(trainer: Trainer, state: TrainState, batches, num_batches: int) -> dict[str, float]:
-  """Mean metrics over the first `num_batches` held-out batches (the same ones every time)."""
-  totals: dict[str, float] = {}
-  for _ in range(num_batches):
-    metrics = jax.device_get(trainer.evaluate(state.params, next(batches)))
-    for key, value in metrics.items():
-      totals[key] = totals.get(key, 0.0) + float(value) / num_batches
-  if "lm_loss" in totals:
-    totals["perplexity"] = float(np.exp(totals["lm_loss"]))
-  return totals
+  print("\n".join(lines), file=report, flush=True)

@@ -6,15 +6,7 @@ once from the whole global batch (`normalizers`). Gradient accumulation over mic
 then adds up to exactly the full-batch gradient, whatever the number of masked tokens in
 each micro-batch.
 
-Batches (dicts of arrays) by objective:
-- BERT: input_ids, input_mask, segment_ids [B, L]; masked_lm_positions, masked_lm_ids,
-  masked_lm_weights [B, P]; next_sentence_labels [B] (1 = random next, as
-  google-research/bert; for sentence-order prediction 1 = swapped).
-- GPT: input_ids, target_ids, loss_mask, segment_ids, positions [B, L].
-- Fine-tuning (bertjax.finetune.labeled): input_ids, token_type_ids, attention_mask [B, L];
-  labels [B] (classes, or floats for regression) or [B, L] (tags; IGNORE where no loss);
-  question answering (bertjax.finetune.squad): start_positions, end_positions [B] instead of labels
-  (0, the [CLS] token, where the window holds no answer).
+The fields each objective reads are its batch schema's (bertjax.data.schema.BATCHES).
 """
 
 from __future__ import annotations
@@ -29,9 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.finetune.labeled import IGNORE
-from bertjax.models import build_model, precision
-from bertjax.models.bert import (BertForQuestionAnswering, BertForSequenceClassification,
-                                 BertForTokenClassification)
+from bertjax.models import precision
 from bertjax.models.config import ModelConfig
 
 Array = jax.Array
@@ -153,7 +143,7 @@ class BertPretraining:
                rng: Array | None) -> tuple[Array, dict[str, Array]]:
     # Packed rows (data.bert_instances="packed") also carry document ids and positions.
     out = self.model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        {"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
         batch["masked_lm_positions"], deterministic=rng is None,
         document_ids_BL=batch.get("document_ids"), positions_BL=batch.get("positions"),
         rngs={"dropout": rng} if rng is not None else {})
@@ -183,7 +173,7 @@ class CausalLM:
   def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
                rng: Array | None) -> tuple[Array, dict[str, Array]]:
     cfg = self.model.config
-    inputs = (batch["input_ids"], batch.get("positions"), batch.get("segment_ids"))
+    inputs = (batch["input_ids"], batch.get("positions"), batch.get("document_ids"))
     rngs = {"dropout": rng} if rng is not None else {}
     weights = batch["loss_mask"].astype(jnp.float32)
     if cfg.loss_chunk:
@@ -257,31 +247,11 @@ class Finetuning:
     return jnp.argmax(logits, -1).astype(jnp.int32)
 
 
-def objective_of(task: str) -> str:
-  """The objective a fine-tuning task trains with: its own name, except `completion` (GPT on
-  prompts and completions), which is next-token prediction under a loss mask."""
-  return "causal_lm" if task == "completion" else task
-
-
-def model_for(name: str, config: ModelConfig) -> nn.Module:
-  """The module objective `name` trains: the pre-training model of the family, or BERT with the
-  fine-tuning task's head."""
-  if name in FINETUNING:
-    if config.family != "bert":
-      raise ValueError(f"objective {name} needs a BERT model, got family={config.family!r}")
-    if name == "token_classification":
-      return BertForTokenClassification(config)
-    if name == "question_answering":
-      return BertForQuestionAnswering(config)
-    return BertForSequenceClassification(config)
-  return build_model(config)
-
-
 def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM | Finetuning:
   """`mlm_nsp` (BERT), `mlm` (RoBERTa: no sentence task), `mlm_sop` (ALBERT's sentence-order
   prediction: the same 2-way head, labels say whether the segments were swapped),
-  `causal_lm` (GPT); `classification`, `regression`, `token_classification` (fine-tuning
-  BERT, with `model_for`'s heads)."""
+  `causal_lm` (GPT); `classification`, `regression`, `token_classification`,
+  `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks)."""
   family = model.config.family
   if name == "causal_lm":
     if family != "gpt":

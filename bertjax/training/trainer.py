@@ -8,6 +8,7 @@ micro-batches. Parameters and optimizer state are created directly in their shar
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -20,13 +21,19 @@ import optax
 from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax import paths
+from bertjax.checkpoints.params import (abstract_params_of, load_model_config, load_params)
+from bertjax.checkpoints.weights import FINETUNE_FILE, load_weights
+from bertjax.config import model_config
+from bertjax.data import schema
+from bertjax.finetune.tasks import TASKS
+from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
 from bertjax.models.groups import encoder_path, is_added
+from bertjax.models.params import shape_mismatches
+from bertjax.parallel import sharding
 from bertjax.training import objectives, optim
 
-from bertjax.parallel import sharding
-from bertjax.models.params import shape_mismatches
-from bertjax.config import model_config
-from bertjax.models import attention, init_compiler_options, init_params, precision
+log = logging.getLogger(__name__)
 
 Batch = dict[str, jax.Array]
 
@@ -133,6 +140,12 @@ def predict_step(params: Any, batch: Batch, *, loss_fn, rules) -> jax.Array:
     return loss_fn.predict(params, batch)
 
 
+def head_of(config: ml_collections.ConfigDict) -> str:
+  """The model head a run trains: its fine-tuning task's, else the pre-training heads."""
+  task = config.finetune.task
+  return TASKS[task].head if task else "pretraining"
+
+
 class Trainer:
   """Holds the model, objective, optimizer and the compiled, sharded step functions: the one
   trainer of pre-training and fine-tuning (objectives and configs of it)."""
@@ -146,7 +159,7 @@ class Trainer:
     platform = mesh.devices.flat[0].platform
     self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
                                           platform)
-    self.model = objectives.model_for(config.objective, self.model_config)
+    self.model = build_model(self.model_config, head_of(config))
     self.loss_fn = objectives.build_objective(config.objective, self.model)
     self.optimizer, self.schedule = optim.build_optimizer(
         config.optimizer, config.num_train_steps, config.get("phase2"))
@@ -193,6 +206,7 @@ class Trainer:
     another batch shape or accumulation calls it again)."""
     if accum_steps:
       self.accum_steps = int(accum_steps)
+    schema.check(example_batch, self.config.objective, "a training batch")
     self.batch_shardings = batch_shardings(example_batch, self.mesh, self.rules)
     step = functools.partial(train_step, loss_fn=self.loss_fn, optimizer=self.optimizer,
                              schedule=self.schedule, accum_steps=self.accum_steps,
@@ -247,3 +261,35 @@ class Trainer:
         v.shape, v.sharding, lambda idx, w=np.asarray(flat_weights[k], v.dtype): w[idx])
                   if k in flat_weights else v) for k, v in flat_state.items()}
     return state.replace(params=unflatten_dict(placed, sep="/")), fresh, dropped
+
+  def start_from(self, state: TrainState, source: str, step: int | None = None,
+                 keep: tuple[str, ...] = ()) -> tuple[TrainState, Any]:
+    """`state` with the weights of `source` (params-only, fine-tuned, a workdir's `step` or
+    Hugging Face; local or an object store) in the trainer's shardings, and the weights'
+    description (checkpoints.weights.Weights; None where restored straight into place).
+    `keep`: only these top-level subtrees are loaded (a BERT encoder under a new task head);
+    what is not loaded follows from the model (`with_weights`)."""
+    path = paths.path(source)
+    if (not keep and (path / "model.json").is_file()
+        and not (path / FINETUNE_FILE).is_file()):
+      saved = abstract_params_of(load_model_config(path))
+      if not shape_mismatches(flatten_dict(saved, sep="/"),
+                              flatten_dict(state.params, sep="/"), "model"):
+        # The same model: restored straight into its shardings, no host copy (pod scale).
+        params, _ = load_params(path, self.state_shardings.params)
+        log.info("initialised the parameters from %s", source)
+        return state.replace(params=params), None
+    weights = load_weights(source, step, scan_layers=self.model_config.scan_layers)
+    params = weights.params
+    if keep:
+      missing = [k for k in keep if k not in params]
+      if missing:
+        raise ValueError(f"{source}: no {', '.join(missing)} in these parameters (top-level "
+                         f"keys: {', '.join(params)})")
+      params = {k: params[k] for k in keep}
+    state, fresh, dropped = self.with_weights(state, params, f"init_from={source}")
+    log.info("initialised the parameters from %s%s%s", weights.source,
+             f"; fresh: {', '.join(fresh)}" if fresh else "",
+             f"; not loaded (the model has no such head): {', '.join(dropped)}" if dropped
+             else "")
+    return state, weights

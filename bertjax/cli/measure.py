@@ -1,0 +1,239 @@
+"""The commands that measure without training for real: `info` (parameter counts), `compile`
+(a TPU slice's compiled step, on this machine), `bench` and `checkpoint-bench`. They import
+bertjax.tools inside the handlers, so the CLI loads no tooling until one of them runs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from bertjax import config as config_lib
+from bertjax.cli.common import EXIT_COMPILER_CRASH, EXIT_FAILED, EXIT_USAGE, OVERRIDES_EPILOG, Add
+
+Overrides = list[tuple[str, str]]
+
+
+def _human(n: int) -> str:
+  for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+    if n >= scale:
+      return f"{n / scale:.1f}{unit}"
+  return str(n)
+
+
+def cmd_info(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.tools.param_report import matches_reference, param_breakdown, trainable_report
+  config = config_lib.load_config(args.config, overrides)
+  model = config_lib.model_config(config)
+  counts = param_breakdown(model)
+  print(f"config         {args.config}")
+  print(f"model          {model.family}: {model.num_layers} layers, width {model.hidden_size}, "
+        f"{model.num_heads} heads (dim {model.head_dim}), MLP {model.mlp_dim}, "
+        f"vocab {model.vocab_size}, positions {model.max_positions}")
+  print(f"numerics       {model.norm_position}-LN, {model.activation}, eps "
+        f"{model.layer_norm_eps:g}, dtype {model.dtype} (params {model.param_dtype}), "
+        f"scan_layers={model.scan_layers}, remat={model.remat_policy}")
+  print("parameters")
+  for group in ("embeddings", "layers", "heads", "non_embedding", "total"):
+    print(f"  {group:13s}{counts[group]:>15,d}  ({_human(counts[group])})")
+  reference = int(config.get("reference_params", 0) or 0)
+  if reference:
+    diff = (counts["total"] - reference) / reference
+    verdict = ("matches at the paper's rounding" if matches_reference(counts["total"], reference)
+               else "within 1% of the paper's figure" if abs(diff) < 0.01
+               else "DOES NOT match the paper's figure")
+    print(f"  {'paper':13s}{reference:>15,d}  ({_human(reference)}; ours {diff:+.2%}, {verdict})")
+  # Trainable against total under optimizer.freeze, with LoRA/adapters/prefixes per target.
+  trainable = trainable_report(model, str(config.optimizer.get("freeze", "none")))
+  if trainable:
+    print(trainable)
+  return 0
+
+
+def cmd_compile(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.config import phases
+  from bertjax.tools import aot
+  config = config_lib.load_config(args.config, overrides)
+  if args.step is not None:
+    config = phases.config_at(config, args.step)
+  if args.fit:
+    return _compile_fit(args, overrides)
+  import concurrent.futures
+  try:
+    report = aot.compile_in_child(config, args.topology, args.mfu, args.slices)
+  # BrokenProcessPool is a RuntimeError subclass: it must come first.
+  except concurrent.futures.process.BrokenProcessPool:
+    print(f"bertjax compile: error: the TPU compiler (libtpu) crashed compiling "
+          f"{args.config} for {args.topology}; known with libtpu 0.0.42 for "
+          "model.dtype=bfloat16 with model.remat_policy=full or dots_no_batch (use dots, or "
+          "float32)", file=sys.stderr)
+    return EXIT_COMPILER_CRASH
+  except RuntimeError as e:  # libtpu missing: say what to install
+    print(f"bertjax compile: error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+  print(f"config         {args.config}"
+        + (f" (phase {phases.phase_of(config, args.step) + 1} at step {args.step})"
+           if args.step is not None else ""))
+  print(aot.format_report(report))
+  if not report.fits:
+    print(f"bertjax compile: error: does not fit: {args.config} needs "
+          f"{report.total_bytes / 2**30:.2f} GiB per device on {args.topology}, "
+          f"{report.shortfall_bytes / 2**30:.2f} GiB more than the device's "
+          f"{report.hbm_bytes / 2**30:.1f} GiB (try config.mesh.fsdp / config.mesh.tensor, "
+          "config.model.remat_policy, config.grad_accum_steps, config.model.dtype=bfloat16)",
+          file=sys.stderr)
+    return EXIT_FAILED
+  return 0
+
+
+def _compile_fit(args: argparse.Namespace, overrides: Overrides) -> int:
+  """`bertjax compile --fit`: search settings, one line per compile, then the winner's
+  overrides (exit 0) or why none fits (exit 1)."""
+  from bertjax.tools import aot, fit
+  if not aot.libtpu_available():
+    print(f"bertjax compile: error: {aot.LIBTPU_MISSING}", file=sys.stderr)
+    return EXIT_USAGE
+  if args.step is not None:
+    print("bertjax compile: error: --fit searches the config as written; compile a later phase "
+          "with its overrides (e.g. --config.seq_length=512) instead of --step", file=sys.stderr)
+    return EXIT_USAGE
+  print(f"searching settings of {args.config} that fit {args.topology} (one compile each):")
+  best, trials = fit.search(args.config, overrides, args.topology, args.mfu, args.slices,
+                            report=lambda trial: print(trial.line(), flush=True))
+  if best is None:
+    print(f"bertjax compile: error: no setting searched fits {args.topology}: "
+          f"{sum(t.outcome == 'does not fit' for t in trials)} too large, "
+          f"{sum(t.outcome == 'compiler crash' for t in trials)} compiler crash(es), "
+          f"{sum(t.outcome == 'error' for t in trials)} refused (see the lines above); try a "
+          "larger slice, more fsdp or tensor ways (config.mesh), or bf16 (model.dtype)",
+          file=sys.stderr)
+    return EXIT_FAILED
+  changed = "model.attention_dropout" in best.overrides
+  print(f"fastest fitting setting (projected step {best.step_ms:.1f} ms, "
+        f"{best.total_gib:.2f} GiB per device)"
+        + (": nothing fits with the recipe's attention dropout; this drops it (the fused "
+           "attention kernel has none), a change of the recipe:" if changed else ":"))
+  print("  " + " ".join(f"--config.{k}={v}" for k, v in best.overrides.items()))
+  return 0
+
+
+def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.tools import bench
+  config = config_lib.load_config(args.config, overrides)
+  if args.decode:
+    from bertjax.tools import decode_bench
+    rows = decode_bench.decode_benchmark(config, [int(x) for x in args.decode.split(",")],
+                                         new_tokens=args.new_tokens)
+    print(decode_bench.format_decode_benchmark(rows))
+    return 0
+  log = (lambda line: print(line, file=sys.stderr, flush=True))
+  if args.best and not args.compare:
+    print("error: --best compares with a reference: add --compare hf", file=sys.stderr)
+    return 2
+  record = bench.run_benchmark(config, steps=args.steps, pairs=args.pairs,
+                               compare=args.compare or None, best=args.best,
+                               profile_dir=args.profile or None, log=log)
+  print(bench.format_record(record))
+  if args.json:
+    bench.write_record(record, args.json)
+    print(f"record written to {args.json}")
+  return 0
+
+
+def cmd_checkpoint_bench(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.tools.checkpoint_bench import run_checkpoint_bench
+  config = config_lib.load_config(args.config, overrides)
+  logging.getLogger("bertjax").setLevel(logging.INFO)
+  for line in run_checkpoint_bench(config, blocks=args.blocks, workdir=args.workdir):
+    print(line, flush=True)
+  return 0
+
+
+def register(add: Add) -> None:
+  p = add("info", "print a config's model and parameter counts",
+          "Builds the model abstractly (no memory is allocated) and prints its shape, numerics "
+          "and parameter counts by group, next to the paper's count when the config states it.",
+          "example:\n  bertjax info --config configs/bert_large.py\n\n" + OVERRIDES_EPILOG,
+          cmd_info)
+  p.add_argument("--config", required=True,
+                 help="config file (configs/<name>.py) or the name of one under configs/")
+
+  p = add("compile", "compile the train step for a TPU topology, on this machine",
+          "Compiles the config's real train step (its mesh, shardings, batch, remat and "
+          "accumulation) for a named Cloud TPU slice with libtpu's compile-only client, on a "
+          "CPU machine, and prints per-device memory (arguments, temporaries, generated code, "
+          "total against the chip's HBM, fits or not), the compiled FLOPs per step against the "
+          "analytic model FLOPs, the collectives and their bytes, the compile time and a step "
+          "time projected at --mfu. Before compiling it checks, for every host of the "
+          "slice(s), which rows of each global batch that host would load (one line: hosts, rows "
+          "each, disjoint and complete). Exit status 1 when it does not fit (the shortfall "
+          "named), 2 when the mesh or the per-host layout does not work on the slice, 4 when "
+          "the TPU compiler crashes. Needs libtpu (bertjax[tpu]), not a TPU.",
+          "examples:\n  bertjax compile --config configs/bert_base.py --topology v4-16\n"
+          "  bertjax compile --config configs/bert_large.py --topology v4-64 --step 900000\n"
+          "  bertjax compile --config configs/gpt3.py:size=6p7b --topology v5p-256\n"
+          "  bertjax compile --config configs/roberta_base.py --topology v5e-16 --slices 2\n"
+          "  bertjax compile --config configs/gpt2.py:size=xl --topology v6e-16 --fit\n\n"
+          + OVERRIDES_EPILOG, cmd_compile)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--topology", required=True,
+                 help="Cloud TPU accelerator type: v2-8, v3-32, v4-16, v5p-256, v5e-16 "
+                 "(v5litepod-16), v6e-64, ...")
+  p.add_argument("--slices", type=int, default=1,
+                 help="number of such slices in a multi-slice job (over the data-center "
+                 "network; config.dcn_mesh splits the mesh axes over them)")
+  p.add_argument("--step", type=int, default=None,
+                 help="compile the phase this step trains in (e.g. BERT's phase 2 at 900000)")
+  p.add_argument("--mfu", type=float, default=0.5,
+                 help="fraction of the bf16 peak the matmuls are projected at (0.5)")
+  p.add_argument("--fit", action="store_true",
+                 help="search attention implementation, remat policy and micro-batches for "
+                 "the fastest projected setting that fits, and print its overrides (one "
+                 "compile per setting tried)")
+
+  p = add("checkpoint-bench", "measure what asynchronous checkpointing costs",
+          "Trains the config in alternating blocks of checkpoint.every steps, one starting with "
+          "a save and one without, and prints the relative cost of saving (same process, so "
+          "noise hits both).",
+          "example:\n  bertjax checkpoint-bench --config configs/bert_tiny.py\n\n"
+          + OVERRIDES_EPILOG, cmd_checkpoint_bench)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--blocks", type=int, default=4, help="blocks, half with a save (4)")
+  p.add_argument("--workdir", default="", help="keep data and checkpoints here (temp)")
+
+  p = add("bench", "measure the train step: throughput, MFU, and against transformers",
+          "Measures, in one process: the device's matmul peak, our jitted train step's compile "
+          "time and median step time on a synthetic batch of the config's shape, tokens/s, "
+          "model FLOPs per step (6·N·tokens + attention + the vocabulary projection actually "
+          "computed) next to the FLOPs XLA compiled, MFU and memory. --compare hf runs the "
+          "same model, batch, AdamW and dropout in Hugging Face transformers (PyTorch), in the "
+          "same precision (bf16: under torch.autocast), alternately with ours and prints the "
+          "throughput ratio of each pair and their median; with --best both run in float32 "
+          "and in bf16 and the fastest of each are compared. "
+          "--decode measures generation instead: milliseconds per new token with the KV cache "
+          "at each cache size, against recomputing the whole sequence.",
+          "examples:\n  bertjax bench --config configs/bert_base.py --config.batch_size=8 "
+          "--compare hf --json bert_base.json\n  bertjax bench --config configs/bert_base.py "
+          "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2.py:size=small "
+          "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
+          "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n\n"
+          + OVERRIDES_EPILOG, cmd_bench)
+  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--compare", choices=["hf"], default="",
+                 help="also run the Hugging Face transformers (PyTorch) reference")
+  p.add_argument("--best", action="store_true",
+                 help="with --compare hf: time ours and the reference each in float32 and in "
+                      "bf16 (the reference under torch.autocast) and compare the fastest of "
+                      "each, and our bf16 step with our fp32 step")
+  p.add_argument("--steps", type=int, default=5, help="timed steps per block (5)")
+  p.add_argument("--pairs", type=int, default=3,
+                 help="blocks of ours (each followed by one of the reference's) (3)")
+  p.add_argument("--json", default="", help="also write the record here")
+  p.add_argument("--profile", default="", metavar="DIR",
+                 help="also profile 2 steps into DIR and split their op time by purpose "
+                      "(matmul, dropout, layer norm, softmax, buffer fills, scan slicing, "
+                      "optimizer...)")
+  p.add_argument("--decode", default="",
+                 help="GPT generation instead: comma-separated cache sizes, e.g. 128,512,1024")
+  p.add_argument("--new-tokens", dest="new_tokens", type=int, default=32,
+                 help="--decode: new tokens per timed generation (32)")

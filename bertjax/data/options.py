@@ -1,0 +1,63 @@
+"""The data settings, with their defaults: what a build (`BuildOptions`) and the loader
+(`LoaderConfig`) take. The run config's `data` group (bertjax.config.schema) and `bertjax data
+build` take their defaults from here, so there is one set of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+  num_shards: int = 8
+  # Worker processes for cleaning/splitting/tokenizing (0: in the main process).
+  num_workers: int = 0
+  # Fraction of documents held out for evaluation, chosen by a hash of the document key.
+  eval_fraction: float = 0.05
+  process_index: int = 0
+  process_count: int = 1
+  # Stop after this many documents per source (0: all); for quick looks and benchmarks.
+  max_documents: int = 0
+  # Sentence-splitting language of sources that do not state their own (`?language=`).
+  language: str = "en"
+  # A vocab.txt tokenizer only: lower-case (bert-*-uncased) or not (-cased).
+  lowercase: bool = True
+  # Drop exact duplicate documents within each source (the first is kept), counted.
+  dedup: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+  """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
+
+  dataset: str
+  objective: str  # mlm_nsp | mlm | mlm_sop | causal_lm
+  seq_length: int
+  max_predictions: int = 20
+  mask_prob: float = 0.15
+  # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
+  # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
+  # "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with document ids and
+  # positions per row).
+  bert_instances: str = "pairs"
+  short_seq_prob: float = 0.1
+  # Pairs: epochs e and e + dupe_factor see the same instances (google-research/bert's static
+  # copies); 0: new instances and masks every epoch (dynamic masking).
+  dupe_factor: int = 10
+  whole_word_mask: bool = False
+  seed: int = 0
+  num_epochs: int = 0  # 0: repeat forever
+  # BERT pairs: each row stream shuffles its instances in windows of this many (a document's
+  # instances apart, several documents interleaved); 0 or 1: in document order.
+  shuffle_window: int = 64
+  num_workers: int = 0
+  prefetch: int = 2
+  # "name=weight,..." overrides the mixing weights the dataset was built with (0: left out).
+  weights: str = ""
+  # Documents per training epoch, apportioned among the sources by weight; 0: as many as the
+  # mixed sources hold (with weights = sizes, every document once).
+  epoch_documents: int = 0
+  # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
+  # the run stops at start-up rather than at its first evaluation.
+  require_eval: bool = False

@@ -1,0 +1,151 @@
+"""The batch schema: the fields a batch of each objective carries, with their shapes and dtypes.
+
+One vocabulary for pre-training and fine-tuning alike (Hugging Face's names where it has
+them): `token_type_ids` are the segments A/B of a sentence pair, `attention_mask` marks real
+tokens (1) against padding (0), `document_ids` number the documents packed into one row (0:
+padding) and `positions` restart at 0 in each of them. Shapes are written with B rows, L tokens
+and P masked-LM predictions per row.
+
+The loaders produce these fields, the objectives read them, `bertjax compile` compiles against
+`abstract_batch` and `bertjax bench` times `example_batch`; `check` refuses a batch whose fields
+are not the schema's (the trainer calls it when it compiles the step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  name: str
+  # Dimensions by letter: B rows, L tokens, P masked-LM predictions.
+  dims: str
+  dtype: str
+  # What the field holds (the docs and error messages say it).
+  doc: str
+
+
+INPUT_IDS = Field("input_ids", "BL", "int32", "token ids")
+TOKEN_TYPE_IDS = Field("token_type_ids", "BL", "int32",
+                       "segment of each token: 0 = sentence A, 1 = sentence B")
+ATTENTION_MASK = Field("attention_mask", "BL", "int32", "1 = a token, 0 = padding")
+DOCUMENT_IDS = Field("document_ids", "BL", "int32",
+                     "packed rows: the document of each token, 1, 2, ... (0 = padding)")
+POSITIONS = Field("positions", "BL", "int32", "packed rows: position within its document")
+MASKED_LM_POSITIONS = Field("masked_lm_positions", "BP", "int32", "positions predicted")
+MASKED_LM_IDS = Field("masked_lm_ids", "BP", "int32", "the original tokens there")
+MASKED_LM_WEIGHTS = Field("masked_lm_weights", "BP", "float32",
+                          "1 = a prediction, 0 = a padded slot")
+NEXT_SENTENCE_LABELS = Field("next_sentence_labels", "B", "int32",
+                             "NSP: 1 = B is a random sentence; SOP: 1 = A and B swapped")
+TARGET_IDS = Field("target_ids", "BL", "int32", "the next token of each position")
+LOSS_MASK = Field("loss_mask", "BL", "int32", "1 = a target that counts in the loss")
+CLASS_LABELS = Field("labels", "B", "int32", "the class of each row")
+SCORE_LABELS = Field("labels", "B", "float32", "the score of each row (regression)")
+TAG_LABELS = Field("labels", "BL", "int32", "the tag of each token (-100: no loss)")
+START_POSITIONS = Field("start_positions", "B", "int32",
+                        "the answer's first token (0, the [CLS] token: no answer here)")
+END_POSITIONS = Field("end_positions", "B", "int32", "the answer's last token")
+
+_MLM = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK, MASKED_LM_POSITIONS, MASKED_LM_IDS,
+        MASKED_LM_WEIGHTS, NEXT_SENTENCE_LABELS)
+_ENCODER = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK)
+
+# Objective -> its fields. Packed BERT rows (data.bert_instances="packed") add PACKED.
+BATCHES: dict[str, tuple[Field, ...]] = {
+    "mlm_nsp": _MLM,
+    "mlm_sop": _MLM,
+    "mlm": _MLM,
+    "causal_lm": (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
+    "classification": _ENCODER + (CLASS_LABELS,),
+    "regression": _ENCODER + (SCORE_LABELS,),
+    "token_classification": _ENCODER + (TAG_LABELS,),
+    "question_answering": _ENCODER + (START_POSITIONS, END_POSITIONS),
+}
+PACKED = (DOCUMENT_IDS, POSITIONS)
+
+
+def fields(objective: str, packed: bool = False) -> tuple[Field, ...]:
+  """The fields of a batch of `objective` (with `packed`: BERT's packed rows)."""
+  if objective not in BATCHES:
+    raise ValueError(f"no batch schema for objective {objective!r}; objectives: "
+                     f"{', '.join(BATCHES)}")
+  return BATCHES[objective] + (PACKED if packed and objective.startswith("mlm") else ())
+
+
+def shape(field: Field, rows: int, length: int, predictions: int) -> tuple[int, ...]:
+  sizes = {"B": rows, "L": length, "P": predictions}
+  return tuple(sizes[d] for d in field.dims)
+
+
+def abstract_batch(objective: str, rows: int, length: int, predictions: int = 0,
+                   packed: bool = False) -> dict[str, Any]:
+  """The batch as jax.ShapeDtypeStructs: what an ahead-of-time compile is given."""
+  import jax
+  return {f.name: jax.ShapeDtypeStruct(shape(f, rows, length, predictions), np.dtype(f.dtype))
+          for f in fields(objective, packed)}
+
+
+def example_batch(objective: str, rows: int, length: int, predictions: int = 0, *,
+                  vocab_size: int, mask_prob: float = 0.15, packed: bool = False,
+                  seed: int = 0) -> dict[str, np.ndarray]:
+  """A batch with what real data has, for timing a step: random token ids, two segments,
+  round(mask_prob·L) masked positions per row (at most P; padded slots weigh 0), random labels,
+  one document per row with a loss on every token."""
+  rng = np.random.RandomState(seed)
+  ids = rng.randint(5, vocab_size, (rows, length)).astype(np.int32)
+  masked = min(predictions, max(1, round(mask_prob * length)))
+  positions = np.zeros((rows, predictions), np.int32)
+  for row in range(rows):
+    positions[row, :masked] = np.sort(rng.choice(np.arange(1, length - 1), masked,
+                                                 replace=False))
+  values = {
+      "input_ids": ids,
+      "token_type_ids": (np.arange(length) >= length // 2).astype(np.int32)[None].repeat(rows,
+                                                                                          0),
+      "attention_mask": np.ones((rows, length), np.int32),
+      "document_ids": np.ones((rows, length), np.int32),
+      "positions": np.tile(np.arange(length, dtype=np.int32), (rows, 1)),
+      "masked_lm_positions": positions,
+      "masked_lm_ids": np.take_along_axis(ids, positions, axis=1),
+      "masked_lm_weights": (np.arange(predictions) < masked).astype(np.float32)[None].repeat(
+          rows, 0),
+      "next_sentence_labels": rng.randint(0, 2, (rows,)).astype(np.int32),
+      "target_ids": np.roll(ids, -1, axis=1),
+      "loss_mask": np.ones((rows, length), np.int32),
+      "start_positions": rng.randint(0, length, (rows,)).astype(np.int32),
+      "end_positions": rng.randint(0, length, (rows,)).astype(np.int32),
+  }
+  batch = {}
+  for f in fields(objective, packed):
+    if f.name == "labels":
+      value = (rng.standard_normal(shape(f, rows, length, predictions)) if f.dtype == "float32"
+               else rng.randint(0, 2, shape(f, rows, length, predictions)))
+    else:
+      value = values[f.name]
+    batch[f.name] = np.asarray(value, f.dtype)
+  return batch
+
+
+def check(batch: Mapping[str, Any], objective: str, where: str = "the batch") -> None:
+  """A ValueError naming every field of `batch` that the schema of `objective` lacks, every
+  field it misses, and every field of another dtype or rank. Packed rows are told by their
+  document ids."""
+  packed = objective.startswith("mlm") and "document_ids" in batch
+  want = {f.name: f for f in fields(objective, packed)}
+  problems = [f"{name}: not a field of a {objective} batch" for name in batch
+              if name not in want]
+  problems += [f"{name}: missing ({f.doc})" for name, f in want.items() if name not in batch]
+  for name, f in want.items():
+    if name in batch:
+      value = batch[name]
+      if np.dtype(value.dtype) != np.dtype(f.dtype) or np.ndim(value) != len(f.dims):
+        problems.append(f"{name}: {np.dtype(value.dtype)} of rank {np.ndim(value)}, the schema "
+                        f"says {f.dtype} of rank {len(f.dims)} ({f.dims})")
+  if problems:
+    raise ValueError(f"{where} does not fit the {objective} batch schema "
+                     f"(bertjax.data.schema): " + "; ".join(problems))
