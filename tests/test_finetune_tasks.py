@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+import train_helpers
 from bertjax import cli
-
 from bertjax.checkpoints import params as checkpoint
-
-from bertjax.training import finetuning as ft
-
+from bertjax.checkpoints.weights import load_finetuned
+from bertjax.config.finetune import SETTINGS, finetune_run_config
 from bertjax.finetune import recipes
 from bertjax.models import ModelConfig, build_model, jit_init
 
@@ -55,11 +54,11 @@ def _completions(path, rivers):
 def _gpt_run(tmp_path, gpt_base, name, **values):
   train = _completions(tmp_path / "train.jsonl", RIVERS * 4)
   dev = _completions(tmp_path / "dev.jsonl", RIVERS[:4])
-  spec = ft.FinetuneSpec(**{"task": "completion", "learning_rate": 3e-3, "batch_size": 4,
-                            "epochs": 4, "seq_length": 32, "warmup_fraction": 0.0,
-                            "generate_examples": 2, "max_new_tokens": 6, "export_hf": True,
-                            "mesh_axes": {"data": 2, "fsdp": 2, "tensor": 2}, **values})
-  return ft.finetune(spec, gpt_base, train, dev, tmp_path / name)
+  settings = {"task": "completion", "learning_rate": 3e-3, "batch_size": 4, "epochs": 4,
+              "seq_length": 32, "warmup_fraction": 0.0, "generate_examples": 2,
+              "max_new_tokens": 6, "export_hf": True,
+              "mesh": {"data": 2, "fsdp": 2, "tensor": 2}, **values}
+  return train_helpers.finetune(tmp_path / name, gpt_base, train, dev, **settings)
 
 
 def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
@@ -79,7 +78,7 @@ def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
   prompt = list(completions.held_out_example(
       completions.read_completion_records(tmp_path / "dev.jsonl")[0], tokenizer).prompt_ids)
   from bertjax.inference import generate
-  params, config, info = ft.load_finetuned(result["best_dir"])
+  params, config, info = load_finetuned(result["best_dir"])
   assert info["task"] == "completion" and config.family == "gpt"
   ours = generate.generate(params, config, [prompt], max_new_tokens=6)[0]
   model = transformers.AutoModelForCausalLM.from_pretrained(result["hf_dir"]).eval()
@@ -104,7 +103,7 @@ def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
   assert info["base"] == str(gpt_base) and info["freeze"] == "base"
   # OUT/best holds the LoRA factors only; the base weights are read from `base`.
   from bertjax.models import peft as adapters
-  params, config, _ = ft.load_finetuned(best)
+  params, config, _ = load_finetuned(best)
   flat = traverse_util.flatten_dict(params, sep="/")
   trained = traverse_util.flatten_dict(adapters.trainable_params(params, "base"), sep="/")
   assert trained and all("lora" in k for k in trained)
@@ -138,10 +137,15 @@ def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
 
 
 def test_recipes_name_known_settings():
-  """Every recipe's values are FinetuneSpec fields that construct; joined recipes override
-  left to right; an unknown name is refused with the list."""
+  """Every recipe's values are fine-tuning settings that make a valid run config; joined recipes
+  override left to right; an unknown name is refused with the list."""
   for name in recipes.RECIPES:
-    ft.FinetuneSpec(**recipes.recipe_values(name))
+    values = recipes.recipe_values(name)
+    assert set(values) <= set(SETTINGS), name
+    if values.get("freeze") == "base" and not any(
+        values.get(k) for k in ("lora_rank", "adapter_size", "prefix_length")):
+      continue
+    finetune_run_config(values)
   joined = recipes.recipe_values("completion+lora")
   assert joined["task"] == "completion" and joined["lora_rank"] == 16
   assert joined["learning_rate"] == recipes.RECIPES["lora"].values["learning_rate"]
@@ -165,12 +169,11 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
                                 model_type="unigram", style="bert")
   model = ModelConfig(family="bert", vocab_size=500, hidden_size=32, num_layers=2,
                       num_heads=2, mlp_dim=64, max_positions=64)
-  spec = ft.FinetuneSpec(**{**recipes.recipe_values("squad"), "model": model,
-                            "tokenizer": str(spm_dir), "seq_length": 64, "doc_stride": 32,
-                            "max_query_length": 24, "batch_size": 8, "epochs": 1,
-                            "learning_rate": 1e-3})
-  result = ft.finetune(spec, None, tmp_path / "qa" / "train-v2.0.json",
-                       tmp_path / "qa" / "dev-v2.0.json", tmp_path / "out")
+  settings = {**recipes.recipe_values("squad"), "model": model, "tokenizer": str(spm_dir),
+              "seq_length": 64, "doc_stride": 32, "max_query_length": 24, "batch_size": 8,
+              "epochs": 1, "learning_rate": 1e-3}
+  result = train_helpers.finetune(tmp_path / "out", None, tmp_path / "qa" / "train-v2.0.json",
+                                  tmp_path / "qa" / "dev-v2.0.json", **settings)
   record = result["history"][-1]
   assert {"dev_exact_match", "dev_f1", "dev_HasAns_f1", "dev_NoAns_f1"} <= set(record)
   assert result["metric"] == "f1" and 0.0 <= record["dev_f1"] <= 100.0
@@ -180,7 +183,7 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   assert cli.main(["export", "--params", result["best_dir"], "--format", "hf", "--out",
                    str(tmp_path / "hf")]) == 0
   hf_model = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
-  params, config, _ = ft.load_finetuned(result["best_dir"])
+  params, config, _ = load_finetuned(result["best_dir"])
   dev = squad.build_features(squad.read_squad(tmp_path / "qa" / "dev-v2.0.json"),
                              tmp_path / "out" / "best" / "tokenizer", max_seq_length=64,
                              doc_stride=32, max_query_length=24)
@@ -228,9 +231,9 @@ def test_docs_recipe_table_is_the_code():
      "transformers equivalent"),
     (dict(task="qa"), "task must be one of classification"),
 ])
-def test_spec_refuses_settings_that_would_train_or_export_nothing(values, message):
+def test_settings_that_would_train_or_export_nothing_are_refused(values, message):
   with pytest.raises(ValueError, match=message):
-    ft.FinetuneSpec(**values)
+    finetune_run_config(values)
 
 
 def test_fewshot_and_export_user_errors_are_one_line(tmp_path, gpt_base, capsys):

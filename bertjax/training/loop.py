@@ -188,13 +188,17 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
   checkpoints = TrainCheckpoints(workdir, config, workload.checkpoint_items)
-  if checkpoints.latest_step() is not None:
-    _check_resume(config, checkpoints)
-  if is_main:
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-    log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
-             jax.process_count())
-  state, phase = _restore_or_initialize(workload, trainer, checkpoints)
+  try:
+    if checkpoints.latest_step() is not None:
+      _check_resume(config, checkpoints)
+    if is_main:
+      (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
+      log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
+               jax.process_count())
+    state, phase = _restore_or_initialize(workload, trainer, checkpoints)
+  except BaseException:
+    checkpoints.close()  # its background threads would outlive the error
+    raise
   if int(state.step) >= total or workload.stopped:
     log.info("%s: the run already finished (step %d of %d)", workdir, int(state.step), total)
     phase.batches.close()
