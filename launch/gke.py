@@ -34,9 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tpu_vm import (REPO, TOPOLOGY_2D, TOPOLOGY_3D, UsageError, data_note,  # noqa: E402
-                    flag_value, parse_tpu_type, rel, show, split_command)
+from common import (REPO, UsageError, data_note, flag_value, parse_tpu_type, rel, show,
+                    split_command)
 
 EXAMPLE = """example (BERT-base on a v4-32 slice: 16 chips on 4 hosts, Spot nodes):
   python launch/gke.py --name bert-base --tpu-type v4-32 --spot --bucket my-bucket \\
@@ -212,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     chips = 1
     for d in topology.split("x"):
       chips *= int(d) if d.isdigit() else 0
-    table = TOPOLOGY_3D if tpu.generation in ("v4", "v5p") else TOPOLOGY_2D
-    if chips != tpu.chips or len(topology.split("x")) != len(table[tpu.chips].split("x")):
+    if chips != tpu.chips or len(topology.split("x")) != len(default_topology.split("x")):
       raise UsageError(f"--topology {topology} does not match --tpu-type "
                        f"{tpu.accelerator_type} ({tpu.chips} chips, e.g. {default_topology})")
     if not train:

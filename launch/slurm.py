@@ -24,8 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tpu_vm import data_note  # noqa: E402
+from common import data_note, flag_value, split_command
 
 EXAMPLE = """example (4 nodes x 8 GPUs):
   python launch/slurm.py --nodes 4 --gpus-per-node 8 --partition gpu --time 24:00:00 \\
@@ -89,20 +88,9 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def flag_value(argv: list[str], flag: str) -> str | None:
-  value = None
-  for i, arg in enumerate(argv):
-    if arg == flag and i + 1 < len(argv):
-      value = argv[i + 1]
-    elif arg.startswith(flag + "="):
-      value = arg[len(flag) + 1:]
-  return value
-
-
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  own, train = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-      else (argv, [])
+  own, train = split_command(argv)
   p = argparse.ArgumentParser(description=__doc__, epilog=EXAMPLE,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--nodes", type=int, required=True, help="number of nodes (= JAX processes)")

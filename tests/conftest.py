@@ -18,8 +18,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # dropped axis then fails loudly). Set in the environment too, so that the bertjax processes
 # tests start (training runs, multi-host workers) run under the same rule.
 os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
-# The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests neither read
-# nor write the user's.
+# The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests
+# neither read nor write the user's.
 os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
 
 import jax  # noqa: E402
@@ -43,8 +43,8 @@ def devices():
 def libtpu(request):
   """Skips the module's TPU compile tests where libtpu is missing, with a warning naming them
   (so that a run without it says what it did not check)."""
-  from bertjax.tools import aot
-  if not aot.libtpu_available():
+  from bertjax.tools import topology
+  if not topology.libtpu_available():
     reason = (f"libtpu is not installed (pip install 'bertjax[tpu]'): the TPU compile tests of "
               f"{request.module.__name__} did not run")
     warnings.warn(reason)

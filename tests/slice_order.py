@@ -3,8 +3,8 @@
 Simulated CPU devices come in host order (process 0's devices, then process 1's, ...), so every
 process's batch rows are one contiguous block. On a TPU slice the mesh follows the torus and
 the processes interleave along the batch axis (v4-16: process indices 0, 1, 0, 1, ...; see
-tests/test_topology_layouts.py). This wrapper gives `bertjax.parallel.sharding.make_mesh` the devices
-interleaved the same way (device j of every process, then device j+1 of every process, ...)
+tests/test_topology_layouts.py). This wrapper gives `bertjax.parallel.sharding.make_mesh` the
+devices interleaved the same way (device j of every process, then device j+1 of every process, ...)
 and otherwise runs the real command line:
 
   python launch/local.py --processes 2 --devices 4 -- \\

@@ -14,6 +14,7 @@ import pytest
 from bertjax.config import load_config
 from bertjax.data import make_batches
 from bertjax.tools import aot, hlo
+from bertjax.tools import topology
 
 GiB = 2 ** 30
 
@@ -35,18 +36,18 @@ GiB = 2 ** 30
     ("v4:4x4x12", "v4", 192, 192, "v4:4x4x12", 32),
 ])
 def test_topology_names(name, generation, chips, devices, topology, hbm_gib):
-  spec = aot.parse_topology(name)
+  spec = topology.parse_topology(name)
   assert (spec.generation, spec.chips, spec.devices, spec.topology_name) == \
       (generation, chips, devices, topology)
   assert spec.hbm_per_device == pytest.approx(hbm_gib * GiB)
   assert spec.peak_flops_per_device * spec.devices == pytest.approx(
-      aot.GENERATIONS[generation].peak_per_chip * chips)
+      topology.GENERATIONS[generation].peak_per_chip * chips)
 
 
 @pytest.mark.parametrize("name", ["v7-8", "v4-12", "v4-4", "tpu", "v4", "v5e:4x4x4", "a100-8"])
 def test_unknown_topology_lists_the_accepted_forms(name):
   with pytest.raises(ValueError, match="accepted forms: v2-N, v3-N"):
-    aot.parse_topology(name)
+    topology.parse_topology(name)
 
 
 HLO = """\

@@ -24,24 +24,18 @@ import train_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [f"w{i}" for i in range(300)]
-TINY = ["--config.model.hidden_size=64", "--config.model.num_heads=4",
-        "--config.model.mlp_dim=128", "--config.model.max_positions=32",
-        "--config.seq_length=32", "--config.batch_size=16", "--config.max_predictions=5",
-        "--config.optimizer.warmup_steps=2", "--config.log_every=1", "--config.eval_every=0",
-        "--config.model.hidden_dropout=0.1", "--config.checkpoint.every=4",
-        "--config.checkpoint.keep=0"]
+TINY = train_helpers.tiny_args(**{
+    "max_predictions": 5, "optimizer.warmup_steps": 2, "log_every": 1, "eval_every": 0,
+    "model.hidden_dropout": 0.1, "checkpoint.every": 4, "checkpoint.keep": 0})
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   """A google-research/bert-format corpus and a WordPiece vocabulary for it."""
   root = tmp_path_factory.mktemp("ckpt_corpus")
-  rng = random.Random(0)
-  docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) + " ."
-                    for _ in range(rng.randint(2, 12))) for _ in range(150)]
-  (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-  (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
-                                            + WORDS) + "\n")
+  docs = train_helpers.word_documents(random.Random(0), WORDS, 150, (2, 12), (3, 12))
+  train_helpers.write_bert_lines(root / "corpus.txt", docs)
+  train_helpers.write_vocab(root / "vocab.txt", WORDS)
   return root
 
 

@@ -482,6 +482,25 @@ def test_same_result_on_a_3d_mesh(tmp_path):
     np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
 
 
+def test_gradient_accumulation_in_a_finetune_is_the_same_update(tmp_path):
+  """A fine-tune is a run of the one loop, micro-batches included: 4 micro-batches per step
+  give the parameters of whole batches (dropout off; the objectives normalise over the global
+  batch)."""
+  vocab = _vocab(tmp_path)
+  _pair_task(tmp_path / "train.tsv", 64, seed=1)
+  cfg = _tiny(len(vocab.read_text().split()))
+  tuned = []
+  for accum in (1, 4):
+    result = _finetune(_spec(model=cfg, tokenizer=str(vocab), epochs=1), None,
+                       tmp_path / "train.tsv", tmp_path / "train.tsv", tmp_path / f"a{accum}",
+                       grad_accum_steps=accum)
+    tuned.append(_flat(load_finetuned(result["best_dir"])[0]))
+    assert json.loads((tmp_path / f"a{accum}" / "config.json").read_text())[
+        "grad_accum_steps"] == accum
+  for name in tuned[0]:
+    np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
+
+
 def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
   from bertjax import cli
   vocab = _vocab(tmp_path)

@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from bertjax.config import load_config
 from train_helpers import configs_common
 from bertjax.tools import aot, hlo
+from bertjax.tools import topology
 from bertjax.training.trainer import Trainer
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -184,9 +185,9 @@ def reference_collectives(mesh) -> tuple[hlo.HloStats, float]:
 
 @pytest.fixture(scope="module", params=TOPOLOGIES)
 def compiled_pair(request, libtpu):
-  spec = aot.parse_topology(request.param)
+  spec = topology.parse_topology(request.param)
   config = fsdp_config(spec.devices)
-  mesh = aot.topology_mesh(config, spec, aot.topology_devices(spec))
+  mesh = topology.topology_mesh(config, spec, topology.topology_devices(spec))
   assert mesh.shape["fsdp"] == spec.devices
   return request.param, compile_ours(config, mesh), reference_collectives(mesh)
 

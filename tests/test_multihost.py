@@ -19,12 +19,9 @@ import pytest
 import train_helpers
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",
-        "--config.model.hidden_size=64",
-        "--config.model.num_heads=4", "--config.model.mlp_dim=128",
-        "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
-        "--config.model.hidden_dropout=0.0", "--config.model.attention_dropout=0.0",
-        "--config.eval_every=0", "--config.optimizer.warmup_steps=2", "--config.log_every=1"]
+TINY = ["--config.data.source=synthetic_markov", *train_helpers.tiny_args(**{
+    "model.vocab_size": 128, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
+    "eval_every": 0, "optimizer.warmup_steps": 2, "log_every": 1})]
 
 
 def _train_cmd(workdir: Path, steps: int, *extra: str) -> list[str]:

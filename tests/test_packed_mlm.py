@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import train_helpers
+
 from bertjax.data import records
 from bertjax.data.bert_instances import InstanceConfig, SpecialIds
 from bertjax.data.build import build_dataset
@@ -26,12 +28,9 @@ L = 32
 def corpus(tmp_path_factory) -> Path:
   """google-research/bert format: a sentence per line, a blank line between documents."""
   root = tmp_path_factory.mktemp("packed")
-  rng = random.Random(7)
-  docs = [[" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) + " ."
-           for _ in range(rng.randint(1, 8))] for _ in range(48)]
-  (root / "a.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS
-  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  docs = train_helpers.word_documents(random.Random(7), WORDS, 48, (1, 8), (2, 12))
+  train_helpers.write_bert_lines(root / "a.txt", docs)
+  train_helpers.write_vocab(root / "vocab.txt", WORDS)
   build_dataset([parse_source(f"bert_lines:{root / 'a.txt'}?name=a")], root / "vocab.txt",
                 root / "data", BuildOptions(num_shards=2, eval_fraction=0.1))
   return root / "data"

@@ -10,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 
+import train_helpers
+
 from bertjax import cli, config as config_lib
 
 from bertjax.checkpoints import params as checkpoint
@@ -77,12 +79,9 @@ def test_schedule_restarts_at_the_switch_only_when_asked():
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp("phase_corpus")
-  rng = random.Random(1)
-  docs = ["\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14))) + " ."
-                    for _ in range(rng.randint(2, 10))) for _ in range(120)]
-  (root / "corpus.txt").write_text("\n\n".join(docs) + "\n")
-  (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."]
-                                            + WORDS) + "\n")
+  docs = train_helpers.word_documents(random.Random(1), WORDS, 120, (2, 10), (4, 14))
+  train_helpers.write_bert_lines(root / "corpus.txt", docs)
+  train_helpers.write_vocab(root / "vocab.txt", WORDS)
   return root
 
 

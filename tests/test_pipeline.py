@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import train_helpers
+
 from bertjax.data import records
 from bertjax.data.build import build_dataset
 from bertjax.data.options import BuildOptions
@@ -28,10 +30,8 @@ WORDS = [f"w{i}" for i in range(400)]
 
 def _write_corpus(path: Path, num_docs: int, seed: int) -> list[list[str]]:
   """google-research/bert format: a sentence per line, a blank line between documents."""
-  rng = random.Random(seed)
-  docs = [[" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) + " ."
-           for _ in range(rng.randint(2, 25))] for _ in range(num_docs)]
-  path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+  docs = train_helpers.word_documents(random.Random(seed), WORDS, num_docs, (2, 25), (3, 14))
+  train_helpers.write_bert_lines(path, docs)
   return docs
 
 
@@ -40,8 +40,7 @@ def corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp("corpus")
   _write_corpus(root / "a.txt", 240, seed=1)
   _write_corpus(root / "b.txt", 60, seed=2)
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "."] + WORDS
-  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  train_helpers.write_vocab(root / "vocab.txt", WORDS)
   # A GPT-style tokenizer (end-of-text token) for the packing tests.
   lines = (root / "a.txt").read_text().split("\n")
   train_sentencepiece([l for l in lines if l], root / "spm_gpt", vocab_size=600,

@@ -186,6 +186,12 @@ def test_readme_commands_run(tmp_path):
                        output), output[-3000:]
       png = (tmp_path / "runs" / "modernbert_tiny" / "metrics.png").read_bytes()
       assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    # The tour's `data build` runs with its defaults: they hold out an eval split.
+    if line.startswith("bertjax data build --source embedded ") and "--eval-fraction" not in line:
+      from bertjax.data.records import BuiltDataset
+      out = re.search(r"--out (\S+)", line).group(1)
+      counts = BuiltDataset.open(tmp_path / out).counts()["embedded"]
+      assert counts["eval"]["documents"] > 0 and counts["train"]["documents"] > 0, counts
 
 
 def test_empty_eval_split_is_caught_at_start_up(tmp_path):
@@ -218,3 +224,21 @@ def test_empty_eval_split_is_caught_at_start_up(tmp_path):
   CorpusBatches(cfg, "train", [0], 2).close()  # a run that does not evaluate is fine
   with pytest.raises(CorpusError, match=r"no eval documents .* larger --eval-fraction"):
     CorpusBatches(dataclasses.replace(cfg, require_eval=True), "train", [0], 2)
+
+
+def test_one_set_of_data_defaults():
+  """`bertjax data build`'s defaults, a run's build on first use (the config's data group) and
+  the data package's own options are one set of values."""
+  from bertjax.cli import _parser
+  from bertjax.config.schema import data_group
+  from bertjax.data.options import BuildOptions, LoaderConfig
+  args = _parser().parse_args(["data", "build", "--source", "embedded", "--tokenizer", "t",
+                               "--out", "o"])
+  build = BuildOptions()
+  assert (args.eval_fraction, args.num_shards, args.workers, args.language) == (
+      build.eval_fraction, build.num_shards, build.num_workers, build.language)
+  group = data_group()
+  assert group.eval_fraction == build.eval_fraction == 0.05
+  for key in ("mask_prob", "bert_instances", "short_seq_prob", "dupe_factor", "shuffle_window",
+              "seed", "num_epochs", "num_workers", "prefetch", "weights", "epoch_documents"):
+    assert group[key] == getattr(LoaderConfig, key), key

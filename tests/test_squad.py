@@ -1,5 +1,5 @@
-"""Extractive QA (bertjax.finetune.squad, bertjax.finetune.qa_task, scores.squad_scores): EM/F1 as the
-official SQuAD scripts define them, windows that cover the context and map answers back to
+"""Extractive QA (bertjax.finetune.squad, bertjax.finetune.qa_task, scores.squad_scores): EM/F1
+as the official SQuAD scripts define them, windows that cover the context and map answers back to
 their characters, answers equal to transformers' question-answering pipeline on an exported
 BertForQuestionAnswering, a deterministic article-split QA set, and errors naming file and
 question."""

@@ -27,12 +27,9 @@ from bertjax.training.metrics import TrainingDiverged
 from bertjax.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--config.data.source=synthetic_markov", "--config.model.vocab_size=128",
-         "--config.model.hidden_size=64",
-         "--config.model.num_heads=4", "--config.model.mlp_dim=128",
-         "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
-         "--config.max_predictions=5", "--config.optimizer.warmup_steps=5",
-         "--config.log_every=10"]
+SMALL = ["--config.data.source=synthetic_markov", *train_helpers.tiny_args(**{
+    "model.vocab_size": 128, "max_predictions": 5, "optimizer.warmup_steps": 5,
+    "log_every": 10})]
 
 
 @pytest.fixture(autouse=True)

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from train_helpers import tiny_args
+
 from bertjax import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-GPT = ["--config", "gpt_tiny", "--config.model.vocab_size=2048",
-       "--config.data.source=synthetic_markov", "--config.model.hidden_size=64",
-       "--config.model.num_heads=4", "--config.model.mlp_dim=128",
-       "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
-       "--config.optimizer.warmup_steps=1", "--config.log_every=1", "--config.eval_every=0"]
+GPT = ["--config", "gpt_tiny", "--config.data.source=synthetic_markov", *tiny_args(**{
+    "model.vocab_size": 2048, "optimizer.warmup_steps": 1, "log_every": 1, "eval_every": 0})]
 
 
 def _one_error(err: str) -> str:

@@ -1,6 +1,6 @@
-"""One run per workdir (bertjax.checkpoints.workdir): a second run is refused while the first holds the lock,
-a stale lock is taken over, and a resumed run may change how it runs but not what it computes
-without saying so."""
+"""One run per workdir (bertjax.checkpoints.workdir): a second run is refused while the first
+holds the lock, a stale lock is taken over, and a resumed run may change how it runs but not
+what it computes without saying so."""
 
 import json
 import os
@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from train_helpers import tiny_args
+
 from bertjax import cli
 from bertjax.checkpoints.workdir import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirLock, config_changes
 
 ROOT = Path(__file__).resolve().parent.parent
-GPT = ["--config", "gpt_tiny", "--config.model.vocab_size=128",
-       "--config.data.source=synthetic_markov", "--config.model.hidden_size=64",
-       "--config.model.num_heads=4", "--config.model.mlp_dim=128",
-       "--config.model.max_positions=32", "--config.seq_length=32", "--config.batch_size=16",
-       "--config.optimizer.warmup_steps=1", "--config.log_every=1", "--config.eval_every=0",
-       "--config.checkpoint.every=2"]
+GPT = ["--config", "gpt_tiny", "--config.data.source=synthetic_markov", *tiny_args(**{
+    "model.vocab_size": 128, "optimizer.warmup_steps": 1, "log_every": 1, "eval_every": 0,
+    "checkpoint.every": 2})]
 
 
 def _cmd(workdir: Path, steps: int, *extra: str) -> list[str]:

@@ -28,14 +28,25 @@ def configs_common():
   return module
 
 
+# The tiny model and batch the tests train: tiny_config in Python, tiny_args on a command line.
+TINY_MODEL = {"hidden_size": 64, "num_heads": 4, "mlp_dim": 128, "max_positions": 32}
+TINY_BATCH = {"seq_length": 32, "batch_size": 16}
+
+
+def tiny_args(**changes) -> list[str]:
+  """`--config.*` flags of the tiny model and batch, then `changes` by dotted key (e.g.
+  **{"model.vocab_size": 128, "log_every": 1})."""
+  values = {**{f"model.{k}": v for k, v in TINY_MODEL.items()}, **TINY_BATCH, **changes}
+  return [f"--config.{key}={value}" for key, value in values.items()]
+
+
 def tiny_config(family: str, **overrides):
   """bert_tiny / gpt_tiny shrunk further, fp32, dropout off (deterministic comparisons)."""
   config = config_lib.load_config("bert_tiny" if family == "bert" else "gpt_tiny")
-  config.model.update(dict(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4,
-                           mlp_dim=128, max_positions=32, hidden_dropout=0.0,
+  config.model.update(dict(TINY_MODEL, vocab_size=128, num_layers=2, hidden_dropout=0.0,
                            attention_dropout=0.0))
-  config.update(dict(batch_size=16, seq_length=32, max_predictions=5, num_train_steps=10,
-                     log_every=1, eval_every=0))
+  config.update(dict(TINY_BATCH, max_predictions=5, num_train_steps=10, log_every=1,
+                     eval_every=0))
   config.data.source = "synthetic_markov"
   config.optimizer.warmup_steps = 2
   config.optimizer.learning_rate = 1e-3
@@ -111,3 +122,30 @@ def finetune(out, init_from=None, train=None, dev=None, **values):
   from bertjax.training.loop import train_and_evaluate
   config = finetune_run_config({**values, "init_from": init_from, "train": train, "dev": dev})
   return train_and_evaluate(config, out)
+
+
+# --- corpora -------------------------------------------------------------------------------
+# Several tests build a corpus of random words in google-research/bert's format with a
+# WordPiece vocabulary for it; the words and sizes are each test's, the making is shared here.
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def word_documents(rng, words: list[str], num_docs: int, sentences: tuple[int, int],
+                   words_per_sentence: tuple[int, int]) -> list[list[str]]:
+  """`num_docs` documents of random sentences (each of `words`, ending " ."): between
+  `sentences` sentences of between `words_per_sentence` words, drawn from `rng`."""
+  return [[" ".join(rng.choice(words) for _ in range(rng.randint(*words_per_sentence))) + " ."
+           for _ in range(rng.randint(*sentences))] for _ in range(num_docs)]
+
+
+def write_bert_lines(path: Path, documents: list[list[str]]) -> Path:
+  """google-research/bert's format: a sentence per line, a blank line between documents."""
+  path.write_text("\n\n".join("\n".join(d) for d in documents) + "\n")
+  return path
+
+
+def write_vocab(path: Path, words: list[str]) -> Path:
+  """A WordPiece vocab.txt: the special tokens, ".", then `words`."""
+  path.write_text("\n".join(SPECIALS + ["."] + list(words)) + "\n")
+  return path

@@ -89,9 +89,9 @@ def cmd_compile(args: argparse.Namespace, overrides: Overrides) -> int:
 def _compile_fit(args: argparse.Namespace, overrides: Overrides) -> int:
   """`bertjax compile --fit`: search settings, one line per compile, then the winner's
   overrides (exit 0) or why none fits (exit 1)."""
-  from bertjax.tools import aot, fit
-  if not aot.libtpu_available():
-    print(f"bertjax compile: error: {aot.LIBTPU_MISSING}", file=sys.stderr)
+  from bertjax.tools import fit, topology
+  if not topology.libtpu_available():
+    print(f"bertjax compile: error: {topology.LIBTPU_MISSING}", file=sys.stderr)
     return EXIT_USAGE
   if args.step is not None:
     print("bertjax compile: error: --fit searches the config as written; compile a later phase "

@@ -52,14 +52,18 @@ def cmd_plot(args: argparse.Namespace, overrides: Overrides) -> int:
 
 
 def register(add: Add) -> None:
-  p = add("train", "pre-train a model",
-          "Runs the config's pre-training on every device of the config's mesh: one jitted, "
-          "sharded train step, metrics to WORKDIR/metrics.jsonl, TensorBoard events to "
-          "WORKDIR/tensorboard and a console line per log interval. Multi-host: run the same "
-          "command on every host (see launch/).",
+  p = add("train", "train a model: pre-training, or fine-tuning with a finetune config",
+          "Runs the config on every device of the config's mesh: one jitted, sharded train "
+          "step, metrics to WORKDIR/metrics.jsonl, TensorBoard events to WORKDIR/tensorboard "
+          "and a console line per log interval, checkpoints to resume from. A config with "
+          "finetune.task set (configs/finetune.py) fine-tunes instead of pre-training, as "
+          "`bertjax finetune` does. Multi-host: run the same command on every host (see "
+          "launch/).",
           "examples:\n  bertjax train --config configs/bert_tiny.py --workdir runs/bert_tiny\n"
           "  bertjax train --config configs/gpt_tiny.py --workdir runs/gpt --config.mesh.fsdp=2"
-          "\n\n" + OVERRIDES_EPILOG, cmd_train)
+          "\n  bertjax train --config configs/finetune.py:recipe=glue --workdir runs/sst2 "
+          "--config.init_from=runs/bert_tiny/params --config.finetune.train=sst2/train.tsv "
+          "--config.finetune.dev=sst2/dev.tsv\n\n" + OVERRIDES_EPILOG, cmd_train)
   p.add_argument("--config", required=True, help="config file or name under configs/")
   p.add_argument("--workdir", required=True, help="directory for metrics and checkpoints")
 

@@ -9,5 +9,6 @@ from bertjax.config.schema import (base_config, bert_model, finetune_config, gpt
                                    model_config)
 
 __all__ = ["CONFIGS_DIR", "RUNLOCAL", "VariantError", "apply_override", "base_config",
-           "bert_model", "choose", "config_files", "file_variants", "finetune_config", "gpt_model", "load_config",
-           "load_config_file", "model_config", "parse_arg", "runlocal", "split_overrides"]
+           "bert_model", "choose", "config_files", "file_variants", "finetune_config",
+           "gpt_model", "load_config", "load_config_file", "model_config", "parse_arg",
+           "runlocal", "split_overrides"]

@@ -28,6 +28,8 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "head_learning_rate": (("optimizer.head_learning_rate",),
                            "the new head's peak learning rate (0: learning_rate)"),
     "batch_size": (("batch_size",), "training batch size (rows)"),
+    "grad_accum_steps": (("grad_accum_steps",), "micro-batches per step, accumulated inside "
+                         "the step (batch_size must divide by it)"),
     "seq_length": (("seq_length",), "tokens per row: a sentence (pair), a question-answering "
                    "window, a packed completion row"),
     "weight_decay": (("optimizer.weight_decay",), "decoupled weight decay"),

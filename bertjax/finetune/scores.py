@@ -1,6 +1,6 @@
-"""Dev-set scores of fine-tuning tasks (the training loop's metric writers are bertjax.training.metrics):
-accuracy, binary F1, Matthews correlation (CoLA), Pearson and Spearman (STS-B), and
-entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them."""
+"""Dev-set scores of fine-tuning tasks: accuracy, binary F1, Matthews correlation (CoLA), Pearson
+and Spearman (STS-B), and entity-level F1 over BIO spans (NER), as GLUE and CoNLL score them;
+SQuAD's exact match and F1."""
 
 from __future__ import annotations
 

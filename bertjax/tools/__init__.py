@@ -18,8 +18,8 @@ What lives here answers questions about the core rather than training with it:
 - `param_report`: parameter counts by group and the check against the papers' figures
   (`bertjax info`).
 
-The direction is one way: these modules import the core (`bertjax.training.trainer`, `bertjax.models`,
-`bertjax.training.flops`, ...), and the core never imports them. `bertjax/cli.py` imports them only
-inside the command handlers that need them, so `import bertjax.cli` loads none of them;
-tests/test_architecture.py holds both rules.
+The direction is one way: these modules import the core (`bertjax.training.trainer`,
+`bertjax.models`, `bertjax.training.flops`, ...), and the core never imports them. The CLI's
+command modules (bertjax/cli/) import them only inside the command handlers that need them, so
+`import bertjax.cli` loads none of them; tests/test_architecture.py holds both rules.
 """

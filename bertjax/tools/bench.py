@@ -5,9 +5,9 @@ For one config, in one process:
   data-sheet peak where the device kind has one;
 - our jitted, sharded, donated train step (the `Trainer` that `bertjax train` uses, on a
   synthetic batch of the config's shape): compile time, then the median of timed steps;
-- tokens/s, sequences/s, model FLOPs per step (`bertjax.training.flops`, formula in its docstring) next
-  to the FLOPs XLA compiled (dots counted through loop trips, `bertjax.tools.hlo`) and XLA's own
-  `cost_analysis`; MFU against each peak; memory.
+- tokens/s, sequences/s, model FLOPs per step (`bertjax.training.flops`, formula in its
+  docstring) next to the FLOPs XLA compiled (dots counted through loop trips,
+  `bertjax.tools.hlo`) and XLA's own `cost_analysis`; MFU against each peak; memory.
 - `compare="hf"`: the same shape, batch, optimizer and dropout in Hugging Face `transformers`
   (PyTorch; bertjax/tools/bench_hf.py) in the same precision (bf16: `torch.autocast`), run
   alternately with ours, block by block; the ratio of throughputs of each pair and their

@@ -1,8 +1,8 @@
 """`bertjax bench --decode`: what one new token costs with the KV cache, against recomputing.
 
 For each cache size: a prompt of `size - new_tokens` random tokens, then `new_tokens` greedy
-tokens decoded with the cache (`bertjax.inference.generate`'s prefill and `decode_step`), timed as the
-difference between decoding `new_tokens` and 1 token in the same compiled program (a traced
+tokens decoded with the cache (`bertjax.inference.generate`'s prefill and `decode_step`), timed
+as the difference between decoding `new_tokens` and 1 token in the same compiled program (a traced
 step count), so the prefill cancels; next to it, one forward pass over the whole sequence
 (what a decoder without a cache pays for every token). docs/generation.md has the numbers.
 
