@@ -264,7 +264,7 @@ def test_training_with_freeze_base(devices):
 
 def test_trainable_params_and_combine_round_trip():
   cfg = _config("bert", lora_rank=4, adapter_size=8)
-  params = _random_params(cfg, "classification")
+  params = _random_params(cfg, "sequence_classification")
   trained = adapters.trainable_params(params, "base")
   keys = set(_flat(trained))
   assert keys == {k for k in _flat(params) if is_added(k) or k[0] == "classifier"}
@@ -332,7 +332,7 @@ def test_peft_loads_our_adapter(tmp_path, family, targets, head):
   hf_models = pytest.importorskip("hf_models")
   peft = pytest.importorskip("peft")
   transformers = hf_models.transformers
-  model_head = "classification" if head == "sequence_classification" else "pretraining"
+  model_head = head if head == "sequence_classification" else "pretraining"
   cfg = _config(family, lora_rank=4, lora_alpha=8.0, lora_targets=targets,
                 num_labels=3)
   params = _random_params(cfg, model_head)

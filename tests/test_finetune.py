@@ -501,6 +501,26 @@ def test_gradient_accumulation_in_a_finetune_is_the_same_update(tmp_path):
     np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
 
 
+def test_a_finished_finetune_started_again_or_continued(tmp_path, capsys):
+  """The same command again: the summary, nothing trained. More epochs: refused as a change of
+  what the run computes (the schedule), unless asked; then it continues from its last
+  checkpoint and its outputs are written again for the longer run."""
+  vocab = _vocab(tmp_path)
+  _pair_task(tmp_path / "train.tsv", 32, seed=1)
+  cfg = _tiny(len(vocab.read_text().split()))
+  spec = _spec(model=cfg, tokenizer=str(vocab), epochs=1, batch_size=16)
+  data = (None, tmp_path / "train.tsv", tmp_path / "train.tsv", tmp_path / "out")
+  first = _finetune(spec, *data)
+  assert first["steps"] == 2 and len(first["history"]) == 1
+  assert _finetune(spec, *data) == first
+  with pytest.raises(ValueError, match="in what the run computes: finetune.epochs: 1.0 -> 2.0"):
+    _finetune({**spec, "epochs": 2}, *data)
+  longer = _finetune({**spec, "epochs": 2}, *data, resume_with_changes=True)
+  assert longer["steps"] == 4 and [h["step"] for h in longer["history"]] == [2, 4]
+  saved = json.loads((tmp_path / "out" / "finetune_summary.json").read_text())
+  assert saved["steps"] == 4 and saved["history"] == longer["history"]
+
+
 def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
   from bertjax import cli
   vocab = _vocab(tmp_path)

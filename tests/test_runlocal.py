@@ -12,9 +12,12 @@ from bertjax import cli, config as config_lib
 from bertjax.models import abstract_params, build_model
 from bertjax.models.params import count_params
 
-ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
-                     for p in config_lib.config_files()
-                     for v in config_lib.file_variants(p.stem))
+# Every pre-training config: runlocal shrinks a pre-training recipe (a fine-tune's scale is its
+# weights' and task's).
+ALL_CONFIGS = sorted(name for name in (f"{p.stem}:{v}" if v else p.stem
+                                       for p in config_lib.config_files()
+                                       for v in config_lib.file_variants(p.stem))
+                     if not name.startswith("finetune"))
 # What runlocal keeps of a config: the recipe, not its scale.
 KEPT = ("objective", "model.family", "model.norm_position", "model.activation",
         "model.final_layer_norm", "model.scale_residual_init", "model.type_vocab_size",
@@ -124,3 +127,8 @@ def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys):
   out = capsys.readouterr().out
   assert "run finished at step 3 of 3" in out and "lm_loss" in out
   assert _steps(gpt) == [1, 2, 3]
+
+
+def test_runlocal_refuses_a_finetuning_config():
+  with pytest.raises(ValueError, match="runlocal shrinks a pre-training recipe"):
+    config_lib.load_config("finetune:recipe=glue,runlocal")

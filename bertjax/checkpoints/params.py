@@ -20,6 +20,7 @@ from etils import epath
 
 from bertjax import paths
 from bertjax.models import Head, ModelConfig, abstract_params, build_model
+from bertjax.parallel.sharding import abstract_with
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +60,7 @@ def load_params(directory: paths.PathLike, shardings: Any = None,
   config = load_model_config(directory)
   if abstract is None:
     abstract = abstract_params_of(config)
-  if shardings is None:
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    shardings = jax.tree.map(lambda _: device, abstract)
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+  target = abstract_with(abstract, shardings)
   params = ocp.StandardCheckpointer().restore(directory / "params", target)
   return params, config
 

@@ -119,8 +119,9 @@ class DataRestore(ocp.args.CheckpointArgs):
   iterator: Any
 
 
-def _shape_tree(tree: Any) -> dict[str, tuple]:
-  return {jax.tree_util.keystr(path): tuple(leaf.shape)
+def _leaves(tree: Any) -> dict[str, Any]:
+  """Path -> leaf (an array, its shape struct or Orbax's metadata: anything with a .shape)."""
+  return {jax.tree_util.keystr(path): leaf
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
@@ -230,8 +231,8 @@ class TrainCheckpoints:
 
   def check_shapes(self, step: int, abstract_params: Any) -> None:
     """Raises CheckpointMismatch listing every parameter whose shape differs."""
-    saved = _shape_tree(self.manager.item_metadata(step)["params"])
-    problems = shape_mismatches(saved, _shape_tree(abstract_params), "config")
+    saved = _leaves(self.manager.item_metadata(step)["params"])
+    problems = shape_mismatches(saved, _leaves(abstract_params), "config")
     if problems:
       raise CheckpointMismatch(
           f"checkpoint step {step} in {self.directory} does not fit the config "

@@ -26,6 +26,7 @@ from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.config import model_config
 from bertjax.finetune.tasks import TASKS
 from bertjax.models import ModelConfig, peft
+from bertjax.parallel.sharding import abstract_with
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,5 @@ def run_params(workdir: paths.PathLike, step: int | None = None
   workdir = paths.path(workdir)
   with _run_checkpoints(workdir) as checkpoints:
     step, config, tokenizer = _run_step(workdir, checkpoints, step)
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
-                            abstract_params_of(config))
-    params, step = checkpoints.restore_params(abstract, step)
+    params, step = checkpoints.restore_params(abstract_with(abstract_params_of(config)), step)
   return params, config, tokenizer, step

@@ -48,6 +48,8 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "step": (("init_step",), "with a training workdir as init_from: its step (-1: latest)"),
     "rules": (("sharding_rules",), "logical-axis rules preset"),
     "log_every": (("log_every",), "log train metrics every N steps"),
+    "resume_with_changes": (("resume_with_changes",), "continue a run in OUT although the "
+                            "config changed what it computes (e.g. more epochs)"),
 }
 
 

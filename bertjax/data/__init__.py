@@ -9,42 +9,30 @@ row's data does not depend on which process loads it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import ml_collections
 import numpy as np
 
+from bertjax.data.options import LoaderConfig
+from bertjax.data.rows import NumberedBatches
 from bertjax.data.synthetic import SyntheticMarkov
 
 SOURCES = ("corpus", "synthetic_markov")
 
 
-class SyntheticBatches:
+class SyntheticBatches(NumberedBatches):
   """`SyntheticMarkov` rows as a checkpointable iterator (its state is the batch number)."""
 
   def __init__(self, source: SyntheticMarkov, rows: Sequence[int], split: str):
-    self._source, self._rows, self._split, self._step = source, rows, split, 0
+    self._source, self._rows, self._split = source, rows, split
 
-  def __iter__(self) -> "SyntheticBatches":
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    batch = self._source.batch(self._step, self._rows, self._split)
-    self._step += 1
-    return batch
-
-  def get_state(self) -> dict[str, Any]:
-    return {"step": self._step}
-
-  def set_state(self, state: dict[str, Any]) -> None:
-    self._step = int(state["step"])
-
-  def close(self) -> None:
-    pass
+  def batch(self, number: int) -> dict[str, np.ndarray]:
+    return self._source.batch(number, self._rows, self._split)
 
 
-def loader_config(config: ml_collections.ConfigDict, dataset: str):
-  from bertjax.data.options import LoaderConfig
+def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConfig:
+  """The loader's settings: the run config's `data` group, its shape and objective."""
   d = config.data
   return LoaderConfig(
       dataset=dataset, objective=config.objective, seq_length=int(config.seq_length),
@@ -72,6 +60,7 @@ def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[i
                              mask_prob=config.data.mask_prob, seed=config.data.seed)
     return SyntheticBatches(source, rows, split)
   if name == "corpus":
+    # Imported here: the loader brings Grain, which runs on synthetic data need not load.
     from bertjax.data.pipeline import CorpusBatches
     return CorpusBatches(loader_config(config, dataset), split, rows, int(config.batch_size))
   raise ValueError(f"unknown data.source {name!r}; sources: {', '.join(SOURCES)}")

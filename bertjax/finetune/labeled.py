@@ -25,6 +25,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from bertjax.data.errors import CorpusError
+from bertjax.data.tokenizers import special_ids
 
 TaskKind = Literal["classification", "regression", "token_classification"]
 TASKS = ("classification", "regression", "token_classification")
@@ -277,7 +278,6 @@ def label_ids(examples: Sequence[Example], labels: Sequence[str], task: TaskKind
 # --- encoding ----------------------------------------------------------------------------
 
 def _specials(tokenizer) -> tuple[int, int, int]:
-  from bertjax.data.tokenizers import special_ids
   ids = special_ids(tokenizer)
   if ids.get("cls") is None or ids.get("sep") is None:
     raise CorpusError(f"{tokenizer!r} has no [CLS]/[SEP] tokens; fine-tuning BERT needs a "
@@ -367,7 +367,6 @@ def encode_tagged(examples: Sequence[Example], tokenizer, seq_length: int,
 
 
 def _unk(tokenizer) -> int:
-  from bertjax.data.tokenizers import special_ids
   unk = special_ids(tokenizer).get("unk")
   return 0 if unk is None else unk
 

@@ -32,6 +32,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertjax.data.errors import CorpusError
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.hf.tokenizer import fast_tokenizer
 
 
 @dataclasses.dataclass
@@ -148,13 +150,11 @@ class QAFeatures:
 
 def _fast_tokenizer(tokenizer: Any) -> Any:
   """A `tokenizers.Tokenizer` from one, from a loaded bertjax tokenizer or from its dir."""
-  from bertjax.hf import tokenizer as hf_tokenizer
   if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "token_to_id"):
     return tokenizer
   if isinstance(tokenizer, (str, Path)):
-    from bertjax.data.tokenizers import load_tokenizer
     tokenizer = load_tokenizer(tokenizer)
-  return hf_tokenizer.fast_tokenizer(tokenizer)
+  return fast_tokenizer(tokenizer)
 
 
 def window_starts(num_tokens: int, window: int, doc_stride: int) -> list[int]:

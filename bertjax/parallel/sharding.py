@@ -181,6 +181,17 @@ def shardings_for(abstract_boxed: Any, mesh: Mesh, rules: Rules) -> Any:
       to_sharding, specs, unboxed, is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
 
 
+def abstract_with(tree: Any, shardings: Any | None = None) -> Any:
+  """ShapeDtypeStructs of `tree`'s leaves carrying `shardings` (a tree like it; None: this
+  process's first device): what a checkpoint restores into and a step compiles against,
+  allocating nothing."""
+  if shardings is None:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    shardings = jax.tree.map(lambda _: device, tree)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(np.shape(a), a.dtype, sharding=s),
+                      tree, shardings)
+
+
 def sharded_init(init_fn: Callable[[jax.Array], Any], rng: jax.Array, mesh: Mesh,
                  rules: Rules) -> tuple[Any, Any]:
   """Creates a tree directly in its shardings: eval_shape, then jit with out_shardings.

@@ -219,14 +219,19 @@ class FineTuning:
     self.best_params = restored["best"] if self.best["value"] is not None else None
 
   def finish(self, state: TrainState, trainer: Trainer, trained: bool) -> dict[str, Any]:
-    """OUT/best, the task's final products (generations) and exports, and the summary; done
-    once (OUT/finetune_summary.json marks it), redone whole after a kill in the middle."""
+    """OUT/best, the task's final products (generations) and exports, and the summary. Done once
+    (OUT/finetune_summary.json marks it): a finished run started again returns its summary;
+    outputs a kill interrupted, or that this invocation's training made stale (a run continued
+    to more epochs), are written again whole."""
     out = self.workdir
     done = out / SUMMARY_FILE
-    if done.exists():
+    if done.exists() and not trained:
       return json.loads(done.read_text())
     distributed.barrier("finetune outputs checked")
     if self.is_main:
+      for name in (SUMMARY_FILE, "generations.jsonl"):
+        if (out / name).exists():
+          (out / name).unlink()
       for name in ("best", "hf", "peft"):
         if (out / name).exists():
           (out / name).rmtree()
@@ -251,6 +256,19 @@ class FineTuning:
     if self.is_main:
       done.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+  def summary_lines(self, result: dict[str, Any]) -> list[str]:
+    if "best_dir" not in result:  # stopped before the end (preempted): no products yet
+      return []
+    lines = [f"  best dev {result['metric']} {result['best_value']:.4f} at step "
+             f"{result['best_step']} (epoch {result['best_epoch']:g})"
+             + (", stopped early" if result["stopped_early"] else ""),
+             f"  best parameters {result['best_dir']}"]
+    for key, what in (("hf_dir", "Hugging Face"), ("peft_dir", "peft adapter"),
+                      ("generations", "generations")):
+      if result.get(key):
+        lines.append(f"  {what} {result[key]}")
+    return lines
 
   def _save_best(self, params: Any, trainer: Trainer) -> epath.Path:
     """OUT/best: the parameters (with freeze=base and a base checkpoint, only the trained

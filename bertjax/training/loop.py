@@ -64,6 +64,8 @@ class Workload(Protocol):
 
   def finish(self, state: TrainState, trainer: Trainer, trained: bool) -> dict[str, Any]: ...
 
+  def summary_lines(self, result: dict[str, Any]) -> list[str]: ...
+
 
 class _TqdmStream:
   """Console lines printed above the progress bar instead of through it."""
@@ -206,7 +208,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     result = workload.finish(state, trainer, trained=False)
     if is_main:
       _print_summary(report, workdir, int(state.step), total, trainer,
-                     plotted=(workdir / plot.PLOT_NAME).exists())
+                     plotted=(workdir / plot.PLOT_NAME).exists(),
+                     extra=workload.summary_lines(result))
     return result
 
   # MFU is against the peak of the dtype the model's matmuls run in.
@@ -303,7 +306,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     result = workload.finish(state, trainer, trained=True) or result
   if is_main:
     _print_summary(report, workdir, step, total, trainer, plotted,
-                   time.perf_counter() - started)
+                   time.perf_counter() - started, workload.summary_lines(result))
   return result
 
 
@@ -377,8 +380,10 @@ def _switch_phase(workload: Workload, trainer: Trainer, phase: _PhaseData, step:
 
 
 def _print_summary(report: TextIO, workdir: epath.Path, step: int, total: int,
-                   trainer: Trainer, plotted: bool, wall_seconds: float | None = None) -> None:
-  """The end-of-run summary (process 0): never fails the run it describes."""
+                   trainer: Trainer, plotted: bool, wall_seconds: float | None = None,
+                   extra: Sequence[str] = ()) -> None:
+  """The end-of-run summary (process 0) and the workload's `extra` lines: never fails the run
+  it describes."""
   metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
   try:
     records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
@@ -387,4 +392,4 @@ def _print_summary(report: TextIO, workdir: epath.Path, step: int, total: int,
   except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
     log.warning("could not summarise the run from %s: %s", metrics_path, e)
     return
-  print("\n".join(lines), file=report, flush=True)
+  print("\n".join([*lines, *extra]), file=report, flush=True)

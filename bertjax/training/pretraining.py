@@ -114,6 +114,9 @@ class Pretraining:
       log.info("final parameters written to %s", params_dir)
     return {}
 
+  def summary_lines(self, result: dict[str, Any]) -> list[str]:
+    return []  # the loop's summary says it all: params/ and what to run next
+
 
 def evaluate(trainer: Trainer, state: TrainState, batches, num_batches: int) -> dict[str, float]:
   """Mean metrics over the first `num_batches` held-out batches (the same ones every time)."""

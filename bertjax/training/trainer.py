@@ -187,8 +187,7 @@ class Trainer:
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and shardings of the state, allocating nothing (restore targets)."""
     abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, self.state_shardings)
+    return sharding.abstract_with(abstract, self.state_shardings)
 
   def init_state(self, seed: int) -> TrainState:
     """The initial state, created directly in its shardings."""
