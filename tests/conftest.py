@@ -21,6 +21,12 @@ os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 # The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests
 # neither read nor write the user's.
 os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
+# JAX's persistent compilation cache, one per session: the many runs of the same tiny programs
+# (a run and its resumes, each process of a multi-process run, the same model in many tests)
+# compile once. A hit is the executable of the identical program (keyed by its HLO, options
+# and backend), so nothing a test checks changes; the first compile of each program is paid.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="bertjax-test-jax-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

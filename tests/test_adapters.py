@@ -213,6 +213,7 @@ def test_invalid_options_are_refused():
 
 # --- training the additions alone ---------------------------------------------------------
 
+@pytest.mark.slow
 def test_training_with_freeze_base(devices):
   """Trainer with optimizer.freeze=base: the base model's weights come out bit-identical, every
   addition and head moves, only they have optimizer moments, and the loss falls."""

@@ -134,6 +134,7 @@ def test_missing_libtpu_is_a_clear_error(monkeypatch):
     aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
 
 
+@pytest.mark.slow
 def test_bert_compiles_for_v4_16_fits_and_flops_match(libtpu):
   report = aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
   assert report.fits and report.shortfall_bytes == 0
@@ -146,6 +147,7 @@ def test_bert_compiles_for_v4_16_fits_and_flops_match(libtpu):
   assert "fits          yes" in text and "ratio" in text
 
 
+@pytest.mark.slow
 def test_fsdp_gpt_on_v5p_gathers_weights(libtpu):
   config = load_config("gpt_tiny", [("mesh.data", "1"), ("mesh.fsdp", "-1")])
   report = aot.compile_for_topology(config, "v5p-16")
@@ -183,6 +185,7 @@ def test_a_batch_that_does_not_divide_the_data_ways_is_named(libtpu):
     aot.compile_for_topology(config, "v4-16")
 
 
+@pytest.mark.slow
 def test_compile_command_phase_two_and_exit_status(libtpu, capsys):
   from bertjax import cli
   assert cli.main(["compile", "--config", "bert_tiny_two_phase", "--topology", "v4-16",
@@ -200,6 +203,7 @@ def test_compile_command_phase_two_and_exit_status(libtpu, capsys):
   assert code == 2 and "does not divide v4-16" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compile_prints_what_each_host_loads_on_one_slice_and_on_two(libtpu, capsys):
   """The pre-flight line for a single slice, and a 2-slice job (data parallel across the
   slices over DCN, FSDP within each) that compiles."""
@@ -219,6 +223,7 @@ def test_compile_prints_what_each_host_loads_on_one_slice_and_on_two(libtpu, cap
   assert "fits          yes" in out
 
 
+@pytest.mark.slow
 def test_a_2_slice_gradient_all_reduce_crosses_slices(libtpu):
   """Data parallel across 2 slices: the compiled program all-reduces the gradients."""
   config = load_config("bert_tiny", [("mesh.data", "-1")])
@@ -229,6 +234,7 @@ def test_a_2_slice_gradient_all_reduce_crosses_slices(libtpu):
   assert 0.9 < report.flops_ratio <= 1.05
 
 
+@pytest.mark.slow
 def test_splash_attention_compiles_into_the_tpu_program(libtpu):
   """model.attention=auto without attention dropout picks the Pallas splash kernel for a TPU
   topology (compiled, not interpreted, under shard_map); the report says so and projects

@@ -103,6 +103,7 @@ def test_models_give_the_same_logits_with_each_implementation(family):
     np.testing.assert_allclose(np.asarray(logits(implementation))[used], ref[used], atol=TOL)
 
 
+@pytest.mark.slow
 def test_splash_is_sharded_by_the_rules_and_trains_like_xla():
   """One train step on a (2, 2, 2) data/fsdp/tensor mesh: splash runs per device under
   shard_map (rows over data and fsdp, heads over tensor); loss and updated parameters equal

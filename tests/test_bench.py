@@ -24,6 +24,7 @@ SMALL = [("model.hidden_size", "256"), ("model.mlp_dim", "1024"), ("model.num_he
 
 
 @pytest.mark.parametrize("name", ["bert_tiny", "gpt_tiny"])
+@pytest.mark.slow
 def test_model_flops_formula_matches_xla(name, devices):
   """Unrolled layers, so XLA's cost_analysis sees every layer: it counts elementwise work too
   (softmax, LayerNorm, AdamW), so it sits a few percent above; the dots alone match exactly."""
@@ -37,6 +38,7 @@ def test_model_flops_formula_matches_xla(name, devices):
   assert xla_cost >= dots
 
 
+@pytest.mark.slow
 def test_scanned_layers_compile_the_same_dots(devices):
   """With scan-over-layers, cost_analysis counts the loop body once; the trip-counted dots
   the report uses still equal the formula."""
@@ -152,6 +154,7 @@ def test_decode_bench_reports_each_cache_size(capsys):
   assert "--decode needs a GPT config" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_profile_splits_op_time_by_purpose(tmp_path, devices):
   """Every profiled op is one of the compiled program's instructions, sorted by what it does:
   the matmuls, and the dropout the tiny BERT runs, both show up; the shares add up."""

@@ -131,6 +131,7 @@ def _restored_step(workdir: Path) -> int:
 
 
 @pytest.mark.parametrize("family", ["gpt", "bert-corpus-2-workers"])
+@pytest.mark.slow
 def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
   """Killed three times (SIGKILL, the whole process group): at a random step; right after the
   resumed run restored and trained one step; while an asynchronous save written after that
@@ -201,6 +202,7 @@ def _probe():
                                                     "async_save": False}})
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
   workdir = tmp_path / "run"
   proc = _start(workdir, 1000, GPT_SYNTHETIC)
@@ -235,6 +237,7 @@ def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
   assert sorted(train_helpers.step_losses(workdir))[-1] == stopped + 3
 
 
+@pytest.mark.slow
 def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
   config = train_helpers.tiny_config("gpt")
   config.checkpoint.async_save = False
@@ -270,6 +273,7 @@ def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
     assert abs(step_on(other, restored) - expected) <= 1e-5
 
 
+@pytest.mark.slow
 def test_damaged_latest_step_falls_back_to_the_previous(tmp_path, caplog):
   workdir = tmp_path / "run"
   _run(workdir, 8, GPT_SYNTHETIC)
@@ -331,6 +335,7 @@ DAMAGE = {  # what is done to step 8 -> what the fallback message must name
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
+@pytest.mark.slow
 def test_every_kind_of_damage_falls_back_with_a_one_line_reason(eight_steps, tmp_path, kind,
                                                                 caplog):
   import logging
@@ -356,6 +361,7 @@ def test_every_kind_of_damage_falls_back_with_a_one_line_reason(eight_steps, tmp
   assert len(message) < 700, message
 
 
+@pytest.mark.slow
 def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(tmp_path, capsys):
   workdir = tmp_path / "run"
   _run(workdir, 4, GPT_SYNTHETIC)
@@ -369,6 +375,7 @@ def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(tmp_path, caps
   assert "does not fit the config" in err and "mlp" in err and "(2, 64, 96)" in err
 
 
+@pytest.mark.slow
 def test_exports_from_a_run_directory(tmp_path):
   import torch
   import transformers
@@ -392,6 +399,7 @@ def test_exports_from_a_run_directory(tmp_path):
   np.testing.assert_allclose(np.asarray(ours), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_init_from_params_or_hugging_face(tmp_path, capsys):
   source = tmp_path / "source"
   _run(source, 4, GPT_SYNTHETIC)
@@ -410,6 +418,7 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
     trainer.start_from(trainer.init_state(0), str(source / "params"))
 
 
+@pytest.mark.slow
 def test_checkpoint_bench_command(capsys):
   assert cli.main(["checkpoint-bench", "--config", "gpt_tiny", *GPT_SYNTHETIC[2:], *TINY,
                    "--config.checkpoint.every=3", "--blocks", "2"]) == 0

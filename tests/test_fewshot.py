@@ -157,6 +157,7 @@ def test_too_long_prompts_drop_demonstrations(random_params):
   assert all(len(TOK.encode(p)) + 6 <= 60 for p in result["prompts"][3])
 
 
+@pytest.mark.slow
 def test_trained_pattern_is_scored_right(trained_params, tmp_path):
   rng = random.Random(1)
   data = [_example(rng) for _ in range(24)]

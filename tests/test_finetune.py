@@ -87,6 +87,7 @@ def _flat(tree):
 
 # --- learning a task ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pair_classification_learns_from_random_init(tmp_path):
   vocab = _vocab(tmp_path)
   _pair_task(tmp_path / "train.tsv", 512, seed=1)
@@ -115,6 +116,7 @@ def test_pair_classification_learns_from_random_init(tmp_path):
 
 
 @pytest.mark.parametrize("freeze", ["embeddings", "bottom:1", "all_but_head"])
+@pytest.mark.slow
 def test_frozen_parameters_bit_identical(tmp_path, freeze):
   vocab = _vocab(tmp_path)
   _pair_task(tmp_path / "train.tsv", 64, seed=1)
@@ -163,6 +165,7 @@ def test_frozen_rows_unscanned_layers():
 
 # --- regression and token classification -------------------------------------------------
 
+@pytest.mark.slow
 def test_regression_learns_a_synthetic_score(tmp_path):
   """STS-B-like: the score is 5 x the fraction of topic-0 words over both sentences."""
   vocab = _vocab(tmp_path)
@@ -199,6 +202,7 @@ def _tagged(path, n: int, seed: int) -> None:
       f.write(json.dumps({"tokens": tokens, "tags": tags}) + "\n")
 
 
+@pytest.mark.slow
 def test_token_classification_runs_and_learns(tmp_path):
   vocab = _vocab(tmp_path)
   _tagged(tmp_path / "train.jsonl", 256, 1)
@@ -425,6 +429,7 @@ def test_question_answering_loss_is_the_mean_of_start_and_end_cross_entropy():
   assert abs(float(loss) - expected) <= 1e-5
 
 
+@pytest.mark.slow
 def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   import hf_models
   ref = hf_models.bert(tmp_path / "ref", cls=hf_models.transformers.BertForSequenceClassification,
@@ -447,6 +452,7 @@ def test_init_from_hf_directory_keeps_the_encoder(tmp_path):
   assert again.source.startswith("fine-tuned") and again.tokenizer is not None
 
 
+@pytest.mark.slow
 def test_init_from_a_training_workdir(tmp_path):
   import train_helpers
   from bertjax.training import loop
@@ -465,6 +471,7 @@ def test_init_from_a_training_workdir(tmp_path):
   assert result["steps"] == 1
 
 
+@pytest.mark.slow
 def test_same_result_on_a_3d_mesh(tmp_path):
   """Data parallel (8,1,1) vs data x fsdp x tensor (2,2,2): the same parameters after training."""
   vocab = _vocab(tmp_path)
@@ -521,6 +528,7 @@ def test_a_finished_finetune_started_again_or_continued(tmp_path, capsys):
   assert saved["steps"] == 4 and saved["history"] == longer["history"]
 
 
+@pytest.mark.slow
 def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
   from bertjax import cli
   vocab = _vocab(tmp_path)

@@ -61,6 +61,7 @@ def _gpt_run(tmp_path, gpt_base, name, **values):
   return train_helpers.finetune(tmp_path / name, gpt_base, train, dev, **settings)
 
 
+@pytest.mark.slow
 def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
   import hf_models
   torch, transformers = hf_models.torch, hf_models.transformers
@@ -91,6 +92,7 @@ def test_gpt_completion_finetune_generates_and_exports(tmp_path, gpt_base):
   assert hf_tokenizer.decode(ours) == generate.continuation_text(tokenizer, prompt, ours)
 
 
+@pytest.mark.slow
 def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
   import hf_models
   torch, transformers = hf_models.torch, hf_models.transformers
@@ -154,6 +156,7 @@ def test_recipes_name_known_settings():
     recipes.recipe_values("sqaud")
 
 
+@pytest.mark.slow
 def test_question_answering_finetune_scores_and_exports(tmp_path):
   """SQuAD v2.0-format data built from the embedded corpus through the runner: windows train
   the span head, dev answers are scored by exact match / F1 (with the HasAns / NoAns splits),

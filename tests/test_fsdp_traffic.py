@@ -192,6 +192,7 @@ def compiled_pair(request, libtpu):
   return request.param, compile_ours(config, mesh), reference_collectives(mesh)
 
 
+@pytest.mark.slow
 def test_reference_has_the_models_weights(compiled_pair):
   _, (_, ours_params), (_, ref_params) = compiled_pair
   assert ref_params == pytest.approx(ours_params, rel=0.01)

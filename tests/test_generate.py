@@ -46,6 +46,7 @@ def test_cached_greedy_equals_full_recomputation(scan):
 
 
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
+@pytest.mark.slow
 def test_cached_logits_equal_each_row_alone(scan):
   """Prefill of left-padded rows, then one cached step: each row's logits equal the full
   forward pass of that row alone (per-row positions, padding masked)."""
@@ -223,6 +224,7 @@ def test_fill_mask_equals_transformers_pipeline(tmp_path):
                                                    for row in theirs]
 
 
+@pytest.mark.slow
 def test_generate_and_fill_mask_commands(tmp_path, capsys):
   """`bertjax generate` end to end: a GPT params checkpoint with a GPT-style SentencePiece
   tokenizer (greedy == beam 1, sampling seeded), and a BERT one for fill-mask."""

@@ -179,6 +179,7 @@ def test_cased_wordpiece_stays_cased(run):
   assert theirs.tokenize("Paris") != theirs.tokenize("paris")
 
 
+@pytest.mark.slow
 def test_fill_mask_pipeline_equals_bertjax(run):
   params_dir, export, tokenizer, family = run
   if family != "bert":

@@ -185,6 +185,7 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
 
 
 @pytest.mark.parametrize("cfg", [BERT, GPT], ids=["bert", "gpt"])
+@pytest.mark.slow
 def test_one_hot_embedding_lookup_equals_the_gather(cfg):
   """embed_lookup="one_hot" reads exactly the gather's rows (fp32 and bf16), so logits agree;
   gradients differ only by the order of the table gradient's sums."""

@@ -18,6 +18,8 @@ import pytest
 
 import train_helpers
 
+pytestmark = pytest.mark.slow  # several processes each: the full suite's
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--config.data.source=synthetic_markov", *train_helpers.tiny_args(**{
     "model.vocab_size": 128, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,

@@ -27,6 +27,7 @@ def _bert_batch():
   return batch
 
 
+@pytest.mark.slow
 def test_mlm_loss_matches_hand_computation():
   model, params = _bert()
   batch = _bert_batch()

@@ -110,6 +110,7 @@ def _train_losses(workdir: Path) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in _records(workdir) if r["split"] == "train"}
 
 
+@pytest.mark.slow
 def test_two_phases_run_and_resume_at_and_inside_phase_2(tmp_path, corpus, caplog):
   straight = tmp_path / "straight"
   with caplog.at_level("INFO", logger="bertjax"):

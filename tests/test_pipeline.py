@@ -314,6 +314,7 @@ def test_loader_workers_do_not_change_the_batches(corpus):
     workers.close()
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_with_worker_processes(corpus, tmp_path):
   """Bit-exact resume as production runs it: 2 loader worker processes, the state saved after k
   batches, restored by another Python process."""

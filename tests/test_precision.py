@@ -145,6 +145,7 @@ def _loss_and_grads(cfg, params, batch):
 @pytest.mark.parametrize("dtype,mode,tolerance", [("float32", "auto", 1e-6),
                                                    ("bfloat16", "float32", 1e-2),
                                                    ("bfloat16", "compute", 3e-2)])
+@pytest.mark.slow
 def test_chunked_lm_loss_equals_the_whole_logits(dtype, mode, tolerance):
   config = config_lib.load_config("gpt_tiny", [("batch_size", "4"), ("model.dtype", dtype),
                                                ("model.matmul_output", mode)])
@@ -175,6 +176,7 @@ def test_chunked_lm_loss_rejects_a_chunk_that_does_not_divide():
     model_config(config_lib.load_config("bert_tiny", [("model.loss_chunk", "16")]))
 
 
+@pytest.mark.slow
 def test_chunked_lm_loss_never_holds_the_logits_and_computes_model_flops(devices):
   """No buffer of the compiled step is as large as its rows' [B, L, V] logits in float32, and the compiled
   dots still equal the model FLOPs: the gradients come from the forward pass's softmax,
@@ -198,6 +200,7 @@ def test_chunked_lm_loss_never_holds_the_logits_and_computes_model_flops(devices
   assert sizes["16"] < logits
 
 
+@pytest.mark.slow
 def test_chunked_lm_loss_is_mesh_invariant(devices):
   """Two steps with the chunked loss on a (2, 2, 2) data/fsdp/tensor mesh equal two steps
   with the whole logits on one device."""

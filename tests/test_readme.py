@@ -156,6 +156,7 @@ def _workspace(tmp: Path) -> dict[str, str]:
 
 
 @pytest.mark.timeout(1800)
+@pytest.mark.slow
 def test_readme_commands_run(tmp_path):
   env = _workspace(tmp_path)
   home = tmp_path / "home"

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 import train_helpers
-
-ROOT = Path(__file__).resolve().parent.parent
 from conftest import BUCKET
+
+pytestmark = pytest.mark.slow  # runs against a GCS emulator: the full suite's
+ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--config.model.vocab_size=512", "--config.model.hidden_size=32",
         "--config.model.num_layers=1", "--config.model.num_heads=2", "--config.model.mlp_dim=64",
         "--config.model.max_positions=64", "--config.seq_length=64", "--config.batch_size=8",

@@ -109,6 +109,7 @@ def _steps(workdir):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys):
   """Two paper configs, shrunk, through the real `bertjax train`: the embedded corpus is built
   (tokenizer trained in the objective's style), BERT-base switches to its phase 2 (128 tokens

@@ -51,6 +51,7 @@ def _records(workdir: Path, split: str) -> list[dict]:
   return [r for r in map(json.loads, lines) if r["split"] == split]
 
 
+@pytest.mark.slow
 def test_gpt_train_writes_metrics_and_learns(tmp_path, capsys):
   assert cli.main(["train", "--config", "gpt_tiny", "--workdir", str(tmp_path), *SMALL,
                    "--config.num_train_steps=60", "--config.eval_every=30",
@@ -75,6 +76,7 @@ def test_gpt_train_writes_metrics_and_learns(tmp_path, capsys):
   assert (tmp_path / "hf" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_bert_train_mlm_and_nsp_metrics(tmp_path):
   assert cli.main(["train", "--config", "bert_tiny", "--workdir", str(tmp_path), *SMALL,
                    "--config.num_train_steps=20", "--config.eval_every=0",
@@ -86,6 +88,7 @@ def test_bert_train_mlm_and_nsp_metrics(tmp_path):
   assert last["loss"] == pytest.approx(last["mlm_loss"] + last["nsp_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "bertjax", "train", "--config", "gpt_tiny", "--workdir",
@@ -159,6 +162,7 @@ def test_local_launcher_dry_run_prints_every_process():
     assert line.endswith("bertjax train --config gpt_tiny --workdir w")
 
 
+@pytest.mark.slow
 def test_bert_tiny_trains_on_the_embedded_wikipedia_sample(tmp_path, capsys):
   """The README's main job's path with the classic tiny BERT, shortened: with no data.dataset
   the run trains a SentencePiece tokenizer on the embedded sample, builds it into

@@ -26,6 +26,7 @@ def reference(request):
 
 
 @pytest.mark.parametrize("axes", MESHES[1:], ids=lambda a: "x".join(map(str, a)))
+@pytest.mark.slow
 def test_train_steps_are_mesh_invariant(devices, reference, axes):
   """Two steps (Adam's first update is invariant to the gradient's scale, so one step could
   hide a wrong gradient); every metric, gradient norm included, and all parameters agree."""
@@ -74,6 +75,7 @@ def test_fsdp_shards_weights_and_adam_moments(devices):
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt"])
+@pytest.mark.slow
 def test_gradient_accumulation_equals_large_batch(devices, family):
   one = train_helpers.tiny_config(family, batch_size=16)
   four = train_helpers.tiny_config(family, batch_size=16, grad_accum_steps=4)
@@ -133,6 +135,7 @@ _COMPILE_STEPS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_embedding_lookup_needs_no_involuntary_rematerialization():
   """On an fsdp x tensor mesh the word-embedding gather (and its scatter-add in the
   backward pass) must partition without XLA replicating a whole [B, L, D] activation."""

@@ -52,6 +52,7 @@ def _continue(tmp_path, name, source, **overrides):
   return _flat(params)
 
 
+@pytest.mark.slow
 def test_frozen_encoder_and_a_fresh_head_with_its_own_rate(tmp_path, classifier_weights):
   source, loaded = classifier_weights
   fast = _continue(tmp_path, "fast_head", source, **{
@@ -72,6 +73,7 @@ def test_frozen_encoder_and_a_fresh_head_with_its_own_rate(tmp_path, classifier_
   assert any(not np.array_equal(fast[n], slow[n]) for n in heads)
 
 
+@pytest.mark.slow
 def test_unfrozen_encoder_trains_and_another_shape_is_refused(tmp_path, classifier_weights):
   source, loaded = classifier_weights
   trained = _continue(tmp_path, "unfrozen", source, **{"optimizer.head_learning_rate": 3e-2})

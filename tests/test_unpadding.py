@@ -109,6 +109,7 @@ def _per_document(losses, batch):
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.slow
 def test_packed_and_padded_documents_get_the_same_token_losses(variant):
   cfg = _config(**VARIANTS[variant])
   model = build_model(cfg)
@@ -183,6 +184,7 @@ def _dot_flops(cfg, batch):
   return hlo.analyze_hlo(compiled.as_text()).matmul_flops
 
 
+@pytest.mark.slow
 def test_packed_rows_spend_no_matmul_flops_on_padding():
   cfg = _config(**MODERN)
   docs = _documents()
@@ -201,6 +203,7 @@ def test_packed_rows_spend_no_matmul_flops_on_padding():
   assert padded_flops / (per_position * tokens) > 2.0
 
 
+@pytest.mark.slow
 def test_mlm_eval_weights_batches_by_their_predictions():
   """bertjax.tools.mlm_eval's scores over several batches equal the objective's on all of them
   at once: batches weigh by their masked predictions, not one each."""

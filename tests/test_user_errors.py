@@ -96,6 +96,7 @@ def test_a_read_only_workdir_is_one_line(tmp_path, capsys):
     assert "Read-only file system" in _one_error(capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_reported_once(tmp_path):
   """Checkpoints of ~1.5 MiB each on a 3 MiB disk: the second save fails. One error line, exit
   status 2, none of the tracebacks Orbax's and TensorStore's threads print by themselves."""

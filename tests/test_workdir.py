@@ -43,6 +43,7 @@ def _errors(stderr: str) -> list[str]:
   return [line for line in stderr.splitlines() if "error:" in line]
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path):
   workdir = tmp_path / "run"
   first = subprocess.Popen(_cmd(workdir, 100000), cwd=ROOT, env=_env(),
@@ -71,6 +72,7 @@ def test_a_second_run_in_a_busy_workdir_is_refused(tmp_path):
   assert not (workdir / LOCK_FILE).exists()  # released on the way out
 
 
+@pytest.mark.slow
 def test_the_same_command_started_twice_at_once_runs_once(tmp_path):
   workdir = tmp_path / "run"
   procs = [subprocess.Popen(_cmd(workdir, 6), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
@@ -134,6 +136,7 @@ def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path, caplog):
   lock.release()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_may_change_how_it_runs_but_not_what_it_computes(tmp_path, capsys,
                                                                        caplog):
   import logging
