@@ -15,6 +15,7 @@ from bertjax.config import load_config
 from bertjax.data import make_batches
 from bertjax.tools import aot, hlo
 from bertjax.tools import topology
+from bertjax.tools.topology import GENERATIONS, parse_topology
 
 GiB = 2 ** 30
 
@@ -36,18 +37,18 @@ GiB = 2 ** 30
     ("v4:4x4x12", "v4", 192, 192, "v4:4x4x12", 32),
 ])
 def test_topology_names(name, generation, chips, devices, topology, hbm_gib):
-  spec = topology.parse_topology(name)
+  spec = parse_topology(name)
   assert (spec.generation, spec.chips, spec.devices, spec.topology_name) == \
       (generation, chips, devices, topology)
   assert spec.hbm_per_device == pytest.approx(hbm_gib * GiB)
   assert spec.peak_flops_per_device * spec.devices == pytest.approx(
-      topology.GENERATIONS[generation].peak_per_chip * chips)
+      GENERATIONS[generation].peak_per_chip * chips)
 
 
 @pytest.mark.parametrize("name", ["v7-8", "v4-12", "v4-4", "tpu", "v4", "v5e:4x4x4", "a100-8"])
 def test_unknown_topology_lists_the_accepted_forms(name):
   with pytest.raises(ValueError, match="accepted forms: v2-N, v3-N"):
-    topology.parse_topology(name)
+    parse_topology(name)
 
 
 HLO = """\
@@ -129,7 +130,7 @@ def test_abstract_batch_matches_the_data_pipeline(name):
 
 
 def test_missing_libtpu_is_a_clear_error(monkeypatch):
-  monkeypatch.setattr(aot, "libtpu_available", lambda: False)
+  monkeypatch.setattr(topology, "libtpu_available", lambda: False)
   with pytest.raises(RuntimeError, match=r"pip install 'bertjax\[tpu\]'"):
     aot.compile_for_topology(load_config("bert_tiny"), "v4-16")
 

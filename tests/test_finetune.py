@@ -549,6 +549,42 @@ def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
   assert "freeze" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_bertjax_train_with_a_finetune_config_is_the_same_run(tmp_path, capsys):
+  """`bertjax finetune` is a front of the training loop: `bertjax train --config
+  configs/finetune.py:recipe=glue` with the same keys as `--config.*` gives the same best
+  parameters and evaluations."""
+  from bertjax import cli
+  vocab = _vocab(tmp_path)
+  _pair_task(tmp_path / "train.tsv", 48, seed=1)
+  cfg = _tiny(len(vocab.read_text().split()))
+  checkpoint.save_params(tmp_path / "pre", jit_init(build_model(cfg))(jax.random.key(0)), cfg)
+  data = [str(tmp_path / "pre"), str(tmp_path / "train.tsv"), str(tmp_path / "train.tsv")]
+  assert cli.main(["finetune", "--recipe", "glue", "--init-from", data[0], "--train", data[1],
+                   "--dev", data[2], "--out", str(tmp_path / "front"), "--text-a", "sentence1",
+                   "--text-b", "sentence2", "--tokenizer", str(vocab), "--epochs", "2",
+                   "--batch-size", "16", "--seq-length", "16", "--learning-rate", "1e-3"]) == 0
+  assert cli.main(["train", "--config", "finetune:recipe=glue", "--workdir",
+                   str(tmp_path / "train"), f"--config.init_from={data[0]}",
+                   f"--config.finetune.train={data[1]}", f"--config.finetune.dev={data[2]}",
+                   "--config.finetune.text_a=sentence1", "--config.finetune.text_b=sentence2",
+                   f"--config.finetune.tokenizer={vocab}", "--config.finetune.epochs=2",
+                   "--config.batch_size=16", "--config.seq_length=16",
+                   "--config.optimizer.learning_rate=1e-3"]) == 0
+  out = capsys.readouterr().out
+  assert "best dev accuracy" in out and f"best parameters {tmp_path / 'train' / 'best'}" in out
+  summaries = [json.loads((tmp_path / d / "finetune_summary.json").read_text())
+               for d in ("front", "train")]
+  for s in summaries:
+    s["history"] = [{k: v for k, v in h.items() if k != "elapsed_s"} for h in s["history"]]
+    s.pop("best_dir")
+  assert summaries[0] == summaries[1]
+  front = _flat(load_finetuned(tmp_path / "front" / "best")[0])
+  train = _flat(load_finetuned(tmp_path / "train" / "best")[0])
+  for name, value in front.items():
+    np.testing.assert_array_equal(train[name], value, err_msg=name)
+
+
 def test_article_task_from_the_embedded_corpus(tmp_path, capsys):
   from bertjax import cli
   assert cli.main(["data", "task", "--out", str(tmp_path), "--train-sizes", "40", "200",

@@ -4,7 +4,7 @@ real searches)."""
 
 from bertjax import cli
 from bertjax.config import load_config
-from bertjax.tools import aot, fit
+from bertjax.tools import fit, topology
 
 
 def test_search_space_offers_splash_only_without_attention_dropout_and_full_only_in_fp32():
@@ -38,7 +38,7 @@ def test_search_stops_each_ladder_at_the_first_fit_skips_crashes_and_picks_the_f
                                                                         else 1.0))
 
   monkeypatch.setattr(fit, "_run_one", fake)
-  monkeypatch.setattr(aot, "libtpu_available", lambda: True)
+  monkeypatch.setattr(topology, "libtpu_available", lambda: True)
   assert cli.main(["compile", "--config", "gpt_tiny", "--topology", "v5e-8", "--fit",
                    "--config.batch_size=16"]) == 0
   out = capsys.readouterr().out
@@ -54,7 +54,7 @@ def test_search_stops_each_ladder_at_the_first_fit_skips_crashes_and_picks_the_f
 def test_when_nothing_fits_it_says_why_and_exits_1(monkeypatch, capsys):
   monkeypatch.setattr(fit, "_run_one", lambda name, o, setting, *a: fit.Trial(
       setting, "does not fit", 99.0))
-  monkeypatch.setattr(aot, "libtpu_available", lambda: True)
+  monkeypatch.setattr(topology, "libtpu_available", lambda: True)
   assert cli.main(["compile", "--config", "gpt_tiny", "--topology", "v5e-8", "--fit",
                    "--config.batch_size=4"]) == 1
   err = capsys.readouterr().err
@@ -68,7 +68,7 @@ def test_a_fit_that_needs_the_recipe_changed_says_so(monkeypatch, capsys):
   monkeypatch.setattr(fit, "_run_one", lambda name, o, setting, *a: fit.Trial(
       setting, *(("fits", 5.0, 50.0) if "model.attention_dropout" in setting
                  else ("does not fit", 99.0))))
-  monkeypatch.setattr(aot, "libtpu_available", lambda: True)
+  monkeypatch.setattr(topology, "libtpu_available", lambda: True)
   assert cli.main(["compile", "--config", "gpt_tiny", "--topology", "v5e-8", "--fit",
                    "--config.batch_size=4"]) == 0
   out = capsys.readouterr().out

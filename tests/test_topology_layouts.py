@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bertjax.parallel import distributed, sharding
-from bertjax.tools import topology
+from bertjax.tools.topology import libtpu_available, parse_topology, topology_devices
 from bertjax.training.trainer import batch_shardings
 
-pytestmark = pytest.mark.skipif(not topology.libtpu_available(),
+pytestmark = pytest.mark.skipif(not libtpu_available(),
                                 reason="needs libtpu (pip install 'jax[tpu]')")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
@@ -24,7 +24,7 @@ BATCH = 256
 
 
 def _layout(topology: str, slices: int, mesh_axes: dict, preset: str):
-  devices = topology.topology_devices(topology.parse_topology(topology, slices))
+  devices = topology_devices(parse_topology(topology, slices))
   mesh = sharding.make_mesh(mesh_axes, devices)
   rows = batch_shardings({"x": np.zeros(1)}, mesh, sharding.resolve_rules(preset))["x"]
   return devices, rows, distributed.row_layout(rows, BATCH)
@@ -80,7 +80,7 @@ def test_layout_problems_are_named():
 
 
 def test_multi_slice_mesh_puts_slices_outermost_on_the_data_axis():
-  devices = topology.topology_devices(topology.parse_topology("v5e-16", 2))
+  devices = topology_devices(parse_topology("v5e-16", 2))
   mesh = sharding.make_mesh({"data": 1, "fsdp": -1}, devices, {"data": 2})
   assert dict(mesh.shape) == {"data": 2, "fsdp": 16, "tensor": 1}
   for i in range(2):
