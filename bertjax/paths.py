@@ -1,21 +1,14 @@
-"""Where a run's files live: local paths and object stores (`gs://...`) through one path type.
+"""Where a run's files live: local paths and object stores (`gs://...`) through one path type,
+`etils.epath.Path` (the path library Orbax and TFDS use; gcsfs, or another fsspec scheme);
+guide: docs/training.md, 'Workdirs on object stores'.
 
-Workdirs, built datasets, parameter directories and exports are `etils.epath.Path`s, the path
-library Orbax and TFDS use: a local path, or `gs://bucket/...` through fsspec's gcsfs (other
-fsspec schemes, e.g. `s3://` with s3fs installed, go the same way). Orbax writes its
-checkpoints to object stores natively (TensorStore). Three kinds of file need a local copy,
-and this module gives them one:
-
-- `local_copy(path)`: read-side. SentencePiece, `tokenizers` and safetensors open local files,
-  and a built dataset is read by random access (BERT pairs read a random other document for
-  about half their instances), which object-store latency makes far too slow; so a remote
-  dataset is copied once per host into a cache (`BERTJAX_CACHE`, default
-  ~/.cache/bertjax) and read there.
-- `LocalMirror`: write-side, for files written incrementally (metrics.jsonl is appended to,
-  TensorBoard event files grow, profiler traces): written to a local directory and uploaded
-  whenever `sync()` is called. Object stores cannot append.
-- `local_output(remote)`: for writers that only write local files (ArrayRecord, SentencePiece
-  training): write into a local directory, uploaded when done.
+Three kinds of file need a local copy, and this module gives them one. `local_copy`: files read
+by libraries that open local files only (SentencePiece, `tokenizers`, safetensors), and built
+datasets, read by random access that object-store latency makes far too slow; copied once per
+host into `BERTJAX_CACHE` (default ~/.cache/bertjax). `LocalMirror`: files written
+incrementally (metrics.jsonl, TensorBoard events, profiler traces), uploaded at each `sync()`,
+since object stores cannot append. `local_output`: writers of local files only (ArrayRecord,
+SentencePiece training), uploaded when done.
 """
 
 from __future__ import annotations

@@ -160,6 +160,11 @@ class TrainCheckpoints:
     steps = self.steps()
     return steps[-1] if steps else None
 
+  def resume_candidates(self, restore_step: int) -> list[int]:
+    """The steps a run resumes from, in the order a restore tries them: `restore_step` alone
+    when it is >= 0 (the config's `restore_step`), else every step, the latest first."""
+    return [restore_step] if restore_step >= 0 else self.steps()[::-1]
+
   def due(self, step: int, total: int, evaluated: bool = False) -> bool:
     """Whether `step` is saved: the last step, every `checkpoint.every` steps, or with
     `checkpoint.every=-1` each step that was evaluated."""

@@ -1,22 +1,11 @@
-"""BERT pre-training instances with google-research/bert's `create_pretraining_data` semantics
-("fidelity mode"), on token ids.
+"""BERT pre-training instances with google-research/bert's `create_pretraining_data.py`
+semantics ("fidelity mode"), on token ids: `create_instances` (every pass, as the script),
+`instances_from_document` (the loader's call per document) and `mask_tokens` (also the packers').
 
-The control flow and the order of random draws follow the reference script step for step
-(same `random.Random`, same calls), so the statistics — and, given the same tokenised
-documents and seed, the instances themselves — are the reference's:
-
-- target length max_seq_length − 3, or with probability `short_seq_prob` a uniform
-  `randint(2, max)`, drawn once per document per pass;
-- segments (sentences) accumulate into a chunk until the target is reached; A = the first
-  `randint(1, n−1)` segments; B = the rest, or (probability 0.5, or always for a one-segment
-  chunk) text from a random other document (10 tries to avoid this one), the unused segments
-  being "put back";
-- `truncate_seq_pair` trims the longer side, from the front or back at random;
-- `[CLS] A [SEP] B [SEP]`, segment ids 0 then 1; next_sentence_label 1 = random next;
-- masking: candidates exclude [CLS]/[SEP]; with whole-word masking "##" pieces join the
-  previous word; num_to_predict = min(max_predictions, max(1, round(len·prob))); a word that
-  would overshoot is skipped; each chosen position: 80% [MASK], 10% kept, 10% a random id of
-  the whole vocabulary; positions sorted.
+The control flow and the order of random draws follow the reference script step for step (the
+same `random.Random`, the same calls), so that given the same tokenised documents and seed the
+instances themselves are the reference's. The steps: docs/data.md, 'BERT instances, fidelity
+mode'.
 """
 
 from __future__ import annotations

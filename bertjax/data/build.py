@@ -1,26 +1,15 @@
-"""`bertjax data build`: raw corpora -> a built dataset of tokenized documents (records.py).
+"""`bertjax data build` (`build_dataset`): raw corpora -> a built dataset of tokenized documents
+(records.py); guide: docs/data.md, 'Building'.
 
-Deterministic whatever the parallelism: a document's split is a hash of its key, its shard is
-its ordinal within (source, split) modulo the shard count, and the records of a shard are in
-corpus order. Process P of N (a multi-host build) writes the shards s with s % N == P and
-tokenizes only their documents; within a process, worker processes clean, split and tokenize
-chunks of documents while the main process reads ahead and writes results back in order, with a
-bounded number of chunks in flight (constant memory on a dump of any size). MediaWiki pages
-reach the workers uncleaned, so a process cleans only the pages of its own shards (a page's
-shard is decided before cleaning; one that cleans to nothing is counted as an empty article).
-
-A Wikipedia *multistream* dump (one file, `multistream.is_multistream`) is instead shared out
-by bytes, so that N processes together read each byte once: shard k holds the pages of the bz2
-streams that start in the k-th of `num_shards` equal byte slices of the file, and a process
-reads only the streams of its shards — its workers each decompress, parse, clean and tokenize
-a piece of about `_TASK_BYTES` (stream boundaries from the dump's index, or found by scanning).
-The shards are again the same bytes whatever the process and worker counts.
-
-Exact duplicates (the same text, or the same raw wikitext) are dropped as the source is read,
-before ordinals are counted, keeping the first; counted as "duplicate document" (in a
-multistream dump: within each shard, as no reader sees the others' pages). A build that
-yields no document, or that holds out no eval document when asked to, raises `CorpusError`
-with the skip counts: the mistake shows here, not at the first training step.
+The output is the same bytes whatever the parallelism: a document's split is a hash of its key,
+its shard its ordinal within (source, split) modulo the shard count, and process P of N writes
+the shards s % N == P. Worker processes clean, split and tokenize chunks while the main process
+reads ahead and writes results back in order, a bounded number of chunks in flight; MediaWiki
+pages reach the workers uncleaned, so a process cleans only its own shards' pages. A multistream
+dump is shared out by bytes instead: shard k holds the streams that start in the k-th of
+`num_shards` equal byte slices, read in tasks of about `_TASK_BYTES`. Exact duplicates (with
+`dedup`) are dropped as read, before ordinals are counted (within each shard of a multistream
+dump); a build with no document, or no eval document when asked for some, raises `CorpusError`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Finding a source's files and streaming their lines, for the readers of the line-oriented
-kinds (bertjax.data.readers).
-
-`input_files`: a file, a directory tree or a glob -> (file, label) pairs in sorted label order,
-hidden files left out. `text_lines`: a file's lines, read from a binary handle with a bounded
-`readline` (gzip and bzip2 decompressed, recognised by their magic bytes) and decoded with the
-source's encoding; a line the codec cannot decode or longer than `max_line_bytes` is skipped
-and counted ("invalid UTF-8 line", "undecodable line", "line too long").
-
-`text_files` leaves out empty files ("empty file") and binary ones: a file with NUL bytes in
-its first 8 KiB (after decompression) among text files is skipped and counted "binary file";
-when no file of a source holds text and at least one was binary (e.g. the only path given is a
-PNG), that is a `CorpusError` instead — surely a wrong path. A file or directory that cannot be
-read, or a truncated archive, is a `CorpusError` naming it. `Skipper` counts skips by reason
-and logs the first few of each with file:line.
+"""Finding a source's files and streaming their lines, for the readers of the line-oriented kinds
+(bertjax.data.readers): `input_files` (a file, a directory tree or a glob -> (file, label) pairs
+in sorted label order, hidden files left out), `text_files` (empty and binary files skipped and
+counted; a source whose files are binary and none text is a `CorpusError`, surely a wrong path),
+`text_lines` (a bounded `readline` on a binary handle, gzip and bzip2 recognised by their magic
+bytes, decoded with the source's encoding) and `Skipper` (skips counted by reason, the first few
+of each logged with file:line). The skip reasons and errors: docs/data.md, 'Sources'.
 """
 
 from __future__ import annotations

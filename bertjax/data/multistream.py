@@ -1,28 +1,13 @@
-"""Wikipedia *multistream* dumps: where their bz2 streams lie, so that readers share them out.
+"""Wikipedia *multistream* dumps: where their bz2 streams start, so that readers share a dump out
+by bytes; guide: docs/data.md, 'MediaWiki dumps → articles'.
 
-`enwiki-…-pages-articles-multistream.xml.bz2` is a concatenation of independent bz2 streams:
-the first holds the `<mediawiki …>` opening tag and `<siteinfo>`, each following one about 100
-whole `<page>` elements, the last `</mediawiki>`. Its companion
-`…-multistream-index.txt.bz2` (or `.txt`) has one line `OFFSET:PAGE_ID:TITLE` per page, OFFSET
-being the byte offset of the stream that holds the page.
-
-A reader that owns the byte slice [lo, hi) of the dump owns the streams that START in it, and
-reads the bytes [first start >= lo, first start >= hi): slices that tile the file give ranges
-that tile it too, so N readers together read each byte once. `owned_ranges` gives those bytes
-one range per stream (for `wikipedia.read_stream_pages`), `owned_range` as one range.
-
-The stream starts come from the index when there is one (the dump is not read at all; the last
-stream, `</mediawiki>` alone, has no page and so no index line: its bytes end the range of the
-stream before it), else from a scan of the dump's bytes for stream headers: "BZh", a level
-digit, then the magic of a first block (0x314159265359, "1AY&SY") or of the end of an empty
-stream (0x177245385090). Only the first block of a stream is byte-aligned; inside compressed
-data those 10 bytes occur by chance with probability about 2^-77 per byte position (nine level
-digits), so a false start is not expected in any real dump, and would not pass silently: the
-range before it would end inside a stream and the range after it would not decompress, both
-`CorpusError`s naming the offset.
-
-Every function that reads the dump takes `read_log`, a list to which it appends the (start,
-end) byte ranges it read, so that a build can report (and a test prove) what each reader read.
+The owner of the byte slice [lo, hi) owns the streams that start in it and reads the bytes
+[first start >= lo, first start >= hi), so slices that tile the file give ranges that tile it:
+`owned_ranges` (one range per stream, for `wikipedia.read_stream_pages`), `owned_range` (one
+range). Stream starts come from the companion index (`OFFSET:PAGE_ID:TITLE` per page; the dump
+is not read), else from a scan for bz2 stream headers; a false header or a stale index leaves a
+range that does not decompress, a `CorpusError` naming the offset, never a silent mis-parse.
+Functions that read the dump append the (start, end) byte ranges they read to `read_log`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Packing documents into fixed-length sequences, as checkpointable Grain iterators.
+"""Packing documents into fixed-length sequences, as checkpointable Grain iterators:
+`GptPackIterDataset` (windows of seq_length + 1 tokens overlapping by one, no padding),
+`FullSentencesIterDataset` (RoBERTa's FULL-SENTENCES), `PackedMlmIterDataset` (ModernBERT's packed
+MLM rows) and `WindowShuffleIterDataset` (a cheap shuffle within windows); what each row holds:
+docs/data.md, 'The loader'.
 
-- `GptPackIterDataset`: documents joined with the end-of-text token and cut into windows of
-  seq_length + 1 tokens that overlap by one (inputs and next-token targets), with segment ids
-  (1, 2, ... per document in the window) and positions restarting in each document, so a model
-  may forbid cross-document attention; no padding at all.
-- `WindowShuffleIterDataset`: shuffling within windows, cheaply.
-- `FullSentencesIterDataset`: RoBERTa's FULL-SENTENCES inputs: whole sentences taken
-  contiguously from one or more documents up to max_seq_length, an extra [SEP] between
-  documents, a new mask every time a sequence is produced.
-- `PackedMlmIterDataset`: ModernBERT's packed MLM rows ("unpadding with sequence packing"):
-  each document as [CLS] tokens [SEP], the documents' streams concatenated and cut into rows
-  of exactly max_seq_length tokens (padding only in a stream's last row), with document ids
-  (1, 2, ... per document piece in the row) and positions restarting in each piece, a new
-  mask every time a row is produced.
-
-The packers keep only the parent's state before the document where the next sequence starts and an
-offset into it; restoring re-reads that document and continues exactly (no buffers saved).
+A packer keeps only the parent's state before the document where the next sequence starts and
+an offset into it: restoring re-reads that document and continues exactly, no buffer saved.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""The loader: a built dataset -> the rows of every global batch a host holds, deterministic
-and checkpointable, identical whatever the number of hosts, the mesh or the loader workers.
+"""The loader (`CorpusBatches`): a built dataset -> the rows of every global batch a host holds,
+deterministic and checkpointable, the same whatever the number of hosts, the mesh or the loader
+workers; guide: docs/data.md, 'The loader' and 'Mixtures'.
 
-Documents: every source is an endless stream of its ArrayRecord documents, shuffled anew on each
-pass through it (from the seed). An epoch takes the next c_j documents of source j's stream
-(c_j = its size when no weights are stated, so an epoch is every document exactly once; else
-its weight's share of `epoch_documents`) and shuffles them together (a new order each epoch):
-one global document order, a random-access map that keeps O(sources) state (the shares and
-that map in bertjax.data.mixture; `document_stream`). Then **one stream per global batch row**:
-row r of every global batch (B rows) is the next instance of stream r, which reads documents r,
-r+B, r+2B, ... of that order and turns them into instances (BERT pairs, RoBERTa full
-sentences, ModernBERT packed rows or GPT packed windows). The global batch at step s is
-therefore a function of the seed and s only: a process builds exactly the rows its devices
-hold (`distributed.local_rows`, any device order) and reads only those rows' documents; the
-row streams partition the global order. Worker processes (Grain `mp_prefetch`) each take a
-slice of the host's rows.
-
-State: every row stream is a chain of Grain iterators whose state is a few integers (the
-document position plus an offset); a batch iterator's state is the map row -> stream state,
-so a checkpoint written by any number of processes restores onto any other number.
+The sources' documents form one global order, shuffled anew every epoch (`document_stream`; the
+shares by weight in bertjax.data.mixture). Then one stream per global batch row: row r of every
+batch (B rows) is the next instance of stream r, which reads documents r, r+B, r+2B, ... of that
+order. So the batch at step s is a function of the seed and s only, a process builds just the
+rows its devices hold (`distributed.local_rows`), and its state, the map row -> stream state (a
+few integers each), restores onto any number of processes.
 """
 
 from __future__ import annotations

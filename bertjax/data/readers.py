@@ -1,22 +1,14 @@
-"""The readers of each source kind -> one document type, `TextDocument`: MediaWiki dumps
-(through bertjax.data.wikipedia), WikiExtractor output, plain-text books, google-research/bert
-sentence-per-line files, one document per line, JSON lines, Parquet and TFDS (array_record).
-`sources.read_source` picks the reader of a spec's kind.
+"""The readers of each source kind (`read_wikipedia`, `read_wikiextractor`, `read_text`,
+`read_bert_lines`, `read_lines`, `read_jsonl`, `read_parquet`, `read_tfds`) -> one document type,
+`TextDocument`; `sources.read_source` picks the reader of a spec's kind. Guide: docs/data.md,
+'Sources'.
 
-Every reader is a generator that streams with bounded memory: lines are read from binary
-handles with a bounded `readline` (bertjax.data.corpus_files), Parquet by record batches, TFDS
-by index. A document larger than `max_document_bytes` (only a text file, a bert_lines or a
-`<doc>` document can be) is cut at a line boundary into parts "ID", "ID#2", ... rather than held
-whole. Files are read in sorted path order, so a source yields the same documents in the same
-order on every run.
-
-Bad input never disappears silently: input that cannot be used at all raises `CorpusError`
-naming the file and the position; anything skipped is counted by reason in `SkipCounts` and
-the first few of each reason are logged with file:line. The reasons counted here and in
-corpus_files are: "empty file", "empty document", "binary file", "invalid UTF-8 line", "line
-too long", "malformed JSON line", "missing text field", "missing id field", "unterminated
-document", "line outside <doc>", "invalid UTF-8 record", "undecodable line" (a line a non-UTF-8
-`encoding` cannot decode), plus `read_dump`'s own for `wikipedia`.
+Every reader is a generator with bounded memory (lines by a bounded `readline`,
+bertjax.data.corpus_files; Parquet by record batch; TFDS by index; a document over
+`max_document_bytes` cut at a line boundary into parts "ID", "ID#2", ...). Files are read in
+sorted path order, so a source yields the same documents in the same order on every run. Bad
+input never disappears silently: unusable input raises `CorpusError` naming the file and the
+position, and skips are counted by reason in `SkipCounts`, the first few logged with file:line.
 """
 
 from __future__ import annotations

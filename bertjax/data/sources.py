@@ -1,17 +1,9 @@
 """Corpus sources: where a corpus is and how to read it (`SourceSpec`), its command-line form
 `KIND:PATH[@WEIGHT][?key=value&...]` (`parse_source`, `parse_sources`, `format_source`), and
 `read_source`, which hands a spec to the reader of its kind (bertjax.data.readers). Every kind
-reads into one document type, `TextDocument`, so that every later stage (sentence splitting,
-tokenisation, instance building, mixing) is written once.
-
-Kinds (`SOURCE_KINDS`): MediaWiki XML dumps (`wikipedia`), WikiExtractor output
-(`wikiextractor`, JSON lines or `<doc>` text), plain-text books (`text`, BooksCorpus style),
-google-research/bert's one-sentence-per-line files (`bert_lines`), one document per line
-(`lines`, news-crawl style, optionally with an id column), JSON lines (`jsonl`), Parquet
-(`parquet`) and TFDS datasets in array_record format (`tfds`, no TensorFlow needed).
-
-Line-oriented kinds read UTF-8 unless the spec says `?encoding=` (any Python codec: latin-1,
-cp1251, utf-16, ...); lines the codec cannot decode are skipped and counted.
+(`SOURCE_KINDS`) reads into one document type, `TextDocument`, so that every later stage
+(sentence splitting, tokenisation, instance building, mixing) is written once. The kinds and
+their options: docs/data.md, 'Sources'.
 """
 
 from __future__ import annotations

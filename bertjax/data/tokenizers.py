@@ -1,38 +1,20 @@
-"""Tokenizers beyond a given vocab.txt: training SentencePiece (unigram or BPE) models for BERT
-or GPT pre-training, loading them, and one loader for either kind.
+"""Tokenizers beyond a given vocab.txt: `train_sentencepiece` (unigram or BPE, BERT or GPT style),
+`SentencePieceTokenizer` (the interface of `wordpiece.WordPiece`, so the dataset builder and
+whole-word masking take either) and `load_tokenizer` (either kind, picked from the path); guide:
+docs/data.md, 'SentencePiece tokenizers'. SentencePiece because it trains a vocabulary from raw
+text with no language-specific pre-tokenizer (as T5, ALBERT, XLNet and LLaMA do).
 
-Why SentencePiece: it trains a vocabulary from raw text in seconds to minutes, needs no
-language-specific pre-tokenizer, and its unigram/BPE models are what T5, ALBERT, XLNet and
-LLaMA use. `SentencePieceTokenizer` has the interface of `wordpiece.WordPiece` (`encode`,
-`encode_batch`, `tokens`, `decode`, `token_id`, `len`, `is_continuation`), so the dataset
-builder and BERT's (whole-word) masking take either; `load_tokenizer` picks the kind from the
-path.
+Special-token ids are fixed per style, so that configs and checkpoints agree. bert: 0 [PAD],
+1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control symbols, added by the instance builders), pieces
+from 5. gpt: 0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces, pieces from 259; byte
+fallback and, unless lower-cased, no normalisation, so decode(encode(text)) == text. `encode`
+adds no special token. Lower-casing is SentencePiece's case folding, stored in the model; unlike
+BERT-uncased's WordPiece it keeps accents.
 
-Special-token id layout of models trained here (fixed, so configs and checkpoints agree):
-
-  style "bert": 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK], learned pieces from 5.
-    [CLS]/[SEP]/[MASK] are control symbols: never produced from text, added by the instance
-    builder. Characters outside `character_coverage` become [UNK] (as in BERT).
-  style "gpt":  0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces <0x00>..<0xFF>,
-    learned pieces from 259. Byte fallback spells any character the vocabulary lacks as its
-    UTF-8 bytes, so <unk> is never produced and decode(encode(text)) == text exactly (GPT
-    style also keeps text un-normalised: no NFKC, whitespace kept as is). <|endoftext|>
-    separates documents; <pad> is there for padded batches (packed sequences never need it).
-
-Neither style adds BOS/EOS in `encode`: the instance builders add what they need.
-
-Lower-casing is SentencePiece's case-folding normalisation rule (`nmt_nfkc_cf` for BERT,
-`nfkc_cf` for GPT), stored inside the model, so training and every later encode agree by
-construction; it does not strip accents (BERT-uncased's WordPiece does).
-
-Determinism: the same texts and arguments give a byte-identical spm.model. SentencePiece's own
-sentence sampling (`input_sentence_size` + `shuffle_input_sentence`) is not reproducible across
-processes even after `set_random_generator_seed` (measured with sentencepiece 0.2.x), so when
-the input has more than `max_sentences` lines they are reservoir-sampled here with
-`random.Random(seed)` and SentencePiece sees exactly those. The thread count is part of the
-result: unigram EM sums per-thread partial counts, so 1 and 2 threads learn slightly different
-scores and pieces (BPE pieces do not change), and spm.model records `num_threads` anyway; the
-default is therefore 1.
+Determinism: the same texts and arguments give a byte-identical spm.model. More than
+`max_sentences` lines are reservoir-sampled here from `seed` (SentencePiece's own sampling is not
+reproducible across processes), and `num_threads` defaults to 1 (unigram training's scores and
+pieces depend on the thread count).
 """
 
 from __future__ import annotations

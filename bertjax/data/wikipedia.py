@@ -1,17 +1,11 @@
 """Streaming reader of MediaWiki XML dumps (`*-pages-articles*.xml`, plain or .bz2, multistream
-or not) -> articles of clean prose.
-
-Constant memory: pages are parsed one at a time with `iterparse` and cleared after use. The
-XML declaration's encoding is honoured (the parser reads bytes). Redirects, disambiguation
-pages and pages outside the main namespace are skipped and counted; a truncated archive or
-malformed XML raises `CorpusError` naming the file and the position reached.
+or not) -> articles of clean prose, in constant memory (`iterparse`, each page cleared after
+use); what is skipped and what is an error: docs/data.md, 'MediaWiki dumps → articles'.
 
 `read_pages` is the reading half alone (raw wikitext of the pages kept), so that a build can
 clean pages (`clean_page`, the costly half) in worker processes; `read_dump` chains the two.
-
-`read_stream_pages` reads the pages of a byte range of a bz2 *multistream* dump (whole streams:
-see `multistream.owned_ranges`), so that several readers share one dump, each decompressing and
-parsing only its own streams, with exactly `read_pages`'s filtering and skip counts.
+`read_stream_pages` reads the pages of a byte range of a bz2 multistream dump (whole streams:
+`multistream.owned_ranges`) with exactly `read_pages`'s filtering and skip counts.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Wikitext -> clean prose, with a linear scanner (regex passes plus brace/bracket/tag matching).
+"""Wikitext -> clean prose (`clean_wikitext`), with a linear scanner: C regex passes plus brace,
+bracket and tag matching over the delimiters they find, never a Python loop over characters nor
+a rescan per construct, so that broken markup (many unclosed tags) costs linear time too. What
+goes and what stays: docs/data.md, 'MediaWiki dumps → articles'.
 
-Removed: templates (infoboxes, citations, navboxes), tables, <ref> and other non-prose tags,
-HTML comments, file/image links, category links, interwiki and interlanguage links, behaviour
-switches (__TOC__), and the back-matter sections (References, External links, See also, ...).
-Kept: the text of ordinary links and of bold/italic runs. Section headings end a paragraph and
-are dropped from the prose (a heading is not a sentence; BERT's sentence pairs should not
-straddle one). List lines are dropped by default (lists are mostly navigation; WikiExtractor
-drops them by default too); `keep_lists=True` keeps each item of a list, and each indented
-(":") line, as a paragraph of its own, cleaned as prose is (a definition list's "; term" goes,
-as headings do). Lists inside tables and templates go with them either way.
-
-The scanner follows mwparserfromhell's reading of the constructs it removes (an earlier version
-of this module used that parser, and its output is the reference this one was checked against:
-over 99% of the paragraphs of the embedded sample are identical) at about 30x its speed: a full
-parse builds a Python object per node, which made cleaning the bottleneck of the data pipeline.
-Each pass below is a C regex scan, or a Python loop over the matches of one (the delimiters),
-never over characters, and none rescans the text per construct, so that broken markup (many
-unclosed tags) costs linear time too. Where the two differ the scanner is the cleaner: it drops
-unbalanced markup the parser left as text, and reads apostrophes as MediaWiki does
-("''Iliad'''s" -> "Iliad's").
+The scanner follows mwparserfromhell's reading of the constructs it removes: this module once
+used that parser (a Python object per node made cleaning the pipeline's bottleneck), and its
+output is the reference this one was checked against. Where the two differ the scanner is the
+cleaner: it drops unbalanced markup the parser left as text, and reads apostrophes as MediaWiki
+does ("''Iliad'''s" -> "Iliad's").
 """
 
 from __future__ import annotations

@@ -1,43 +1,18 @@
-"""GPT fine-tuning data: prompt/completion and chat records, encoded with the loss on the
-completions only, packed whole into fixed rows for `objectives.CausalLM`.
+"""GPT fine-tuning data: prompt/completion and chat records (JSONL), encoded with the loss on the
+completions only and packed whole into fixed rows for `objectives.CausalLM` (`load_completions`);
+guide: docs/finetuning.md, 'GPT on prompts and completions'.
 
-Records (JSONL, one object per line; both kinds may share a file):
-- `{"prompt": str, "completion": str}`: the completion is what the model learns to write after
-  the prompt. As in OpenAI's legacy fine-tuning format, the text is prompt + completion exactly
-  as given: end the prompt with a separator and start the completion with a space (e.g. prompt
-  "Q: 2+2?\\nA:", completion " 4").
-- `{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`: rendered with
-  this plain-text template, one line per system/user message and an <|endoftext|> closing each
-  assistant message:
+A `{"prompt", "completion"}` record trains on prompt + completion exactly as given (as OpenAI's
+legacy format: end the prompt with a separator, start the completion with a space). A
+`{"messages": [{"role", "content"}, ...]}` record is rendered one line per system or user message
+("System: {content}\\n", "User: {content}\\n") and "Assistant: {content}<|endoftext|>" per
+assistant message; each assistant message (" {content}") is a completion, the rest prompt, and
+messages after the last assistant message are left out. <|endoftext|> closes every completion:
+pre-training taught the model that it ends a text, and generation stops on it.
 
-      System: {content}\\n
-      User: {content}\\n
-      Assistant: {content}<|endoftext|>User: {content}\\n
-      Assistant: {content}<|endoftext|>
-
-  Each assistant message is a completion (" {content}", the space after "Assistant:"
-  included) and everything else prompt; messages after the last assistant message carry no
-  loss and are left out. The first user message after an <|endoftext|> starts with no newline,
-  as a document does after <|endoftext|> in pre-training.
-
-Why <|endoftext|>: GPT tokenizers here have no other special token, and pre-training taught
-the model that it ends a text; generation stops on it (`bertjax generate` does by default).
-
-Encoding: a prompt/completion pair is encoded as one text (the tokens pre-training would give
-it), and the prompt part is the longest prefix shared with `encode(prompt)` alone: where
-SentencePiece merges across the boundary, the straddling token belongs to the completion. Each
-example = prompt tokens + completion tokens + <|endoftext|> (per assistant turn for chat). The
-loss is on the completion tokens and each closing <|endoftext|>: `loss_mask[t]` is 1 exactly
-where `target_ids[t]` is one of those.
-
-Packing: first-fit in input order: each example goes whole into the first row with room for it
-(rows are never split across; an example's last token only ever is an input whose target lies
-outside it, so it gets loss_mask 0). `document_ids` number the examples of a row 1, 2, ... (0:
-padding), `positions` restart at 0 in each, padding is <pad> with loss_mask 0, so attention and
-loss never cross examples (GPT's segment-aware causal mask). An example longer than
-`seq_length` keeps its end: the prompt is cut from the left when the last completion (with its
-<|endoftext|>) still fits behind at least one prompt token; otherwise it is skipped, counted, and
-the skip logged with its file and line.
+Packing (`pack_examples`): first-fit in input order, each example whole in its own segment; one
+longer than `seq_length` loses prompt tokens from the left, or is skipped and counted when its
+last completion would not fit behind one prompt token.
 """
 
 from __future__ import annotations

@@ -1,37 +1,16 @@
-"""Few-shot evaluation of a GPT without training, as GPT-3 (Brown et al. 2020): k labelled
-demonstrations, then the query; the predicted label is the one whose verbalisation the model
-finds most likely after the prompt.
+"""Few-shot evaluation of a GPT without training, as GPT-3 (Brown et al. 2020): `evaluate_fewshot`
+predicts the label whose verbalisation (default: the label itself) the model finds most likely
+after k demonstrations and the query; guide: docs/finetuning.md, 'Few-shot evaluation of a GPT'.
 
-Template (`Template`, each part overridable; `{text}` and `{label}` are replaced):
-
-    demonstration = query.format(text) + answer.format(verbalisation) + separator
-                  = "{text}\\nAnswer:" + " {label}" + "\\n\\n"
-    prompt        = demonstration_1 + ... + demonstration_k + "{query text}\\nAnswer:"
-    candidate     = " {label}" for each label's verbalisation
-
-so a 2-shot prompt reads "t1\\nAnswer: v1\\n\\nt2\\nAnswer: v2\\n\\nq\\nAnswer:". Verbalisations
-default to the label strings; a mapping overrides them (e.g. {"0": "Paris"}).
-
-Demonstrations: for each query one seeded draw orders the pool without the query (every pool
-example whose text equals the query's is excluded), and the k-shot prompt takes the first k of
-that order, so a larger k extends a smaller k's demonstrations. `sampling="random"` (default,
-GPT-3's) draws uniformly; `"balanced"` takes the classes in turn (a seeded class order, then
-round-robin), so any k that is a multiple of the number of classes sees each equally. The
-demonstration drawn first is the one nearest the query. A prompt whose longest candidate does
-not fit `max_length` (default: the model's positions) loses its last-drawn demonstrations one by
-one (counted per k); a query too long even alone keeps the end of its prompt (counted).
-
-Scoring: sum over the candidate's tokens of log p(token | prompt, earlier candidate tokens), and
-that sum divided by its token count ("length-normalised", reported too: it costs nothing more).
-Prompt + candidate is encoded as one text and split where `encode(prompt)` stops being a prefix,
-as in pre-training's tokenization (lm-evaluation-harness does the same). One row per (query,
-candidate), right-padded with attention restricted to the real tokens (the causal mask already
-keeps padding out of every real token's view; the padding mask makes it explicit), batched into
-fixed shapes: a fixed batch size and lengths rounded up to a multiple of `bucket`, so each length
-bucket compiles once.
-
-Baselines: the majority class of the demonstration pool (its accuracy on the queries) and
-chance (1 / number of labels).
+`Template` (each part overridable): a demonstration is "{text}\\nAnswer:" + " {label}" + "\\n\\n",
+the query "{text}\\nAnswer:", each candidate " {label}". Per query one seeded draw
+(`demonstration_order`: uniform, or "balanced": the classes in turn) orders the pool without the
+query's text; k shots are its first k, so a larger k extends a smaller one, and the first drawn
+sits nearest the query. A prompt too long for `max_length` loses its last-drawn demonstrations; a
+query too long alone keeps the end of its prompt (both counted). A candidate's score is its summed
+log-probability (also length-normalised), prompt + candidate encoded as one text and split where
+`encode(prompt)` stops being a prefix (`completions.split_encode`). Baselines: the pool's
+majority class, and chance.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
-"""Extractive question answering (SQuAD v1.1 / v2.0): the JSON, windowed features, answers.
+"""Extractive question answering (SQuAD v1.1 / v2.0): the JSON (`read_squad`), windowed features
+(`build_features`) and answers (`postprocess`); guide: docs/finetuning.md, 'Extractive question
+answering (SQuAD)'.
 
-Features are google-research/bert run_squad.py's: [CLS] question [SEP] context window [SEP],
-the question cut to `max_query_length` tokens and the context cut into windows of what is left
-of `max_seq_length`. `doc_stride` keeps run_squad's meaning, the step between the starts of
-consecutive windows (in context tokens). Hugging Face's tokenizers, question-answering pipeline
-and run_qa.py pass the same name as the tokenizer's `stride`, the *overlap* of consecutive
-windows; the two give identical windows when overlap = window length - doc_stride, where window
-length = max_seq_length - question tokens - 3. Tokens come from the `tokenizers` pipeline of
-the bertjax tokenizer (hf_tokenizer.fast_tokenizer: bertjax's ids), which also gives every
-token's characters in the context, so spans map back to text.
-
-Decoding (`postprocess`) by default is transformers' question-answering pipeline (4.x; the task
-left transformers 5): per window, a softmax over the context tokens and [CLS] for start and
-end; a span's score is p_start * p_end (end >= start, at most `max_answer_length` tokens); the
-2 n + 10 best spans of each window become word-aligned character spans, and answers with the
-same text (case-insensitive) across spans and windows add their scores; for SQuAD v2 the null
-answer scores the smallest p_start[CLS] * p_end[CLS] over the windows. Spans of probability 0
-are dropped (the pipeline can list some when a window has fewer context tokens than it asks
-for). `scoring="logits"` is run_squad's rule instead: spans ranked by start + end logit, only
-from the window where their first token has the most context, null score the smallest
-[CLS] logit sum, probabilities a softmax over the n best.
+Features are google-research/bert run_squad.py's, `doc_stride` with its meaning: the step between
+window starts (Hugging Face passes the same name as the tokenizer's `stride`, the overlap, window
+length - doc_stride). Tokens come from the bertjax tokenizer's `tokenizers` pipeline
+(`hf.tokenizer.fast_tokenizer`: bertjax's ids), whose character offsets map spans back to text.
+`postprocess` decodes as transformers' (4.x) question-answering pipeline, except that spans of
+probability 0 are dropped (the pipeline can list some when a window has fewer context tokens
+than it asks for); `scoring="logits"` is run_squad's rule instead.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
-"""Hugging Face interop: bertjax parameters <-> `transformers` safetensors checkpoints.
+"""Hugging Face interop, the shared converter: bertjax parameters <-> `transformers` safetensors
+checkpoints (`import_hf`, `export_hf`), config.json both ways and tokenizer files, dispatching by
+model type to one mapping per family (bertjax/hf/bert.py, modernbert.py, gpt.py: names, layout
+differences, config translation). Scanned models stack layers on a leading axis here.
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
-initialised and reported), ModernBertForMaskedLM / ModernBertModel, GPT2LMHeadModel /
-GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel.
-Fine-tuned BERT (bertjax.training.finetuning) exports as BertForSequenceClassification,
-BertForTokenClassification or BertForQuestionAnswering (`head=`).
-Only safetensors are read or written; nothing is unpickled. Every mismatch (unknown tensor,
-wrong shape, missing tensor) is an error naming the tensor.
-
-This module is the shared converter: config.json, safetensors and tokenizer files in and out,
-dispatching by model type to a mapping per family (bert, modernbert, gpt: parameter names and
-config translation, built from entries), which handles the layout differences. Here: scanned
-models stack layers on a leading axis.
+initialised and reported), fine-tuned BERT exported as BertForSequenceClassification,
+BertForTokenClassification or BertForQuestionAnswering (`head=`), ModernBertForMaskedLM /
+ModernBertModel, GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel. Only
+safetensors are read or written: nothing is unpickled. Every mismatch (unknown, missing or
+wrongly shaped tensor) is an error naming the tensor. The names: docs/models.md, 'Hugging Face
+names'.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""Hugging Face tokenizer files for a bertjax tokenizer, so an exported directory reads text.
-
-`transformers`' AutoTokenizer reads tokenizer.json (the `tokenizers` library's serialised
-pipeline), tokenizer_config.json (class, special tokens, casing, length) and
-special_tokens_map.json. A bertjax run's tokenizer is a SentencePiece spm.model or a WordPiece
-vocab.txt; neither is a file AutoTokenizer understands on its own (given no tokenizer.json it
-silently builds an almost empty vocabulary), so export writes all three, built here with
-`tokenizers` only (`transformers` is not needed at export time):
-
-- SentencePiece: the pieces and scores of spm.model (its ModelProto) become a Unigram (or BPE)
-  model; the normaliser repeats SentencePiece's: its precompiled character map (NFKC, case
-  folding), the whitespace clean-up of `remove_extra_whitespaces`, the dummy "▁" prefix and
-  " " -> "▁"; a Metaspace pre-tokenizer splits before each "▁" as SentencePiece's
-  `split_by_whitespace` does. GPT style adds byte fallback; BERT style adds [CLS] $A [SEP].
-- WordPiece: the same BertWordPieceTokenizer pipeline bertjax encodes with, casing explicit.
-
-tests/test_hf_tokenizer.py checks that AutoTokenizer gives bertjax's ids (for a SentencePiece
-unigram model, except between segmentations of exactly equal score: `_spm_model`).
+"""Hugging Face tokenizer files for a bertjax tokenizer, so an exported directory reads text:
+tokenizer.json, tokenizer_config.json and special_tokens_map.json (`write_hf_tokenizer`), built
+with `tokenizers` only (`transformers` is not needed at export time). AutoTokenizer reads
+neither a spm.model nor a vocab.txt on its own (given no tokenizer.json it silently builds an
+almost empty vocabulary). `sentencepiece_fast` repeats SentencePiece's model, normaliser and
+pre-tokenization; `wordpiece_fast` is the BertWordPiece pipeline bertjax encodes with. What the
+files hold, and where ids can differ (equal-score ties of a unigram model, `_spm_model`):
+docs/checkpoints.md, 'What a Hugging Face export contains'.
 """
 
 from __future__ import annotations

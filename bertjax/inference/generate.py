@@ -1,19 +1,11 @@
-"""Generation: GPT decoding with a KV cache, and BERT fill-mask.
+"""Generation: GPT decoding with a KV cache (`generate`), and BERT fill-mask (`fill_mask`);
+guide: docs/generation.md.
 
-`generate` decodes a batch of prompts of different lengths in one jitted `lax.while_loop`:
-greedy, sampling (temperature, top-k, top-p; deterministic for a seed) or beam search (length
-penalty, early stopping), with a repetition penalty, n-gram blocking and stop tokens. The
-logits processors, the sampling filters and beam search follow Hugging Face `transformers`'
-`generate` semantics (tests/test_generate.py compares token for token).
-
-Prompts are left-padded to a common length P and written to the KV cache in one prefill call;
-each new token then costs one position (`GPT(..., decode=True)`, the cache in the "cache"
-collection of bertjax/models/layers.py). Padded cache slots are masked out and every row gets
-its own positions (0 at its first real token), so each row's logits equal a full recomputation
-of that row alone. Cache slot P + t holds the t-th generated token.
-
-`fill_mask` runs BERT's MLM head at the [MASK] position(s) and returns the top-k tokens with
-their probabilities (as `transformers`' fill-mask pipeline).
+`generate` decodes a batch of prompts of different lengths in one jitted `lax.while_loop`, with
+`transformers`' `generate` semantics (greedy, sampling, beam search, repetition penalty, n-gram
+blocking, stop tokens). Prompts are left-padded to a common length P and prefilled in one call;
+padded cache slots are masked out and every row gets its own positions, so each row's logits
+equal a full recomputation of that row alone. Cache slot P + t holds the t-th generated token.
 """
 
 from __future__ import annotations

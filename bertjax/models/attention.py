@@ -1,26 +1,13 @@
 """The attention core, softmax(q kᵀ / sqrt(H) + mask) v, in three implementations behind one
-config key (`model.attention`):
+config key (`model.attention`); guide: docs/models.md, 'Attention implementations'.
 
-- "xla": einsums and a written-out softmax in fp32, with attention dropout; every device, and
-  the only one with dropout or a KV cache (generation).
-- "splash": the Pallas TPU splash-attention kernel (flash attention with block-sparse masks:
-  causal and document-segment masks skip whole blocks), run per device through `shard_map`
-  over the ambient mesh (`jax.set_mesh`), since Mosaic kernels cannot be partitioned
-  automatically. No [B, N, L, S] tensor exists, forward or backward. On CPU it runs in Pallas
-  interpret mode (tests).
-- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN's fused flash
-  attention on NVIDIA GPUs (bf16/fp16 inputs).
-- "auto": the fused kernel of the platform the program is compiled for when it supports the
-  configuration (no attention dropout in training; cuDNN: a 16-bit compute dtype; no prefix
-  tuning, no ALiBi), else "xla" (`resolve`).
-
-Sliding-window layers (ModernBERT's local attention) are a band mask on the XLA core and in
-cuDNN's boolean mask (its own window is one-sided), and the splash kernel's LocalMask on TPU
-(whose block-sparse mask skips the blocks outside the band).
-
-Masks travel as an `AttentionMask`: the boolean [B|1, 1, L|1, S] mask the XLA path applies,
-and the structured form fused kernels read (document segment ids and a causal flag), built
-together by the model so that both say the same thing on every position that is not padding.
+"xla": einsums and an fp32 softmax, on every device; the only one with attention dropout, a score
+bias (ALiBi) or a KV cache. "splash": the Pallas TPU splash-attention kernel, run per device
+under `shard_map` over the ambient mesh, since Mosaic kernels cannot be partitioned
+automatically (Pallas interpret mode off TPU). "cudnn": `jax.nn.dot_product_attention`, cuDNN's
+fused kernel. "auto" (`resolve`): the compiled-for platform's fused kernel where it supports the
+configuration, else "xla". Masks travel as an `AttentionMask`, the dense mask and the structured
+form the kernels read, built together so that they agree on every non-padding position.
 """
 
 from __future__ import annotations

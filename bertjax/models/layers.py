@@ -1,21 +1,14 @@
-"""Transformer building blocks shared by BERT and GPT.
+"""Transformer building blocks shared by BERT and GPT: `Dense`, `Embed`, `SelfAttention`, `Mlp`,
+`Adapter`, `Block`, `LayerStack`.
 
-Every parameter is created with logical axis names (`nn.with_logical_partitioning`) and the
-main activations carry logical sharding constraints; the mapping of names to mesh axes is a
-rules table in the config (see bertjax/sharding.py). No mesh appears here.
-
-Logical axes: batch, length, embed (model width), heads, kv (head dim), qkv (the 3 of a fused
-query/key/value projection), mlp (MLP hidden), vocab, layers (the scanned layer axis).
-
-Shape suffixes in names: B batch, L (query) length, S (key) length, D model width, N heads,
-H head dim, F MLP width.
-
-Position encodings are in bertjax/models/positions.py. The parameter-efficient additions
-(off by default) sit in the layers they modify, so that they scan and shard like their
-weights: LoRA updates inside `Dense` (parameters `lora_a*`/`lora_b*`, computed by
-bertjax/models/lora.py), bottleneck adapters in `Block` (modules `adapter_*`) and key/value
-prefixes in `SelfAttention` (`prefix_key`, `prefix_value`). Their names all start with a
-prefix that bertjax.models.groups.is_added recognises.
+Parameters carry logical axis names and the main activations logical sharding constraints; a
+rules table in the config maps them to mesh axes (bertjax/parallel/sharding.py; the names:
+docs/architecture.md, 'Logical axes and the rules table'). No mesh appears here. Shape suffixes
+in names: B batch, L (query) length, S (key) length, D model width, N heads, H head dim, F MLP
+width. Position encodings are in bertjax/models/positions.py. The parameter-efficient additions
+sit in the layers they modify, so that they scan and shard like their weights (LoRA in `Dense`,
+computed by bertjax/models/lora.py; adapters in `Block`; key/value prefixes in `SelfAttention`);
+their names all start with a prefix that `bertjax.models.groups.is_added` recognises.
 """
 
 from __future__ import annotations

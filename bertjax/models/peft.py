@@ -1,20 +1,12 @@
-"""Parameter-efficient tuning on parameter trees: which parameters train, keeping and
-recombining only those, counting them, and folding LoRA into the base weights.
+"""Parameter-efficient tuning on parameter trees: `trainable_params` / `combine` (a fine-tuned
+checkpoint need hold only what training changed and name its base; loading puts the two back
+together), `report` (trainable against total, and per LoRA target what the update costs against
+the projection it updates) and `merge_lora` (W + (alpha/r)·A·B folded into each kernel: a plain
+model of the base architecture, which `bertjax.hf.export_hf` exports unchanged).
 
-The additions themselves are model options (bertjax/models/config.py: `lora_rank`,
-`adapter_size`, `prefix_length`) built by bertjax/models/layers.py; `optimizer.freeze="base"`
-trains only them and the heads outside the encoder, as peft trains the adapter and its
-`modules_to_save`. `bertjax.models.groups.is_added` is the one test of whether a parameter is
-an addition; everything here goes through it.
-
-Why the pieces:
-- `trainable_params` / `combine`: a fine-tuned checkpoint need hold only what training changed
-  (a few percent of the model) and name its base; loading puts the two back together.
-- `report`: trainable against total, and per LoRA target what the update costs against the
-  projection it updates (the numbers people quote for LoRA).
-- `merge_lora`: W + (alpha/r)·A·B folded into each kernel gives a plain model of the base
-  architecture, which `bertjax.hf.export_hf` exports unchanged (bertjax.hf.peft writes the
-  unmerged adapter for `peft`).
+The additions themselves are model options built by bertjax/models/layers.py (docs/finetuning.md,
+'Parameter-efficient tuning'); `bertjax.models.groups.is_added` is the one test of whether a
+parameter is one, and everything here goes through it.
 """
 
 from __future__ import annotations

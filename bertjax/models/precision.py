@@ -1,29 +1,15 @@
-"""Mixed precision: the dtype of each kind of computation, decided here and nowhere else.
+"""Mixed precision: the dtype of each kind of computation, decided here and nowhere else; guide:
+docs/performance.md, 'Mixed precision (bf16) against the reference's best setting'.
 
-- **Weights** are stored in `model.param_dtype` (float32 master weights; the optimizer updates
-  them in float32).
-- **Matmuls and einsums** (`einsum`) read their inputs in `model.dtype`, the compute dtype
-  (bfloat16 for mixed precision), and accumulate in float32. What they *write* is
-  `model.matmul_output`:
-  - "compute": the compute dtype. TPU and GPU matrix units accumulate in float32 internally
-    and round once on the way out, at full speed; activations then travel in bf16 (half the
-    memory and bandwidth).
-  - "float32": the float32 accumulator itself. This is the fast path of XLA's CPU backend,
-    whose bf16 kernel (YNNPACK) takes bf16 operands and writes float32; asking it for a bf16
-    result, or giving it an operand whose contracting dimension is not the minor one in
-    memory (every weight gradient `xᵀ·g`), falls back to an upcast float32 GEMM at a third of
-    the speed. So in this mode the matmuls of layers run under a custom VJP (`_mixed_einsum`)
-    that hands every product, forward and backward, to the kernel in its fast form: operands
-    are copied into row-major order where needed (a transpose of an activation, a small cost
-    next to the GEMM), and the weight gradients come out in float32, unrounded. Activations
-    between matmuls are float32.
-  - "auto" (the default): "float32" on CPU with a 16-bit compute dtype, else "compute";
-    resolved by the Trainer for the platform the step is compiled for (`resolve`).
-- **Layer norms** compute mean, variance and the normalisation in float32 and write the
-  activation dtype; **attention scores and softmax** are float32 (bertjax/models/attention.py);
-  **losses** are computed on float32 logits (bertjax/objectives.py).
-
-With `model.dtype=float32` every mode computes in float32 and nothing here changes the program.
+Weights are stored in `model.param_dtype`. Matmuls (`einsum`, `product`) read `model.dtype` and
+accumulate in float32; what they write is `model.matmul_output`: "compute" (the compute dtype:
+TPU and GPU matrix units round once on the way out, and activations travel in 16 bits),
+"float32" (the accumulator; activations between matmuls are float32) or "auto" (`resolve`,
+applied by the Trainer: "float32" on CPU with a 16-bit compute dtype, else "compute"). XLA's CPU
+bf16 kernel (YNNPACK) is fast only with a float32 result and the left operand's contracting
+dimension minor in memory, which every weight gradient `xᵀ·g` lacks; so in "float32" mode
+`_mixed_einsum`'s custom VJP copies operands into that layout, forward and backward, and returns
+float32 weight gradients unrounded. With `model.dtype=float32` nothing here changes the program.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
-"""Ahead-of-time compilation of the real train step for a named TPU topology, on any machine.
+"""Ahead-of-time compilation of the real train step for a named TPU topology, on any machine
+(`bertjax compile`, `compile_for_topology`); guide: docs/reproducing.md, 'Compiling for a slice'.
 
-`bertjax compile --config configs/bert_large.py --topology v4-64` runs `compile_for_topology`:
 libtpu's compile-only client (`jax.experimental.topologies`) describes the slice's devices, the
 config's mesh is laid over them, and `Trainer`'s jitted step (state donated, the config's
-shardings) is lowered with abstract inputs and compiled by the TPU compiler. Nothing is
-allocated: parameters, optimizer state and batch exist only as ShapeDtypeStructs.
-
-From the compiled program the report reads:
-- memory per device (`memory_analysis`): arguments + outputs - aliased (donated state) +
-  temporaries + generated code, against the device's HBM;
-- FLOPs: XLA's `cost_analysis` counts a while loop's body once (a scanned 24-layer stack looks
-  like one layer), so the compiled FLOPs here are counted from the optimized HLO instead: every
-  dot and convolution (XLA's own FLOP formula), times the trip counts of the loops around it,
-  times the number of devices (the HLO is one device's SPMD program). Elementwise work is left
-  out, as in the analytic model FLOPs (`bertjax.training.flops`) they are compared with;
-- collectives: kind, executions per step and bytes per device (from their result shapes),
-  loop trip counts included.
+shardings) is lowered with abstract inputs and compiled by the TPU compiler: nothing is
+allocated. The report reads memory per device (`memory_analysis`), the collectives with their
+bytes, and FLOPs counted from the optimized HLO (every dot times its loops' trip counts, times
+the devices of the SPMD program), since XLA's `cost_analysis` counts a scanned layer stack once.
 """
 
 from __future__ import annotations

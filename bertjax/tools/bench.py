@@ -1,22 +1,13 @@
-"""`bertjax bench`: how much of the machine one training step turns into model FLOPs.
+"""`bertjax bench` (`run_benchmark`): how much of the machine one training step turns into model
+FLOPs; guide: docs/performance.md.
 
-For one config, in one process:
-- the device's matmul peak, measured here (`flops.measure_matmul_peak`), next to the nominal
-  data-sheet peak where the device kind has one;
-- our jitted, sharded, donated train step (the `Trainer` that `bertjax train` uses, on a
-  synthetic batch of the config's shape): compile time, then the median of timed steps;
-- tokens/s, sequences/s, model FLOPs per step (`bertjax.training.flops`, formula in its
-  docstring) next to the FLOPs XLA compiled (dots counted through loop trips,
-  `bertjax.tools.hlo`) and XLA's own `cost_analysis`; MFU against each peak; memory.
-- `compare="hf"`: the same shape, batch, optimizer and dropout in Hugging Face `transformers`
-  (PyTorch; bertjax/tools/bench_hf.py) in the same precision (bf16: `torch.autocast`), run
-  alternately with ours, block by block; the ratio of throughputs of each pair and their
-  median. Machines drift (the project's CPU by up to 1.5x over minutes): only ratios taken
-  side by side mean anything.
-- `best=True`: ours and the reference each in float32 and in bfloat16, all interleaved; the
-  fastest of ours against the fastest of the reference, and our bf16 step against our fp32.
-
-A benchmark, never a test: the tests run it once at toy size for its plumbing only.
+Our step is the `Trainer`'s of `bertjax train` on a synthetic batch of the config's shape, timed
+against the device's matmul peak measured here; its model FLOPs (`bertjax.training.flops`) stand
+next to the FLOPs XLA compiled (`bertjax.tools.hlo`) and XLA's `cost_analysis`. `compare="hf"`
+runs the same step in `transformers` (bench_hf.py) alternately with ours, block by block, since
+on a drifting machine only ratios taken side by side mean anything; `best=True` runs both in
+float32 and in bfloat16. A benchmark, never a test: the tests run it once at toy size for its
+plumbing only.
 """
 
 from __future__ import annotations

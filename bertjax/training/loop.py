@@ -168,10 +168,8 @@ def _lock_workdir(workdir: epath.Path, is_main: bool) -> WorkdirLock:
 
 def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoints) -> None:
   """A resumed run's config against the one its checkpoint was written with."""
-  requested = int(config.restore_step)
-  steps = [requested] if requested >= 0 else checkpoints.steps()[::-1]
   current = json.loads(config.to_json_best_effort())
-  for step in steps:
+  for step in checkpoints.resume_candidates(int(config.restore_step)):
     try:
       saved = checkpoints.saved_config(step)
     except Exception:  # noqa: BLE001 - a damaged step: the restore's fallback reports it
@@ -316,11 +314,11 @@ def _restore_or_initialize(workload: Workload, trainer: Trainer, checkpoints: Tr
   checkpoint with the data position and the workload's own items, or a new state."""
   config = workload.config
   # The data state in a checkpoint belongs to the phase of the step it resumes at.
-  requested = int(config.restore_step)
-  resume_at = requested if requested >= 0 else (checkpoints.latest_step() or 0)
-  phase = _PhaseData(workload, trainer, resume_at)
+  candidates = checkpoints.resume_candidates(int(config.restore_step))
+  phase = _PhaseData(workload, trainer, candidates[0] if candidates else 0)
   state, restored = restore_or_initialize(checkpoints, trainer.abstract_state(), phase.batches,
-                                          requested, lambda: workload.initial_state(trainer))
+                                          int(config.restore_step),
+                                          lambda: workload.initial_state(trainer))
   if phases.phase_of(config, int(state.step)) != phase.index:
     # A damaged latest step made the restore fall back across the phase switch.
     phase.batches.close()
