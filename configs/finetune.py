@@ -9,7 +9,9 @@ A variant names the `bertjax finetune --recipe` presets (bertjax.finetune.recipe
       --config.finetune.train=squad/train-v1.1.json --config.finetune.dev=squad/dev-v1.1.json
 
 is `bertjax finetune --recipe squad --init-from runs/modernbert_tiny/params --train ... --dev
-... --out runs/squad`.
+... --out runs/squad`. (`--seed N` is `--config.seed=N --config.data.seed=N`: initialisation and
+the order of the rows.) Until `init_from` is read, the model group is BERT-base's placeholder:
+`bertjax info` on this file describes that, not the weights a run starts from.
 """
 
 from bertjax.config import parse_arg

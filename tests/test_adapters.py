@@ -1,4 +1,4 @@
-"""Parameter-efficient tuning (bertjax/adapters.py and the model options behind it): LoRA,
+"""Parameter-efficient tuning (bertjax/models/peft.py and the model options behind it): LoRA,
 bottleneck adapters and prefix tuning give the base model at initialisation, train alone under
 optimizer.freeze=base, merge and export to `transformers` and `peft` with the same logits, and
 prefixes equal Hugging Face's past key/values and survive KV-cache generation."""

@@ -195,3 +195,15 @@ def test_command_asks_for_transparent_huge_pages_only_where_it_helps(tmp_path, m
   monkeypatch.setattr(sys, "platform", "darwin")
   mode.write_text("always [madvise] never\n")
   assert hugepage_environment({}, str(mode)) is None
+
+
+def test_a_config_imports_its_own_siblings_whatever_else_is_imported(monkeypatch):
+  """configs/common.py comes first for a config file, before another module named `common`
+  that a process has imported (launch/common.py is one), which is left in place."""
+  import sys
+  import types
+  other = types.ModuleType("common")
+  other.__file__ = "/elsewhere/common.py"
+  monkeypatch.setitem(sys.modules, "common", other)
+  assert config_lib.load_config("bert_base").optimizer.learning_rate == 1e-4
+  assert sys.modules["common"] is other

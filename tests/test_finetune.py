@@ -24,7 +24,7 @@ from bertjax.finetune import scores as dev_scores
 from bertjax.finetune import labeled
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import load_tokenizer
-from bertjax.finetune.tasks import TASKS
+from bertjax.finetune.registry import TASKS
 from bertjax.models import ModelConfig, build_model, jit_init
 from train_helpers import finetune
 
@@ -526,6 +526,33 @@ def test_a_finished_finetune_started_again_or_continued(tmp_path, capsys):
   assert longer["steps"] == 4 and [h["step"] for h in longer["history"]] == [2, 4]
   saved = json.loads((tmp_path / "out" / "finetune_summary.json").read_text())
   assert saved["steps"] == 4 and saved["history"] == longer["history"]
+  assert "dev step 4/4 | epoch 2.0000 | accuracy" in capsys.readouterr().out  # scores shown
+  # Exports asked for after the end: written, nothing trained again.
+  exported = _finetune({**spec, "epochs": 2, "export_hf": True}, *data)
+  assert exported["hf_dir"] and (tmp_path / "out" / "hf" / "config.json").exists()
+  assert exported["history"] == longer["history"]
+  # The fine-tune's directory holds its task's head: weights to start from, not to export.
+  assert "classifier" in weights_lib.load_weights(tmp_path / "out").params
+  from bertjax import cli
+  assert cli.main(["export", "--workdir", str(tmp_path / "out"), "--out",
+                   str(tmp_path / "x")]) == 2
+  assert "export its best parameters, --params" in capsys.readouterr().err
+
+
+def test_finetune_settings_that_cannot_work_are_refused_before_training(tmp_path):
+  """A dev batch the mesh cannot split, and an OUT holding another run's outputs but no
+  checkpoint: one-line errors at start-up (the old runner found the first at the first
+  evaluation and overwrote nothing)."""
+  vocab = _vocab(tmp_path)
+  _pair_task(tmp_path / "train.tsv", 16, seed=1)
+  spec = _spec(model=_tiny(len(vocab.read_text().split())), tokenizer=str(vocab), epochs=1,
+               batch_size=16)
+  data = (None, tmp_path / "train.tsv", tmp_path / "train.tsv")
+  with pytest.raises(ValueError, match="finetune.eval_batch_size: batch_size=3"):
+    _finetune({**spec, "eval_batch_size": 3}, *data, tmp_path / "a")
+  (tmp_path / "b" / "best").mkdir(parents=True)
+  with pytest.raises(FileExistsError, match="holds no checkpoint to resume"):
+    _finetune(spec, *data, tmp_path / "b")
 
 
 @pytest.mark.slow
@@ -540,7 +567,8 @@ def test_finetune_command_from_a_params_checkpoint(tmp_path, capsys):
                    str(tmp_path / "train.tsv"), "--dev", str(tmp_path / "dev.tsv"), "--out",
                    str(tmp_path / "out"), "--text-a", "sentence1", "--text-b", "sentence2",
                    "--tokenizer", str(vocab), "--epochs", "1", "--batch-size", "16",
-                   "--seq-length", "16", "--freeze", "embeddings", "--mesh", "data=4,fsdp=2"]) == 0
+                   "--seq-length", "16", "--freeze", "embeddings", "--mesh", "data=4,fsdp=2",
+                   "--lowercase"]) == 0
   result = json.loads(capsys.readouterr().out)
   assert result["metric"] == "accuracy" and result["steps"] == 4
   assert (tmp_path / "out" / "best" / "model.json").exists()

@@ -128,6 +128,12 @@ def test_lora_finetune_saves_only_the_new_parameters(tmp_path, gpt_base):
                    str(tmp_path / "base_hf")]) == 0
   assert cli.main(["export", "--params", best, "--format", "peft", "--out",
                    str(tmp_path / "peft")]) == 0
+  # Another fine-tune from this OUT/best goes on with its LoRA (the weights' own options stay).
+  onward = train_helpers.finetune(tmp_path / "onward", best, tmp_path / "train.jsonl",
+                                  tmp_path / "dev.jsonl", task="completion", epochs=1,
+                                  batch_size=4, seq_length=32, generate_examples=0,
+                                  mesh={"data": 2, "fsdp": 2, "tensor": 2})
+  assert json.loads(open(f"{onward['best_dir']}/model.json").read())["lora_rank"] == 4
   # OUT/best generates as it is (its base weights read back from finetune.json's `base`).
   assert cli.main(["generate", "--params", best, "--prompt", "Which town is on the river",
                    "--max-new-tokens", "3"]) == 0

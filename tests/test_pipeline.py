@@ -186,7 +186,7 @@ def test_gpt_packing_masks_exactly_the_document_boundaries():
   # The stream 10 11 12 | | 20 21 22 23 24 25 | 30 | 40 ... 47, with an eot ending each
   # document, cut into windows of 4 inputs and their 4 next tokens; the sixth window would
   # need a 25th token. Positions restart in each document and in each window.
-  want = [  # (inputs, targets, loss_mask, segment_ids, positions)
+  want = [  # (inputs, targets, loss_mask, document_ids, positions)
       ([10, 11, 12, eot], [11, 12, eot, eot], [1, 1, 1, 0], [1, 1, 1, 1], [0, 1, 2, 3]),
       ([eot, 20, 21, 22], [20, 21, 22, 23], [0, 1, 1, 1], [1, 2, 2, 2], [0, 0, 1, 2]),
       ([23, 24, 25, eot], [24, 25, eot, 30], [1, 1, 1, 0], [1, 1, 1, 1], [0, 1, 2, 3]),

@@ -15,7 +15,7 @@ from etils import epath
 from bertjax import hf, paths
 from bertjax.checkpoints.params import save_params, tokenizer_dir
 from bertjax.checkpoints.weights import load_finetuned
-from bertjax.finetune.tasks import TASKS
+from bertjax.finetune.registry import TASKS
 from bertjax.hf import peft as hf_peft
 from bertjax.models import ModelConfig, peft
 
@@ -29,10 +29,17 @@ def export_finetuned_hf(directory: paths.PathLike, out_dir: paths.PathLike,
   GPT LM head model, with id2label and the tokenizer. LoRA is merged into the base weights
   (adapters and prefixes have no plain `transformers` equivalent: an error says so)."""
   params, config, info = load_finetuned(directory)
+  return task_hf(params, config, info, tokenizer_dir(directory), out_dir, dtype)
+
+
+def task_hf(params: Any, config: ModelConfig, info: dict[str, Any], tokenizer: Path | None,
+            out_dir: paths.PathLike, dtype: str = "float32") -> epath.Path:
+  """`export_finetuned_hf` of parameters in hand (host arrays, the base included) with their
+  finetune.json `info`."""
   if config.lora_rank:
     params, config = peft.merge_lora(params, config)
-  return paths.path(hf.export_hf(params, config, out_dir, DTYPES[dtype],
-                                 tokenizer_dir(directory), head=TASKS[info["task"]].head,
+  return paths.path(hf.export_hf(params, config, out_dir, DTYPES[dtype], tokenizer,
+                                 head=TASKS[info["task"]].head,
                                  labels=info.get("labels") or None))
 
 
@@ -40,10 +47,16 @@ def export_finetuned_peft(directory: paths.PathLike, out_dir: paths.PathLike) ->
   """A LoRA fine-tune's OUT/best as a `peft` adapter directory (adapter_config.json,
   adapter_model.safetensors) for the base model exported by `export_hf` of its base."""
   params, config, info = load_finetuned(directory)
+  return task_peft(params, config, info, out_dir, f"{directory}: ")
+
+
+def task_peft(params: Any, config: ModelConfig, info: dict[str, Any], out_dir: paths.PathLike,
+              where: str = "") -> epath.Path:
+  """`export_finetuned_peft` of parameters in hand with their finetune.json `info`."""
   if not info.get("base") or not config.lora_rank:
-    raise ValueError(f"{directory}: not a --freeze base LoRA fine-tune; only such a run has an "
+    raise ValueError(f"{where}not a --freeze base LoRA fine-tune; only such a run has an "
                      "adapter apart from its base weights (export it with --format hf)")
-  return hf_peft.export_peft(params, config, out_dir, info.get("base") or "",
+  return hf_peft.export_peft(params, config, out_dir, info["base"],
                              head=TASKS[info["task"]].head)
 
 

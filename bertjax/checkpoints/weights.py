@@ -24,7 +24,7 @@ from bertjax.checkpoints.params import (abstract_params_of, load_model_config, l
                                         tokenizer_dir)
 from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.config import model_config
-from bertjax.finetune.tasks import TASKS
+from bertjax.finetune.registry import TASKS
 from bertjax.models import ModelConfig, peft
 from bertjax.parallel.sharding import abstract_with
 
@@ -118,7 +118,7 @@ def describe_weights(source: paths.PathLike, step: int | None = None) -> Weights
     return Weights(None, load_model_config(path), tokenizer_dir(path), f"params {source}")
   if (path / "checkpoints").is_dir():
     with _run_checkpoints(path) as checkpoints:
-      step, config, tokenizer = _run_step(path, checkpoints, step)
+      step, config, tokenizer, _ = _run_step(path, checkpoints, step)
     return Weights(None, config, tokenizer, f"workdir {source} step {step}", step)
   return dataclasses.replace(load_weights(source, step), params=None)
 
@@ -135,18 +135,22 @@ def _run_checkpoints(workdir: epath.Path) -> Iterator[TrainCheckpoints]:
 
 
 def _run_step(workdir: epath.Path, checkpoints: TrainCheckpoints, step: int | None
-              ) -> tuple[int, ModelConfig, Path | None]:
-  """The step `step` names (None: the latest), its model config and the run's tokenizer."""
+              ) -> tuple[int, ModelConfig, Path | None, str]:
+  """The step `step` names (None: the latest), its model config, the run's tokenizer and the
+  model's head (a fine-tune's workdir: its task's)."""
   step = checkpoints.latest_step() if step is None else step
   if step is None:
     raise FileNotFoundError(f"{workdir / 'checkpoints'} holds no checkpoint")
   saved = ml_collections.ConfigDict(checkpoints.saved_config(step))
   dataset = saved.data.get("dataset", "") if "data" in saved else ""
   tokenizer = next((c for c in (workdir / "params" / "tokenizer",
+                                workdir / "best" / "tokenizer",
                                 workdir / "data" / "dataset" / "tokenizer",
                                 paths.path(dataset) / "tokenizer" if dataset else None)
                     if c is not None and c.is_dir()), None)
-  return step, model_config(saved), paths.local_copy(tokenizer) if tokenizer else None
+  task = saved.get("finetune", {}).get("task", "")
+  head = TASKS[task].head if task else "pretraining"
+  return step, model_config(saved), paths.local_copy(tokenizer) if tokenizer else None, head
 
 
 def run_params(workdir: paths.PathLike, step: int | None = None
@@ -156,6 +160,7 @@ def run_params(workdir: paths.PathLike, step: int | None = None
   state is never read. What export and fine-tuning start from."""
   workdir = paths.path(workdir)
   with _run_checkpoints(workdir) as checkpoints:
-    step, config, tokenizer = _run_step(workdir, checkpoints, step)
-    params, step = checkpoints.restore_params(abstract_with(abstract_params_of(config)), step)
+    step, config, tokenizer, head = _run_step(workdir, checkpoints, step)
+    params, step = checkpoints.restore_params(abstract_with(abstract_params_of(config, head)),
+                                              step)
   return params, config, tokenizer, step

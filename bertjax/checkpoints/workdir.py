@@ -42,7 +42,11 @@ STALE_S = 150.0
 HARMLESS = ("log_every", "eval_every", "eval_steps", "checkpoint.", "profile.", "distributed.",
             "mesh.", "dcn_mesh.", "sharding_rules", "restore_step", "num_train_steps",
             "grad_accum_steps", "reference_params", "init_from", "seed", "resume_with_changes",
-            "data.num_workers", "data.prefetch", "data.build_workers", "model.remat_policy")
+            "data.num_workers", "data.prefetch", "data.build_workers", "model.remat_policy",
+            # What a fine-tune writes at its end, not what it trains.
+            "finetune.export_hf", "finetune.generate_examples", "finetune.max_new_tokens")
+# ... except for a fine-tune, whose OUT/best names the weights it started from as its base.
+FINETUNE_MEANINGFUL = ("init_from",)
 
 
 class WorkdirBusy(ValueError):
@@ -194,7 +198,9 @@ class WorkdirLock:
         pass
 
 
-def _harmless(key: str) -> bool:
+def _harmless(key: str, finetune: bool) -> bool:
+  if finetune and key in FINETUNE_MEANINGFUL:
+    return False
   return any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS)
 
 
@@ -202,6 +208,7 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
                    ) -> tuple[list[str], list[str]]:
   """(harmless, meaningful) differences between two resolved configs, as "key: a -> b"."""
   a, b = (traverse_util.flatten_dict(dict(c), sep=".") for c in (saved, current))
+  finetune = bool(b.get("finetune.task"))
   harmless, meaningful = [], []
   for key in sorted(set(a) | set(b)):
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
@@ -209,7 +216,7 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
       # A setting added to bertjax after the checkpoint was written: its default keeps what the
       # older version did, so it is listed but does not block the resume.
       new_setting = key not in a
-      (harmless if new_setting or _harmless(key) else meaningful).append(line)
+      (harmless if new_setting or _harmless(key, finetune) else meaningful).append(line)
   return harmless, meaningful
 
 

@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 
-from bertjax.cli.common import Add
+from bertjax.cli.common import EXIT_FAILED, Add
 from bertjax.finetune.recipes import RECIPES, recipe_values
 
 Overrides = list[tuple[str, str]]
@@ -19,6 +19,7 @@ def cmd_finetune(args: argparse.Namespace, overrides: Overrides) -> int:
 
   from bertjax.config.finetune import SETTINGS, finetune_run_config
   from bertjax.training.loop import train_and_evaluate
+  from bertjax.training.metrics import TrainingDiverged
   logging.getLogger("bertjax").setLevel(logging.INFO)
   values = recipe_values(args.recipe) if args.recipe else {}
   values.update({name: getattr(args, name) for name in SETTINGS
@@ -27,9 +28,16 @@ def cmd_finetune(args: argparse.Namespace, overrides: Overrides) -> int:
   if args.mesh:
     values["mesh"] = dict(part.split("=") for part in args.mesh.split(","))
   config = finetune_run_config(values, overrides)
-  # Progress and the run's summary on stderr: stdout is the result, as JSON.
-  result = train_and_evaluate(config, args.out, report=sys.stderr)
-  print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
+  try:
+    # Progress and the run's summary on stderr: stdout is the result, as JSON.
+    result = train_and_evaluate(config, args.out, report=sys.stderr)
+  except TrainingDiverged as e:
+    print(f"bertjax finetune: {e}", file=sys.stderr)
+    return EXIT_FAILED
+  if "best_dir" not in result:  # preempted: saved, and the same command goes on
+    print(json.dumps({"finished": False}))
+    return 0
+  print(json.dumps({k: v for k, v in result.items() if k not in ("history", "of")}, indent=2))
   return 0
 
 
@@ -45,7 +53,7 @@ def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
       node = node[part]
     flag = "--" + name.replace("_", "-")
     shown = f" (default: {node})" if node not in ("", None) else ""
-    if isinstance(node, bool):
+    if isinstance(node, bool) or name == "lowercase":  # lowercase: true | false | "" (unset)
       p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                      help=help_text + shown)
     else:

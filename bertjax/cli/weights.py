@@ -91,6 +91,10 @@ def cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
                        "peft")
     return 0
   if args.workdir:
+    saved = paths.path(args.workdir) / "config.json"
+    if saved.exists() and json.loads(saved.read_text()).get("finetune", {}).get("task"):
+      raise ValueError(f"{args.workdir} is a fine-tune's output directory: export its best "
+                       f"parameters, --params {paths.path(args.workdir) / 'best'}")
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
     print(f"exporting step {step} of {args.workdir}")
   else:

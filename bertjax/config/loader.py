@@ -121,8 +121,11 @@ def _where(error: BaseException, path: Path) -> str:
 
 @contextlib.contextmanager
 def _siblings_importable(directory: Path) -> Iterator[None]:
-  """A config file imports the modules beside it, as a script does (`import common`); they are
-  forgotten afterwards, so that configs in another directory get their own siblings."""
+  """A config file imports the modules beside it, as a script does (`import common`): they
+  come first, before any module of the same name already imported (launch/ has a `common`
+  too), and are forgotten afterwards, so that configs in another directory get their own."""
+  siblings = {p.stem for p in directory.glob("*.py")}
+  shadowed = {name: sys.modules.pop(name) for name in siblings if name in sys.modules}
   before = set(sys.modules)
   sys.path.insert(0, str(directory))
   try:
@@ -132,6 +135,7 @@ def _siblings_importable(directory: Path) -> Iterator[None]:
     for name in set(sys.modules) - before:
       if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == directory:
         del sys.modules[name]
+    sys.modules.update(shadowed)
 
 
 def _load_module(path: Path) -> types.ModuleType:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from bertjax.finetune.tasks import task
+from bertjax.finetune.registry import task
 from bertjax.models.groups import FREEZE_KINDS, parse_freeze
 
 ConfigDict = ml_collections.ConfigDict

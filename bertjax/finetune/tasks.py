@@ -1,5 +1,6 @@
-"""The fine-tuning tasks: every fact about each (`TASKS`), and what each reads, trains on and is
-scored by (`build`): the rows the one trainer steps over and the dev evaluation.
+"""What each fine-tuning task reads, trains on and is scored by (`build`): the rows the one
+trainer steps over and the dev evaluation. The facts about each task are the registry's
+(bertjax.finetune.registry).
 
 - labelled tasks (classification, regression, token_classification; BERT): GLUE-style TSV/CSV/
   JSONL or CoNLL (bertjax.finetune.labeled), dev scores by bertjax.finetune.scores.task_scores.
@@ -34,40 +35,9 @@ from bertjax import paths
 from bertjax.finetune import completions, labeled, scores, squad
 from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.inference import generate
+from bertjax.parallel.distributed import to_host
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """Every fact about a fine-tuning task that more than one module needs."""
-
-  # The model family it fine-tunes: "bert" (a fresh head on the encoder) or "gpt" (the LM).
-  family: str
-  # The trainer's objective (bertjax.training.objectives).
-  objective: str
-  # The model's head (bertjax.models.build_model), also the Hugging Face export's head.
-  head: str
-  # The dev metric that selects the best parameters unless finetune.metric says otherwise.
-  metric: str
-
-
-TASKS: dict[str, Task] = {
-    "classification": Task("bert", "classification", "sequence_classification", "accuracy"),
-    "regression": Task("bert", "regression", "sequence_classification", "pearson"),
-    "token_classification": Task("bert", "token_classification", "token_classification", "f1"),
-    "question_answering": Task("bert", "question_answering", "question_answering", "f1"),
-    "completion": Task("gpt", "causal_lm", "pretraining", "loss"),
-}
-# Metrics where lower is better; every other selection metric is maximised.
-LOWER_IS_BETTER = ("mse", "loss", "perplexity")
-
-
-def task(name: str) -> Task:
-  """The registry's entry, or a ValueError listing the tasks."""
-  if name not in TASKS:
-    raise ValueError(f"task must be one of {', '.join(TASKS)}, got {name!r}")
-  return TASKS[name]
 
 
 class Trainer(Protocol):
@@ -110,13 +80,6 @@ def take(rows: Rows, idx: np.ndarray) -> Rows:
   return {k: v[idx] for k, v in rows.items()}
 
 
-def _gathered(out: jax.Array) -> np.ndarray:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    out = multihost_utils.process_allgather(out, tiled=True)
-  return np.asarray(jax.device_get(out))
-
-
 def predict_rows(trainer: Trainer, params: Any, rows: Rows, batch_size: int) -> np.ndarray:
   """The objective's `predict` over every row, in order (the last batch padded with repeats
   and trimmed)."""
@@ -125,7 +88,7 @@ def predict_rows(trainer: Trainer, params: Any, rows: Rows, batch_size: int) -> 
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size) % n
     out = trainer.predict(params, put(take(rows, idx), trainer.batch_shardings))
-    preds.append(_gathered(out)[:min(batch_size, n - start)])
+    preds.append(np.asarray(to_host(out))[:min(batch_size, n - start)])
   return np.concatenate(preds)
 
 
@@ -160,8 +123,10 @@ def labelled(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   ft = config.finetune
   seq_length = int(config.seq_length)
   columns = labeled.Columns(ft.text_a, ft.text_b or None, ft.label, ft.tokens, ft.tags)
-  train_examples = labeled.read_examples(ft.train, ft.task, columns, header=bool(ft.header))
-  dev_examples = labeled.read_examples(ft.dev, ft.task, columns, header=bool(ft.header))
+  train_examples = labeled.read_examples(paths.local_copy(ft.train), ft.task, columns,
+                                         header=bool(ft.header))
+  dev_examples = labeled.read_examples(paths.local_copy(ft.dev), ft.task, columns,
+                                       header=bool(ft.header))
   label_names = labeled.label_vocabulary(train_examples, ft.task)
   num_labels = 1 if ft.task == "regression" else len(label_names)
   if int(ft.num_labels) and int(ft.num_labels) != num_labels:
@@ -197,8 +162,8 @@ def question_answering(config: ml_collections.ConfigDict, tokenizer: Any) -> Tas
     log.warning("doc_stride=%d >= the %d context tokens of a window: windows do not overlap, "
                 "and an answer across a window edge is in none; try doc_stride %d",
                 doc_stride, window, max(1, window // 2))
-  train_examples = squad.read_squad(ft.train)
-  dev_examples = squad.read_squad(ft.dev)
+  train_examples = squad.read_squad(paths.local_copy(ft.train))
+  dev_examples = squad.read_squad(paths.local_copy(ft.dev))
   train = squad.build_features(train_examples, fast, **settings)
   dev = squad.build_features(dev_examples, fast, **settings)
   version_2 = any(e.is_impossible for e in train_examples + dev_examples)
@@ -222,8 +187,9 @@ def question_answering(config: ml_collections.ConfigDict, tokenizer: Any) -> Tas
 
 def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   ft = config.finetune
-  train = completions.load_completions(ft.train, tokenizer, int(config.seq_length))
-  dev = completions.load_completions(ft.dev, tokenizer, int(config.seq_length))
+  train = completions.load_completions(paths.local_copy(ft.train), tokenizer,
+                                       int(config.seq_length))
+  dev = completions.load_completions(paths.local_copy(ft.dev), tokenizer, int(config.seq_length))
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
     result = lm_loss_over_rows(trainer, params, dev.rows, eval_batch_size(config))
@@ -232,7 +198,8 @@ def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   def final(trainer: Trainer, params: Any, out: paths.PathLike) -> dict[str, Any]:
     """Greedy generations of the dev file's first prompts, from exactly the tokens training
     puts before a completion, to <|endoftext|>."""
-    records = completions.read_completion_records(ft.dev)[:int(ft.generate_examples)]
+    records = completions.read_completion_records(paths.local_copy(ft.dev))[
+        :int(ft.generate_examples)]
     max_new_tokens = int(ft.max_new_tokens)
     if not records or not max_new_tokens:
       return {}
@@ -240,12 +207,10 @@ def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
     held_out = [completions.held_out_example(r, tokenizer) for r in records]
     keep = trainer.model_config.max_positions - max_new_tokens  # > 0: checked up front
     eot = tokenizer.eot_id
-    if jax.process_count() > 1:  # parameters sharded across processes: gathered first
-      from jax.experimental import multihost_utils
-      params = multihost_utils.process_allgather(params)
+    params = to_host(params)  # on every process: the parameters may be spread over processes
     if jax.process_index() != 0:
       return {"generations": str(out / "generations.jsonl")}
-    new = generate.generate(jax.device_get(params), trainer.model_config,
+    new = generate.generate(params, trainer.model_config,
                             [list(h.prompt_ids)[max(0, len(h.prompt_ids) - keep):]
                              for h in held_out],
                             max_new_tokens=max_new_tokens, stop_tokens=(eot,))

@@ -2,7 +2,7 @@
 (sequence and token classification, extractive question answering).
 
 Numerically identical to Hugging Face `BertForPreTraining` given the same weights (tests/
-test_parity_hf.py); the name mapping lives in bertjax/hf.py.
+test_parity_hf.py); the name mapping lives in bertjax/hf/.
 """
 
 from __future__ import annotations

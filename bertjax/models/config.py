@@ -85,7 +85,7 @@ class ModelConfig:
   # What matmuls write: "compute" (the compute dtype: TPU, GPU), "float32" (the float32
   # accumulator: the fast bf16 path of XLA's CPU backend), or "auto" (per platform).
   matmul_output: MatmulOutput = "auto"
-  # GPT: sequence positions per chunk of the LM head and its loss (bertjax/objectives.py's
+  # GPT: sequence positions per chunk of the LM head and its loss (bertjax/training/objectives.py's
   # chunked_lm_loss): the [B, L, V] logits are never materialised. 0: the whole logits at
   # once. Must divide the sequence length.
   loss_chunk: int = 0
@@ -95,7 +95,7 @@ class ModelConfig:
   scan_layers: bool = True
   # Number of labels of a sequence-classification head (fine-tuning).
   num_labels: int = 2
-  # Parameter-efficient fine-tuning (bertjax/adapters.py; train only the additions with
+  # Parameter-efficient fine-tuning (bertjax/models/peft.py; train only the additions with
   # optimizer.freeze=base). All off by default: the parameter tree is then unchanged.
   # LoRA (Hu et al. 2021): the rank r of a low-rank update W + (lora_alpha / r)·A·B of every
   # targeted projection; B starts at zero, so a fresh update changes nothing. 0: off.

@@ -40,8 +40,8 @@ class GPT(nn.Module):
 
     `positions` restart at 0 in each packed document (default 0..L-1).
 
-    `decode=True` (generation, bertjax/generate.py): the input is the next L tokens of each
-    row, written to the KV cache (collection "cache", apply with `mutable=["cache"]`) at its
+    `decode=True` (generation, bertjax/inference/generate.py): the input is the next L tokens of
+    each row, written to the KV cache (collection "cache", apply with `mutable=["cache"]`) at its
     current index; `positions_BL` is required (each row's own positions) and
     `attention_mask_BL` is over the cache's S slots (1 = a real token, 0 = padding); attention
     is causal by cache slot.
@@ -67,7 +67,7 @@ class GPT(nn.Module):
                deterministic: bool = True) -> tuple[Array, Array]:
     """(final hidden states [B, L, D], the tied token table [V, D]): what the LM head
     multiplies, for a loss that projects onto the vocabulary itself in chunks
-    (`model.loss_chunk`, bertjax/objectives.py)."""
+    (`model.loss_chunk`, bertjax/training/objectives.py)."""
     mask = attention.decoder_mask(input_ids_BL.shape[1], document_ids_BL)
     x_BLD = self._hidden(input_ids_BL, positions_BL, mask, deterministic)
     return layers.constrain(x_BLD, layers.ACT_BLD), self.wte.embedding

@@ -34,7 +34,7 @@ FREEZE_KINDS = ("none, embeddings, bottom:K (the embeddings and layers 0..K-1), 
 def parse_freeze(freeze: str) -> tuple[str, int]:
   """`optimizer.freeze`: "none" | "embeddings" | "bottom:K" | "encoder" (alias "all_but_head",
   feature extraction) | "base" (parameter-efficient tuning: only the additions of
-  bertjax/adapters.py and the heads outside the encoder train, as peft's modules_to_save)
+  bertjax/models/peft.py and the heads outside the encoder train, as peft's modules_to_save)
   -> (kind, K)."""
   if freeze in ("none", "embeddings", "encoder", "base"):
     return freeze, 0

@@ -166,6 +166,15 @@ def global_batch(local: Mapping[str, np.ndarray], shardings: Mapping[str, NamedS
           for key, value in local.items()}
 
 
+def to_host(tree: Any) -> Any:
+  """The global arrays of `tree` as host arrays, whole, on every process (an all-gather where
+  they are spread over processes: every process must call it)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    tree = multihost_utils.process_allgather(tree, tiled=True)
+  return jax.device_get(tree)
+
+
 def any_process(flag: bool) -> bool:
   """Whether `flag` is true on any process (every process must call it; one small
   all-gather)."""

@@ -51,7 +51,7 @@ def matches_reference(count: int, reference: int) -> bool:
 
 def trainable_report(config: ModelConfig, freeze: str = "none",
                      head: Head = "pretraining") -> str | None:
-  """Trainable against total parameters, with a per-addition breakdown (bertjax/adapters.py),
+  """Trainable against total parameters, with a per-addition breakdown (bertjax/models/peft.py),
   for `bertjax info`; None when nothing is frozen and nothing added.
 
   A model with additions under `freeze="none"` trains everything; the report then counts what

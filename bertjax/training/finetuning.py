@@ -17,6 +17,7 @@ the completion task's generations, and with `finetune.export_hf` OUT/hf (and OUT
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -29,16 +30,16 @@ import jax.numpy as jnp
 import ml_collections
 from etils import epath
 
-from bertjax import paths
+from bertjax import hf, paths
 from bertjax.checkpoints import exports
-from bertjax.checkpoints.params import save_params
+from bertjax.checkpoints.params import save_params, tokenizer_dir
 from bertjax.checkpoints.weights import FINETUNE_FILE, Weights, describe_weights
 from bertjax.config import model_config
 from bertjax.data.rows import EpochBatches
 from bertjax.data.tokenizers import load_tokenizer
-from bertjax.finetune import tasks
-from bertjax.models import peft
-from bertjax.parallel import distributed
+from bertjax.finetune import registry, tasks
+from bertjax.models import ModelConfig, peft
+from bertjax.parallel import distributed, sharding
 from bertjax.training import hooks
 from bertjax.training.metrics import MetricsWriter
 from bertjax.training.trainer import Trainer, TrainState
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 # The model options a fine-tuning config sets over the weights' own (bertjax.models.peft).
 ADAPTATION = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "adapter_size",
               "prefix_length")
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 # Below this width the paper's rate (tuned for BERT-base/large) barely moves the weights in a
 # few epochs: the README's tiny BERT stays at chance with it (docs/finetuning.md).
 _SMALL_MODEL_WIDTH = 512
@@ -87,10 +89,15 @@ class FineTuning:
   def __init__(self, config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool):
     self.workdir, self.is_main = workdir, is_main
     ft = config.finetune
-    self.task = tasks.task(ft.task)
+    self.task = registry.task(ft.task)
     for key in ("train", "dev"):
       if not ft[key]:
         raise ValueError(f"--config.finetune.{key} is empty: fine-tuning needs {key} examples")
+    checkpoints = workdir / "checkpoints"
+    resumable = checkpoints.exists() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    if (workdir / "best").exists() and not resumable:
+      raise FileExistsError(f"{workdir / 'best'} already exists and {workdir} holds no "
+                            "checkpoint to resume; choose a new output directory")
     self.start = self._start_weights(config)
     model = self.start.config
     if int(config.seq_length) > model.max_positions:
@@ -103,10 +110,13 @@ class FineTuning:
     self.tokenizer_path = ft.tokenizer or self.start.tokenizer
     if not self.tokenizer_path:
       raise ValueError(f"{self.start.source} ships no tokenizer: set finetune.tokenizer")
-    tokenizer = load_tokenizer(self.tokenizer_path, _lowercase(ft.lowercase, self.tokenizer_path),
+    tokenizer = load_tokenizer(paths.local_copy(self.tokenizer_path),
+                               _lowercase(ft.lowercase, self.tokenizer_path),
                                require=self.task.family)
     self.data = tasks.build(config, tokenizer)
-    changes = {k: config.model[k] for k in ADAPTATION}
+    # The weights' own additions stay unless the config sets others (a LoRA OUT/best goes on
+    # with its LoRA).
+    changes = {k: config.model[k] for k in ADAPTATION if config.model[k] != _MODEL_DEFAULTS[k]}
     if float(ft.dropout) >= 0:
       changes.update(hidden_dropout=float(ft.dropout), attention_dropout=float(ft.dropout))
     model = model.replace(**self.data.model_changes, **changes)
@@ -127,12 +137,22 @@ class FineTuning:
     self._evaluated_step = -1
     self._started = time.perf_counter()
 
+  def prepare(self) -> None:
+    pass  # the task's rows were read with the config, which they resolve
+
   def _start_weights(self, config: ml_collections.ConfigDict) -> Weights:
     """What training starts from: `init_from`'s model config and tokenizer (the parameters are
     read when a new run initialises), or `config.model` at random."""
     if not config.init_from:
       return Weights(None, model_config(config), None, "random init")
     step = int(config.init_step)
+    previous = self.workdir / "config.json"  # this run's, written when it last started
+    if step < 0 and previous.exists():
+      # A resumed fine-tune keeps the workdir step it started from, though the weights' run
+      # may have saved later steps since.
+      saved = json.loads(previous.read_text())
+      if saved.get("init_from") == config.init_from and int(saved.get("init_step", -1)) >= 0:
+        step = int(saved["init_step"])
     start = describe_weights(config.init_from, None if step < 0 else step)
     if start.config.family != self.task.family:
       raise ValueError(f"{config.init_from}: a {start.config.family} model; task "
@@ -172,14 +192,19 @@ class FineTuning:
 
   def add_hooks(self, step_hooks: hooks.Hooks, trainer: Trainer, writer: MetricsWriter,
                 train_metrics: hooks.TrainMetrics) -> None:
+    try:  # the dev set's batches, checked before the first step rather than at an epoch's end
+      sharding.check_batch(tasks.eval_batch_size(self.config), 1, trainer.mesh, trainer.rules)
+    except ValueError as e:
+      raise ValueError(f"finetune.eval_batch_size: {e}") from None
+
     def evaluate_dev(info: hooks.StepInfo) -> None:
       train_metrics.read_pending()
       train_loss = float(jax.device_get(info.metrics["loss"]))
       eval_start = time.perf_counter()
       scores = self.data.evaluate(trainer, info.state.params)
       if self.metric not in scores:
-        raise ValueError(f"metric {self.metric!r} is not reported for {self.task.objective} "
-                         f"({', '.join(scores)})")
+        raise ValueError(f"metric {self.metric!r} is not reported for "
+                         f"{self.config.finetune.task} ({', '.join(scores)})")
       epoch = round(info.step / self.steps_per_epoch, 4)
       self.history.append({"step": info.step, "epoch": epoch, "train_loss": train_loss,
                            "elapsed_s": round(time.perf_counter() - self._started, 2),
@@ -220,13 +245,16 @@ class FineTuning:
 
   def finish(self, state: TrainState, trainer: Trainer, trained: bool) -> dict[str, Any]:
     """OUT/best, the task's final products (generations) and exports, and the summary. Done once
-    (OUT/finetune_summary.json marks it): a finished run started again returns its summary;
-    outputs a kill interrupted, or that this invocation's training made stale (a run continued
-    to more epochs), are written again whole."""
+    for a run's end: OUT/finetune_summary.json marks it with the step and the config it is of,
+    and a run started again returns it; outputs a kill interrupted, or of another step or
+    config (a run continued to more epochs, with other exports), are written again whole."""
     out = self.workdir
     done = out / SUMMARY_FILE
+    of = {"step": int(state.step), "config": _digest(self.config)}
     if done.exists() and not trained:
-      return json.loads(done.read_text())
+      summary = json.loads(done.read_text())
+      if summary.get("of") == of:
+        return summary
     distributed.barrier("finetune outputs checked")
     if self.is_main:
       for name in (SUMMARY_FILE, "generations.jsonl"):
@@ -237,21 +265,24 @@ class FineTuning:
           (out / name).rmtree()
     distributed.barrier("finetune outputs cleared")
     params = self.best_params if self.best_params is not None else state.params
-    best_dir = self._save_best(params, trainer)
+    best_dir, info = self._save_best(params)
     final = self.data.final(trainer, params, out) if self.data.final else {}
     hf_dir = peft_dir = None
-    if self.config.finetune.export_hf and self.is_main:
-      hf_dir = exports.export_finetuned_hf(best_dir, out / "hf")
-      if self.config.model.lora_rank and self.config.optimizer.freeze == "base" and (
-          self.config.init_from):
-        peft_dir = exports.export_finetuned_peft(best_dir, out / "peft")
+    if self.config.finetune.export_hf:
+      host = distributed.to_host(params)  # every process: the parameters may be spread
+      if self.is_main:
+        model = model_config(self.config)
+        tokenizer = tokenizer_dir(best_dir)
+        hf_dir = exports.task_hf(host, model, info, tokenizer, out / "hf")
+        if info["base"] and model.lora_rank:
+          peft_dir = exports.task_peft(host, model, info, out / "peft")
     summary = {"metric": self.metric, "best_value": self.best["value"],
                "best_step": self.best["step"], "best_epoch": self.best["epoch"],
                "steps": int(state.step), "total_steps": int(self.config.num_train_steps),
                "stopped_early": self.stopped, "labels": self.data.info.get("labels"),
                "history": self.history, "best_dir": str(best_dir),
                "hf_dir": str(hf_dir) if hf_dir else None,
-               "peft_dir": str(peft_dir) if peft_dir else None, **final}
+               "peft_dir": str(peft_dir) if peft_dir else None, **final, "of": of}
     distributed.barrier("finetune outputs written")
     if self.is_main:
       done.write_text(json.dumps(summary, indent=2) + "\n")
@@ -270,32 +301,41 @@ class FineTuning:
         lines.append(f"  {what} {result[key]}")
     return lines
 
-  def _save_best(self, params: Any, trainer: Trainer) -> epath.Path:
+  def _save_best(self, params: Any) -> tuple[epath.Path, dict[str, Any]]:
     """OUT/best: the parameters (with freeze=base and a base checkpoint, only the trained
-    ones: the additions and the head), finetune.json and the tokenizer."""
+    ones: the additions and the head), finetune.json and the tokenizer; and finetune.json's
+    contents."""
     config, init_from = self.config, self.config.init_from
     base = None
     if config.optimizer.freeze == "base" and init_from and peft.has_additions(params):
       params = peft.trainable_params(params, config.optimizer.freeze)
       base = str(init_from) if paths.is_remote(init_from) else str(Path(init_from).absolute())
-    best_dir = save_params(self.workdir / "best", params, trainer.model_config)
+    # The model as configured, not as resolved for this platform's kernels.
+    best_dir = save_params(self.workdir / "best", params, model_config(config))
+    info = {"task": config.finetune.task, **self.data.info, "metric": self.metric,
+            "best": self.best, "seq_length": int(config.seq_length),
+            "freeze": config.optimizer.freeze, "init_from": init_from or None, "base": base,
+            "base_step": self.start.step if base else None}
     if self.is_main:
-      info = {"task": config.finetune.task, **self.data.info, "metric": self.metric,
-              "best": self.best, "seq_length": int(config.seq_length),
-              "freeze": config.optimizer.freeze, "init_from": init_from or None, "base": base,
-              "base_step": self.start.step if base else None}
       source = paths.path(self.tokenizer_path)
       if source.is_file():
         (best_dir / "tokenizer").mkdir(parents=True, exist_ok=True)
         (best_dir / "tokenizer" / source.name).write_bytes(source.read_bytes())
+      elif (source / "config.json").exists():  # a Hugging Face directory: its tokenizer only
+        (best_dir / "tokenizer").mkdir(parents=True, exist_ok=True)
+        hf.copy_tokenizer_files(source, best_dir / "tokenizer")
       else:
         paths.copy_tree(source, best_dir / "tokenizer")
       # Written last: a directory with finetune.json is a whole fine-tuned output.
       (best_dir / FINETUNE_FILE).write_text(json.dumps(info, indent=2) + "\n")
-    return best_dir
+    return best_dir, info
 
 
 def _better(metric: str, value: float, best: float | None) -> bool:
   if best is None:
     return True
-  return value < best if metric in tasks.LOWER_IS_BETTER else value > best
+  return value < best if metric in registry.LOWER_IS_BETTER else value > best
+
+
+def _digest(config: ml_collections.ConfigDict) -> str:
+  return hashlib.sha256(config.to_json_best_effort(sort_keys=True).encode()).hexdigest()[:16]

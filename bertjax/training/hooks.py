@@ -4,7 +4,7 @@ After every step the loop builds a `StepInfo` (the step number, the state and th
 on the device, the phase the step trained in, timing) and runs the registered hooks in order;
 each hook has a cadence: every N steps, at given steps, at the run's last step. The hooks only
 observe the run; what changes its course (a phase switch, a checkpoint save, a preemption, the
-data running out) stays in the loop (bertjax/loop.py), in that order after the hooks.
+data running out) stays in the loop (bertjax/training/loop.py), in that order after the hooks.
 
 Train metrics are read one step late (`TrainMetrics`): a log step's metrics stay on the device
 until the next step is dispatched, so the host never waits on the device while the device has

@@ -49,6 +49,8 @@ class Workload(Protocol):
   checkpoint_items: tuple[str, ...]  # what it adds to a checkpoint (TrainCheckpoints' extras)
   stopped: bool  # it asked the run to end (an early stop)
 
+  def prepare(self) -> None: ...  # what it reads, once the run's config is known to resume
+
   def batches(self, phase_config: ml_collections.ConfigDict, rows: Sequence[int]) -> Any: ...
 
   def initial_state(self, trainer: Trainer) -> TrainState: ...
@@ -195,6 +197,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
       log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
                jax.process_count())
+    workload.prepare()
     state, phase = _restore_or_initialize(workload, trainer, checkpoints)
   except BaseException:
     checkpoints.close()  # its background threads would outlive the error
@@ -204,8 +207,9 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     phase.batches.close()
     checkpoints.close()
     result = workload.finish(state, trainer, trained=False)
-    if is_main:
-      _print_summary(report, workdir, int(state.step), total, trainer,
+    if is_main:  # an early stop ended the run where it stopped
+      _print_summary(report, workdir, int(state.step),
+                     int(state.step) if workload.stopped else total, trainer,
                      plotted=(workdir / plot.PLOT_NAME).exists(),
                      extra=workload.summary_lines(result))
     return result
@@ -219,7 +223,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True,
-                        file=report) if is_main and report.isatty() else None)
+                        file=sys.stderr) if is_main and report.isatty() else None)
   writer = MetricsWriter(workdir, total, enabled=is_main,
                          stream=_TqdmStream(report) if progress else report)
   # Log records too go above the progress bar while it is drawn, not into it.

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from bertjax import paths
+from bertjax.training import plot
 
 # The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
-
-from bertjax.training import plot
 # GPT: the LM loss, accuracy and perplexity).
 HEADLINE_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "lm_loss", "lm_accuracy",
                  "perplexity")
@@ -89,7 +88,9 @@ class MetricsWriter:
     self.stream.flush()
 
   def _console_line(self, step: int, metrics: Mapping[str, Any], prefix: str) -> str:
-    parts = [f"{prefix} step {step}/{self.total_steps}", *headline(metrics)]
+    # A fine-tune's dev scores (accuracy, f1, exact_match, ...) have no headline: all shown.
+    shown = headline(metrics) or [f"{k} {float(v):.4f}" for k, v in metrics.items()]
+    parts = [f"{prefix} step {step}/{self.total_steps}", *shown]
     if "tokens_per_sec" in metrics:
       parts.append(f"{float(metrics['tokens_per_sec']):,.0f} tok/s")
     if "mfu" in metrics:

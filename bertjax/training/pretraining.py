@@ -37,14 +37,19 @@ class Pretraining:
     self.workdir = workdir
     self.is_main = is_main
     self.dataset = ""
-    if config.data.source == "corpus":
-      # Built on first use by process 0 (small corpora; pod runs set data.dataset), the others
-      # read it once it is there (the workdir is shared by all hosts).
-      if is_main or config.data.dataset:
-        self.dataset = ensure_dataset(config, workdir)
-      distributed.barrier("dataset ready")
-      if not self.dataset:
-        self.dataset = ensure_dataset(config, workdir, build=False)
+
+  def prepare(self) -> None:
+    """The corpus: `data.dataset`, or built on first use by process 0 (small corpora; pod runs
+    set data.dataset), the others reading it once it is there (the workdir is shared by all
+    hosts)."""
+    config, workdir = self.config, self.workdir
+    if config.data.source != "corpus":
+      return
+    if self.is_main or config.data.dataset:
+      self.dataset = ensure_dataset(config, workdir)
+    distributed.barrier("dataset ready")
+    if not self.dataset:
+      self.dataset = ensure_dataset(config, workdir, build=False)
 
   def batches(self, phase_config: ml_collections.ConfigDict, rows: Sequence[int]) -> Any:
     return make_batches(phase_config, "train", rows, self.dataset)

@@ -26,7 +26,7 @@ from bertjax.checkpoints.params import (abstract_params_of, load_model_config, l
 from bertjax.checkpoints.weights import FINETUNE_FILE, load_weights
 from bertjax.config import model_config
 from bertjax.data import schema
-from bertjax.finetune.tasks import TASKS
+from bertjax.finetune.registry import TASKS
 from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
 from bertjax.models.groups import encoder_path, is_added
 from bertjax.models.params import shape_mismatches

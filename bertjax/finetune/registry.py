@@ -1,0 +1,40 @@
+"""The fine-tuning tasks' registry: every fact about a task that more than one module needs (its
+model family, objective, head and default metric). A leaf: it imports nothing of bertjax, so
+the config, checkpoint and training code can ask it without loading the task readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """Every fact about a fine-tuning task that more than one module needs."""
+
+  # The model family it fine-tunes: "bert" (a fresh head on the encoder) or "gpt" (the LM).
+  family: str
+  # The trainer's objective (bertjax.training.objectives).
+  objective: str
+  # The model's head (bertjax.models.build_model), also the Hugging Face export's head.
+  head: str
+  # The dev metric that selects the best parameters unless finetune.metric says otherwise.
+  metric: str
+
+
+TASKS: dict[str, Task] = {
+    "classification": Task("bert", "classification", "sequence_classification", "accuracy"),
+    "regression": Task("bert", "regression", "sequence_classification", "pearson"),
+    "token_classification": Task("bert", "token_classification", "token_classification", "f1"),
+    "question_answering": Task("bert", "question_answering", "question_answering", "f1"),
+    "completion": Task("gpt", "causal_lm", "pretraining", "loss"),
+}
+# Metrics where lower is better; every other selection metric is maximised.
+LOWER_IS_BETTER = ("mse", "loss", "perplexity")
+
+
+def task(name: str) -> Task:
+  """The registry's entry, or a ValueError listing the tasks."""
+  if name not in TASKS:
+    raise ValueError(f"task must be one of {', '.join(TASKS)}, got {name!r}")
+  return TASKS[name]
