@@ -21,21 +21,42 @@ Array = jax.Array
 
 
 class BertModel(nn.Module):
-  """Embeddings + encoder + pooler. `attend` is the tied output projection of the MLM head."""
+  """Embeddings + encoder + pooler. `attend` is the tied output projection of the MLM head.
+
+  The embedding layout follows `config.architecture`: BERT's tables summed and normalised;
+  ELECTRA's at `embedding_size`, normalised, then projected to the hidden size; DeBERTa's
+  projected (no bias), normalised and zeroed at padding. A generator that shares its
+  discriminator's embeddings (ELECTRA) is built with `shared_embeddings=False` and is called
+  with `embedded_BLE`, the discriminator's `embeddings(...)` of its input; DeBERTa-v3's
+  discriminator is built with `base_word_embeddings`, the generator's word table.
+  """
 
   config: ModelConfig
+  # Whether this model holds its own embedding tables (False: an ELECTRA generator's, which
+  # reads its discriminator's).
+  shared_embeddings: bool = True
+  # The table under the word embeddings' residual (gradient-disentangled sharing), or None.
+  base_word_embeddings: layers.Embed | None = None
 
   def setup(self) -> None:
     cfg = self.config
-    self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
-                                        "word_embeddings", layers.ACT_BLD)
-    if cfg.position_embedding == "learned":
-      self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
-                                              "position_embeddings")
-    if cfg.type_vocab_size:
-      self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
-                                                "token_type_embeddings")
-    self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
+    width = cfg.embedding_width
+    if self.shared_embeddings:
+      self.word_embeddings = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"),
+                                          "word_embeddings", layers.ACT_BLD, width,
+                                          self.base_word_embeddings)
+      if cfg.position_embedding == "learned":
+        self.position_embeddings = layers.embed(cfg, cfg.max_positions, (None, "embed"),
+                                                "position_embeddings", width=width)
+      if cfg.type_vocab_size:
+        self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
+                                                  "token_type_embeddings", width=width)
+      self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
+    if width != cfg.hidden_size:
+      # ELECTRA's projection has a bias, DeBERTa's none.
+      self.embeddings_project = layers.Dense(
+          cfg, "ble,ed->bld", (width, cfg.hidden_size), (None, "embed"),
+          (cfg.hidden_size,) if cfg.architecture == "electra" else None, ("embed",))
     self.encoder = layers.LayerStack(cfg)
     self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
@@ -44,30 +65,51 @@ class BertModel(nn.Module):
       self.pooler = layers.Dense(cfg, "bd,de->be", (cfg.hidden_size, cfg.hidden_size),
                                  ("embed", "mlp"), (cfg.hidden_size,), ("mlp",))
 
+  def embeddings(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
+                 attention_mask_BL: Array | None = None, deterministic: bool = True,
+                 positions_BL: Array | None = None) -> Array:
+    """The embedding output the encoder reads; for ELECTRA before the projection to the hidden
+    size ([B, L, embedding_size]: what a sharing generator reads too)."""
+    cfg = self.config
+    _, length = input_ids_BL.shape
+    x_BLE = self.word_embeddings(input_ids_BL)
+    if cfg.position_embedding == "learned":
+      x_BLE = x_BLE + self.position_embeddings(
+          jnp.arange(length)[None, :] if positions_BL is None else positions_BL)
+    if cfg.type_vocab_size:
+      x_BLE = x_BLE + self.token_type_embeddings(
+          jnp.zeros_like(input_ids_BL) if token_type_ids_BL is None else token_type_ids_BL)
+    if cfg.architecture == "deberta":
+      if cfg.embedding_width != cfg.hidden_size:
+        x_BLE = self.embeddings_project(x_BLE)
+      x_BLE = self.embeddings_norm(x_BLE)
+      if attention_mask_BL is not None:
+        x_BLE = x_BLE * attention_mask_BL[..., None].astype(x_BLE.dtype)
+    else:
+      x_BLE = self.embeddings_norm(x_BLE)
+    return self.dropout(x_BLE, deterministic=deterministic)
+
   def __call__(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
                attention_mask_BL: Array | None = None, deterministic: bool = True,
-               document_ids_BL: Array | None = None,
-               positions_BL: Array | None = None) -> tuple[Array, Array]:
+               document_ids_BL: Array | None = None, positions_BL: Array | None = None,
+               embedded_BLE: Array | None = None) -> tuple[Array, Array]:
     """Returns (sequence_output [B, L, D], pooled_output [B, D]).
 
     Packed rows (several documents per row, no padding between them) pass `document_ids`
     (1, 2, ... per document, 0 on padding: no attention across documents) and `positions`
     (restarting at 0 in each document); by default one document per row at 0, 1, ...
+    `embedded_BLE`: the embedding output, computed elsewhere (a sharing generator's).
     """
     cfg = self.config
-    _, length = input_ids_BL.shape
-    if token_type_ids_BL is None:
-      token_type_ids_BL = jnp.zeros_like(input_ids_BL)
     if attention_mask_BL is None:
       attention_mask_BL = jnp.ones_like(input_ids_BL)
-    x_BLD = self.word_embeddings(input_ids_BL)
-    if cfg.position_embedding == "learned":
-      x_BLD = x_BLD + self.position_embeddings(
-          jnp.arange(length)[None, :] if positions_BL is None else positions_BL)
-    if cfg.type_vocab_size:
-      x_BLD = x_BLD + self.token_type_embeddings(token_type_ids_BL)
-    x_BLD = self.dropout(self.embeddings_norm(x_BLD), deterministic=deterministic)
-    x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
+    x = embedded_BLE
+    if x is None:
+      x = self.embeddings(input_ids_BL, token_type_ids_BL, attention_mask_BL, deterministic,
+                          positions_BL)
+    if cfg.architecture != "deberta" and cfg.embedding_width != cfg.hidden_size:
+      x = self.embeddings_project(x)
+    x_BLD = layers.constrain(x, layers.ACT_BLD)
     # Padding masked on keys only; outputs at padded query positions are unused.
     mask = attention.encoder_mask(attention_mask_BL, document_ids_BL)
     x_BLD = self.encoder(x_BLD, mask, deterministic, positions_BL=positions_BL)

@@ -16,7 +16,10 @@ NormPosition = Literal["post", "pre"]
 # "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
-PositionEmbedding = Literal["learned", "rotary", "alibi"]
+PositionEmbedding = Literal["learned", "rotary", "alibi", "relative"]
+# The Hugging Face encoder whose embedding and head layout a BERT-family model follows.
+Architecture = Literal["bert", "electra", "deberta"]
+EmbeddingSharing = Literal["shared", "gdes"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
@@ -152,6 +155,42 @@ class ModelConfig:
   # Whether layer 0 normalises its attention input; ModernBERT's does not (its embeddings were
   # just normalised). Layer 0 still holds the (unused) scale so that scanned layers match.
   first_attention_norm: bool = True
+  # --- ELECTRA, DeBERTa and replaced-token detection (docs/models.md) ------------------------
+  # The layout of embeddings and heads: "bert" (BERT, RoBERTa; ModernBERT by the options
+  # above), "electra" (no pooler; the embeddings normalised at embedding_size, then projected
+  # to hidden_size with a bias; ELECTRA's discriminator, generator and classification heads),
+  # "deberta" (DeBERTa-v2/v3: position_embedding="relative"; the embeddings projected without
+  # a bias, then normalised and zeroed at padding; no pooler).
+  architecture: Architecture = "bert"
+  # Width of the embedding tables, where it differs from hidden_size (ELECTRA-Small 128 under
+  # a hidden size of 256); 0: hidden_size.
+  embedding_size: int = 0
+  # With position_embedding="relative" (DeBERTa's disentangled attention, He et al. 2021):
+  # the position terms added to content-to-content scores: "c2p|p2c", "c2p" or "p2c".
+  relative_attention_terms: str = "c2p|p2c"
+  # Relative distances bucketed logarithmically beyond position_buckets / 2 (DeBERTa-v3: 256);
+  # 0: no buckets, distances clipped at max_relative_positions.
+  position_buckets: int = 256
+  # The farthest relative distance told apart; 0: max_positions (transformers' -1).
+  max_relative_positions: int = 0
+  # Position keys and queries projected by the content projections (DeBERTa-v2/v3 share_att_key)
+  # instead of their own.
+  share_attention_key: bool = True
+  # A LayerNorm on the relative position table (DeBERTa-v2/v3 norm_rel_ebd="layer_norm").
+  relative_embedding_norm: bool = True
+  # Replaced-token detection (ELECTRA, Clark et al. 2020; DeBERTa-v3, He et al. 2023): the width
+  # of the generator, a small MLM encoder trained with this model (the discriminator); 0: none.
+  generator_hidden_size: int = 0
+  # The generator's depth (DeBERTa-v3: half the discriminator's); 0: num_layers.
+  generator_num_layers: int = 0
+  # The generator's attention heads (ELECTRA: the discriminator's times the size fraction).
+  generator_num_heads: int = 0
+  # The generator's MLP width; 0: 4 x generator_hidden_size.
+  generator_mlp_dim: int = 0
+  # How generator and discriminator share embeddings: "shared" (ELECTRA: one set of tables,
+  # trained by both losses) or "gdes" (DeBERTa-v3's gradient-disentangled sharing: the
+  # discriminator's word table is the generator's, under stop-gradient, plus its own residual).
+  embedding_sharing: EmbeddingSharing = "shared"
 
   def __post_init__(self) -> None:
     if self.hidden_size % self.num_heads:
@@ -179,10 +218,11 @@ class ModelConfig:
                          f"{getattr(self, name)!r}")
     self._check_peft()
     self._check_modern()
+    self._check_rtd()
 
   def _check_modern(self) -> None:
-    if self.position_embedding not in ("learned", "rotary", "alibi"):
-      raise ValueError(f"model.position_embedding must be learned, rotary or alibi, got "
+    if self.position_embedding not in ("learned", "rotary", "alibi", "relative"):
+      raise ValueError(f"model.position_embedding must be learned, rotary, alibi or relative, got "
                        f"{self.position_embedding!r}")
     modern = {"position_embedding": self.position_embedding != "learned",
               "mlp_gated": self.mlp_gated, "local_window": bool(self.local_window),
@@ -209,6 +249,73 @@ class ModelConfig:
       raise ValueError(f"model.position_embedding=alibi needs the XLA attention core (the "
                        f"fused kernels take no score bias): set model.attention=xla or auto, "
                        f"not {self.attention!r}")
+
+  def _check_rtd(self) -> None:
+    if self.architecture not in ("bert", "electra", "deberta"):
+      raise ValueError(f"model.architecture must be bert, electra or deberta, got "
+                       f"{self.architecture!r}")
+    if self.architecture != "bert" and self.family != "bert":
+      raise ValueError(f"model.architecture={self.architecture!r} is an encoder layout (BERT "
+                       f"family), not for a {self.family} model")
+    if (self.architecture == "deberta") != (self.position_embedding == "relative"):
+      raise ValueError("DeBERTa's disentangled attention is its layout: model.architecture="
+                       "deberta goes with model.position_embedding=relative and only with it")
+    if self.architecture != "bert" and self.pooler:
+      raise ValueError(f"model.architecture={self.architecture} has no pooler (its heads read "
+                       "[CLS]'s final state): set model.pooler=False")
+    if self.embedding_size < 0:
+      raise ValueError(f"model.embedding_size must be >= 0 (0: hidden_size), got "
+                       f"{self.embedding_size!r}")
+    if self.embedding_size and self.architecture == "bert":
+      raise ValueError("model.embedding_size needs model.architecture=electra or deberta (the "
+                       "layouts with an embedding projection)")
+    terms = self.relative_attention_terms.split("|")
+    if not terms or any(t not in ("c2p", "p2c") for t in terms) or len(set(terms)) != len(terms):
+      raise ValueError(f"model.relative_attention_terms must be c2p|p2c, c2p or p2c, got "
+                       f"{self.relative_attention_terms!r}")
+    if self.position_buckets < 0 or self.max_relative_positions < 0:
+      raise ValueError("model.position_buckets and model.max_relative_positions must be >= 0")
+    if self.embedding_sharing not in ("shared", "gdes"):
+      raise ValueError(f"model.embedding_sharing must be shared or gdes, got "
+                       f"{self.embedding_sharing!r}")
+    gen = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
+           "generator_mlp_dim")
+    if any(getattr(self, k) < 0 for k in gen):
+      raise ValueError(f"model.{', '.join(gen)} must be >= 0")
+    if self.generator_hidden_size:
+      if self.architecture == "bert":
+        raise ValueError("a generator (model.generator_hidden_size) needs model.architecture="
+                         "electra or deberta")
+      heads = self.generator_num_heads or self.num_heads
+      if self.generator_hidden_size % heads:
+        raise ValueError(f"model.generator_hidden_size={self.generator_hidden_size} is not "
+                         f"divisible by model.generator_num_heads={heads}")
+    if self.architecture == "deberta" and self.embedding_width != self.hidden_size:
+      raise ValueError("model.embedding_size: DeBERTa's MLM head multiplies hidden states by the "
+                       "word table, so the table's width must be hidden_size")
+
+  @property
+  def embedding_width(self) -> int:
+    """The embedding tables' width: embedding_size, or hidden_size where it is 0."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def has_generator(self) -> bool:
+    return bool(self.generator_hidden_size)
+
+  def generator_config(self) -> "ModelConfig":
+    """The generator's config: this model's with the generator's shape, the same embedding
+    width (the tables are shared), and no generator of its own."""
+    if not self.generator_hidden_size:
+      raise ValueError("this model has no generator (model.generator_hidden_size is 0)")
+    width = self.generator_hidden_size
+    return self.replace(
+        hidden_size=width, num_layers=self.generator_num_layers or self.num_layers,
+        num_heads=self.generator_num_heads or self.num_heads,
+        mlp_dim=self.generator_mlp_dim or 4 * width,
+        embedding_size=self.embedding_width if self.embedding_width != width else 0,
+        generator_hidden_size=0, generator_num_layers=0, generator_num_heads=0,
+        generator_mlp_dim=0)
 
   def is_local(self, layer: Any) -> Any:
     """Whether layer `layer` attends within the sliding window (a traced bool for a traced

@@ -145,17 +145,30 @@ class Embed(nn.Module):
   # layer expects), or None where ids may broadcast (positions [1, L]), which a batch
   # constraint would not fit.
   output_axes: tuple[str, ...] | None = None
+  # The rows' width; 0: hidden_size (ELECTRA's and DeBERTa's tables may be narrower).
+  width: int = 0
+  # A table this one is added to under stop-gradient (DeBERTa-v3's gradient-disentangled
+  # embedding sharing: the discriminator's table is the generator's plus its own residual,
+  # which then starts at zero); None: the table is this module's own.
+  base: "Embed | None" = None
 
   def setup(self) -> None:
     cfg = self.config
+    init = nn.initializers.zeros if self.base is not None else kernel_init(cfg)
     self.embedding = self.param(
-        "embedding", nn.with_logical_partitioning(kernel_init(cfg), self.axes),
-        (self.num_embeddings, cfg.hidden_size), cfg.weight_dtype)
+        "embedding", nn.with_logical_partitioning(init, self.axes),
+        (self.num_embeddings, self.width or cfg.hidden_size), cfg.weight_dtype)
+
+  def table(self) -> Array:
+    """The rows as read: the own table, or the residual plus the base's under stop-gradient."""
+    if self.base is None:
+      return self.embedding
+    return jax.lax.stop_gradient(self.base.embedding) + self.embedding
 
   def __call__(self, ids: Array) -> Array:
     if not jnp.issubdtype(ids.dtype, jnp.integer):
       raise ValueError(f"embedding lookup needs integer ids, got {ids.dtype}")
-    table = self.embedding.astype(precision.activation_dtype(self.config))
+    table = self.table().astype(precision.activation_dtype(self.config))
     if self.num_embeddings == 1:
       return jnp.broadcast_to(table, ids.shape + (table.shape[-1],))
     # Rows keep their sharding, features are gathered: see the class docstring.
@@ -176,12 +189,13 @@ class Embed(nn.Module):
   def attend(self, x: Array) -> Array:
     """x @ embeddingᵀ under the precision policy."""
     rows = "abc"[:x.ndim - 1]
-    return precision.einsum(self.config, f"{rows}d,vd->{rows}v", x, self.embedding)
+    return precision.einsum(self.config, f"{rows}d,vd->{rows}v", x, self.table())
 
 
 def embed(config: ModelConfig, num: int, axes: tuple[str | None, str], name: str,
-          output_axes: tuple[str, ...] | None = None) -> Embed:
-  return Embed(config, num, axes, output_axes, name=name)
+          output_axes: tuple[str, ...] | None = None, width: int = 0,
+          base: Embed | None = None) -> Embed:
+  return Embed(config, num, axes, output_axes, width, base, name=name)
 
 
 def tied_logits(config: ModelConfig, embedding: Embed, x_BLD: Array) -> Array:
