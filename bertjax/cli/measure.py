@@ -34,12 +34,15 @@ def cmd_info(args: argparse.Namespace, overrides: Overrides) -> int:
         f"{model.layer_norm_eps:g}, dtype {model.dtype} (params {model.param_dtype}), "
         f"scan_layers={model.scan_layers}, remat={model.remat_policy}")
   print("parameters")
-  for group in ("embeddings", "layers", "heads", "non_embedding", "total"):
+  groups = ("embeddings", "layers", "heads", "non_embedding", "total")
+  for group in groups + (("generator", "discriminator") if "generator" in counts else ()):
     print(f"  {group:13s}{counts[group]:>15,d}  ({_human(counts[group])})")
   reference = int(config.get("reference_params", 0) or 0)
+  # An RTD paper counts its discriminator, the model fine-tuned.
+  counted = counts.get("discriminator", counts["total"])
   if reference:
-    diff = (counts["total"] - reference) / reference
-    verdict = ("matches at the paper's rounding" if matches_reference(counts["total"], reference)
+    diff = (counted - reference) / reference
+    verdict = ("matches at the paper's rounding" if matches_reference(counted, reference)
                else "within 1% of the paper's figure" if abs(diff) < 0.01
                else "DOES NOT match the paper's figure")
     print(f"  {'paper':13s}{reference:>15,d}  ({_human(reference)}; ours {diff:+.2%}, {verdict})")

@@ -44,6 +44,7 @@ def runlocal(config: ConfigDict) -> ConfigDict:
     return 0 if not value else max(1, round(int(value) * _LOCAL_STEPS / steps))
 
   ratio = int(config.model.mlp_dim) / int(config.model.hidden_size)
+  _shrink_rtd(config.model)
   config.model.update(dict(_LOCAL_MODEL, mlp_dim=round(ratio * _LOCAL_MODEL["hidden_size"]),
                            dtype="float32", param_dtype="float32", remat_policy="none",
                            loss_chunk=0))
@@ -80,3 +81,24 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   config.init_from = ""
   config.reference_params = 0
   return config
+
+
+def _shrink_rtd(model: ConfigDict) -> None:
+  """An ELECTRA or DeBERTa-v3 at the local width: the embedding width and the generator in
+  the same proportions to the discriminator (width, heads, depth, MLP ratio)."""
+  width, heads, layers = int(model.hidden_size), int(model.num_heads), int(model.num_layers)
+  scale = _LOCAL_MODEL["hidden_size"] / width
+  if int(model.embedding_size):
+    model.embedding_size = max(8, round(int(model.embedding_size) * scale))
+  if not int(model.generator_hidden_size):
+    return
+  generator_heads = max(1, round((int(model.generator_num_heads) or heads)
+                                 * _LOCAL_MODEL["num_heads"] / heads))
+  generator_width = max(generator_heads, round(int(model.generator_hidden_size) * scale))
+  mlp_ratio = int(model.generator_mlp_dim) / int(model.generator_hidden_size)
+  model.generator_hidden_size = generator_width - generator_width % generator_heads
+  model.generator_num_heads = generator_heads
+  model.generator_mlp_dim = round(mlp_ratio * model.generator_hidden_size)
+  if int(model.generator_num_layers):
+    model.generator_num_layers = max(1, round(int(model.generator_num_layers)
+                                              * _LOCAL_MODEL["num_layers"] / layers))

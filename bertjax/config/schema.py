@@ -226,9 +226,13 @@ def base_config(model: ConfigDict) -> ConfigDict:
   config = ConfigDict()
   # Model shape and numerics (bertjax.models.config.ModelConfig).
   config.model = model
-  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | causal_lm (GPT); a
+  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | rtd (replaced-token
+  # detection: ELECTRA, DeBERTa-v3; needs model.generator_hidden_size) | causal_lm (GPT); a
   # fine-tuning run trains its task's objective (finetune.task).
   config.objective = "causal_lm" if model.family == "gpt" else "mlm_nsp"
+  # rtd: the weight λ of the discriminator's loss in generator MLM + λ·discriminator (ELECTRA
+  # and DeBERTa-v3: 50).
+  config.discriminator_weight = 50.0
   # Global batch size in sequences (all hosts together).
   config.batch_size = 256
   # Sequence length of the training batches.

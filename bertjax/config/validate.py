@@ -45,7 +45,7 @@ def validate_training(config: ConfigDict) -> None:
   need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
   need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")
   # Only sentence pairs carry NSP/SOP labels; other instances would train that head on zeros.
-  need("data.bert_instances", config.objective in ("mlm", "causal_lm")
+  need("data.bert_instances", config.objective in ("mlm", "rtd", "causal_lm")
        or config.data.bert_instances == "pairs",
        f"makes no sentence pairs for objective={config.objective!r}: use objective=mlm")
   need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,

@@ -60,6 +60,7 @@ BATCHES: dict[str, tuple[Field, ...]] = {
     "mlm_nsp": _MLM,
     "mlm_sop": _MLM,
     "mlm": _MLM,
+    "rtd": _MLM,
     "causal_lm": (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
     "classification": _ENCODER + (CLASS_LABELS,),
     "regression": _ENCODER + (SCORE_LABELS,),
@@ -67,6 +68,12 @@ BATCHES: dict[str, tuple[Field, ...]] = {
     "question_answering": _ENCODER + (START_POSITIONS, END_POSITIONS),
 }
 PACKED = (DOCUMENT_IDS, POSITIONS)
+# The objectives whose batches are BERT's masked-LM instances (pairs, full sentences or packed).
+MASKED_LM = ("mlm_nsp", "mlm_sop", "mlm", "rtd")
+
+
+def is_masked_lm(objective: str) -> bool:
+  return objective in MASKED_LM
 
 
 def fields(objective: str, packed: bool = False) -> tuple[Field, ...]:
@@ -74,7 +81,7 @@ def fields(objective: str, packed: bool = False) -> tuple[Field, ...]:
   if objective not in BATCHES:
     raise ValueError(f"no batch schema for objective {objective!r}; objectives: "
                      f"{', '.join(BATCHES)}")
-  return BATCHES[objective] + (PACKED if packed and objective.startswith("mlm") else ())
+  return BATCHES[objective] + (PACKED if packed and is_masked_lm(objective) else ())
 
 
 def shape(field: Field, rows: int, length: int, predictions: int) -> tuple[int, ...]:
@@ -135,7 +142,7 @@ def check(batch: Mapping[str, Any], objective: str, where: str = "the batch") ->
   """A ValueError naming every field of `batch` that the schema of `objective` lacks, every
   field it misses, and every field of another dtype or rank. Packed rows are told by their
   document ids."""
-  packed = objective.startswith("mlm") and "document_ids" in batch
+  packed = is_masked_lm(objective) and "document_ids" in batch
   want = {f.name: f for f in fields(objective, packed)}
   problems = [f"{name}: not a field of a {objective} batch" for name in batch
               if name not in want]

@@ -16,6 +16,7 @@ from bertjax.models.bert import (BertForPreTraining, BertForQuestionAnswering,
                                  BertForSequenceClassification, BertForTokenClassification,
                                  BertModel)
 from bertjax.models.config import ModelConfig
+from bertjax.models.electra import ElectraDiscriminator, ReplacedTokenDetection
 from bertjax.models.gpt import GPT
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
@@ -23,20 +24,28 @@ __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceCla
 
 # The heads a model can carry; the names are also those of the Hugging Face export's head.
 Head = Literal["pretraining", "sequence_classification", "token_classification",
-               "question_answering"]
+               "question_answering", "discriminator"]
 BERT_HEADS = {"pretraining": BertForPreTraining,
               "sequence_classification": BertForSequenceClassification,
               "token_classification": BertForTokenClassification,
-              "question_answering": BertForQuestionAnswering}
+              "question_answering": BertForQuestionAnswering,
+              "discriminator": ElectraDiscriminator}
 
 
 def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
   """The module a config trains: BERT with its pre-training heads or a task's head, or GPT
-  (whose one head, the tied LM head, serves pre-training and fine-tuning alike)."""
+  (whose one head, the tied LM head, serves pre-training and fine-tuning alike). A model with
+  a generator pre-trains by replaced-token detection (both models in one module); its
+  discriminator alone is the "discriminator" head (transformers' ElectraForPreTraining)."""
   if config.family == "gpt":
     return GPT(config)
   if head not in BERT_HEADS:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
+  if head == "pretraining" and config.has_generator:
+    return ReplacedTokenDetection(config)
+  if head != "pretraining" and config.has_generator:
+    # A fine-tune or the discriminator alone: the generator is not part of it.
+    config = config.replace(generator_hidden_size=0)
   return BERT_HEADS[head](config)
 
 

@@ -158,7 +158,10 @@ class BertForPreTraining(nn.Module):
     h = sequence_BLD
     if masked_positions_BP is not None:
       h = gather_positions(sequence_BLD, masked_positions_BP)
-    h = transform(cfg, h, "mlm_transform", "mlm_norm")
+    if cfg.architecture == "electra":  # an ELECTRA generator (ElectraForMaskedLM)
+      h = generator_transform(cfg, h, "mlm_transform", "mlm_norm")
+    else:
+      h = transform(cfg, h, "mlm_transform", "mlm_norm")
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                  ("vocab",)),
                         (cfg.vocab_size,), cfg.weight_dtype)
@@ -182,10 +185,38 @@ def transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Ar
   return layers.layer_norm(cfg, norm_name)(layers.activation_fn(cfg.activation)(x))
 
 
+def generator_transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Array:
+  """ELECTRA's generator head: dense to the embedding width, GELU (the exact form whatever the
+  model's activation, as transformers' ElectraGeneratorPredictions), LayerNorm. Inside a
+  compact module, whose submodules it creates under the two names."""
+  rows = "abc"[:x.ndim - 1]
+  e = cfg.embedding_width
+  x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (cfg.hidden_size, e), ("embed", None), (e,),
+                   (None,), name=dense_name)(x)
+  return layers.layer_norm(cfg, norm_name)(layers.activation_fn("gelu")(x))
+
+
 def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
   """A model without BERT's pooler (ModernBERT) puts dense + activation + LayerNorm before a
-  fine-tuning classifier, as Hugging Face's ModernBertPredictionHead."""
-  return x if cfg.pooler else transform(cfg, x, f"{name}_dense", f"{name}_norm")
+  fine-tuning classifier, as Hugging Face's ModernBertPredictionHead; ELECTRA and DeBERTa put
+  theirs before the sequence classifier only (`classification_head`)."""
+  if cfg.pooler or cfg.architecture != "bert":
+    return x
+  return transform(cfg, x, f"{name}_dense", f"{name}_norm")
+
+
+def classification_head(cfg: ModelConfig, cls_BD: Array, deterministic: bool) -> Array:
+  """What the sequence classifier reads: BERT's pooled output (`prediction_head` without a
+  pooler), or for ELECTRA and DeBERTa [CLS]'s state through dropout, dense and GELU
+  (transformers' ElectraClassificationHead, DeBERTa's ContextPooler); the dropout before the
+  classifier is the caller's."""
+  if cfg.architecture == "bert":
+    return prediction_head(cfg, cls_BD)
+  cls_BD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(cls_BD, deterministic=deterministic)
+  d = cfg.hidden_size
+  cls_BD = layers.Dense(cfg, "bd,de->be", (d, d), ("embed", "mlp"), (d,), ("mlp",),
+                        name="head_dense")(cls_BD)
+  return layers.activation_fn("gelu")(cls_BD)
 
 
 def per_token_logits(cfg: ModelConfig, sequence_BLD: Array, num: int, name: str) -> Array:
@@ -207,7 +238,7 @@ class BertForSequenceClassification(nn.Module):
     cfg = self.config
     _, pooled_BD = BertModel(cfg, name="bert")(input_ids_BL, token_type_ids_BL,
                                                attention_mask_BL, deterministic)
-    pooled_BD = prediction_head(cfg, pooled_BD)
+    pooled_BD = classification_head(cfg, pooled_BD, deterministic)
     pooled_BD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(pooled_BD,
                                                              deterministic=deterministic)
     logits_BC = layers.Dense(cfg, "bd,dc->bc", (cfg.hidden_size, cfg.num_labels),

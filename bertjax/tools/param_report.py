@@ -16,7 +16,9 @@ from bertjax.models import Head, ModelConfig, abstract_params, build_model
 
 
 def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str, int]:
-  """Parameter counts by group: embeddings, layers, heads, total, non_embedding.
+  """Parameter counts by group: embeddings, layers, heads, total, non_embedding; with a
+  replaced-token-detection generator also `generator` (its own parameters, apart from the
+  groups) and `discriminator` (the rest: the model fine-tuned, and what the papers count).
 
   `non_embedding` excludes the token and position tables (the N of 6·N·tokens FLOPs).
   """
@@ -26,7 +28,10 @@ def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str
   embedding_tables = ("word_embeddings/", "position_embeddings/", "token_type_embeddings/",
                       "wte/", "wpe/")
   groups = {"embeddings": 0, "layers": 0, "heads": 0}
+  generator = sum(size for name, size in flat.items() if name.startswith("generator/"))
   for name, size in flat.items():
+    if name.startswith("generator/"):
+      continue
     if any(t in name for t in embedding_tables) or "embeddings_norm" in name:
       groups["embeddings"] += size
     elif "/encoder/" in f"/{name}" or "/decoder/" in f"/{name}" or "final_norm" in name:
@@ -35,7 +40,10 @@ def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str
       groups["heads"] += size
   total = sum(flat.values())
   tables = sum(s for n, s in flat.items() if any(t in n for t in embedding_tables))
-  return {**groups, "total": total, "non_embedding": total - tables}
+  counts = {**groups, "total": total, "non_embedding": total - tables}
+  if generator:
+    counts.update(generator=generator, discriminator=total - generator)
+  return counts
 
 
 def matches_reference(count: int, reference: int) -> bool:

@@ -52,17 +52,24 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
   everywhere). BERT's heads: the MLM transform (width² per predicted position), the pooler
   (width² per sequence) and the 2-way NSP classifier.
   """
-  d = cfg.hidden_size
+  d, e = cfg.hidden_size, cfg.embedding_width
   tokens = batch_size * seq_length
   predicted = batch_size * (seq_length if predictions_per_seq is None else predictions_per_seq)
-  dense = 6 * matmul_params(cfg) * tokens
-  attention = 12 * cfg.num_layers * seq_length * d * tokens
-  vocab = 6 * cfg.vocab_size * d * predicted
+  stack = (6 * matmul_params(cfg) + 12 * cfg.num_layers * seq_length * d) * tokens
+  projection = 6 * e * d * tokens if e != d else 0
+  if cfg.has_generator:
+    # Replaced-token detection: the generator's MLM step at the predicted positions, and the
+    # discriminator's head (dense and one logit) on every token.
+    generator = train_flops_per_step(cfg.generator_config(), batch_size, seq_length,
+                                     predictions_per_seq)
+    generator -= 6 * 2 * cfg.generator_hidden_size * batch_size  # it has no sentence head
+    return float(stack + projection + 6 * (d * d + d) * tokens + generator)
+  vocab = 6 * cfg.vocab_size * e * predicted
   heads = 0
   if cfg.family == "bert":
     pooler = d * d if cfg.pooler else 0
-    heads = 6 * d * d * predicted + 6 * (pooler + 2 * d) * batch_size
-  return float(dense + attention + vocab + heads)
+    heads = 6 * d * e * predicted + 6 * (pooler + 2 * d) * batch_size
+  return float(stack + projection + vocab + heads)
 
 
 def device_peak_flops(device: jax.Device) -> float | None:

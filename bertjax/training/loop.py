@@ -31,6 +31,7 @@ from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoi
                                              restore_or_initialize)
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
 from bertjax.config import phases
+from bertjax.data import schema
 from bertjax.parallel import distributed, sharding
 from bertjax.training import flops, hooks, plot
 from bertjax.training.finetuning import FineTuning
@@ -108,7 +109,7 @@ class _PhaseData:
     self.flops_per_step = flops.train_flops_per_step(
         trainer.model_config, self.batch_size, self.seq_length,
         None if objective == "causal_lm" else
-        int(self.config.max_predictions) if objective.startswith("mlm") else 0)
+        int(self.config.max_predictions) if schema.is_masked_lm(objective) else 0)
     self.compiled = False
 
   def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:

@@ -29,7 +29,7 @@ Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
-PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "causal_lm")
+PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "rtd", "causal_lm")
 FINETUNING = ("classification", "regression", "token_classification", "question_answering")
 OBJECTIVES = PRETRAINING + FINETUNING
 
@@ -160,6 +160,66 @@ class BertPretraining:
     return loss, metrics
 
 
+def _scatter_rows(ids_BL: Array, positions_BP: Array, values_BP: Array) -> Array:
+  """ids with row b's positions[b, p] set to values[b, p]."""
+  rows_BP = jnp.broadcast_to(jnp.arange(ids_BL.shape[0])[:, None], positions_BP.shape)
+  return ids_BL.at[rows_BP, positions_BP].set(values_BP)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplacedTokenDetection:
+  """ELECTRA's objective (Clark et al. 2020), DeBERTa-v3's too: the generator's MLM loss at the
+  masked positions, plus `discriminator_weight` (λ, 50 in both papers) times the
+  discriminator's per-token "replaced" loss over every real token.
+
+  The generator's distribution is sampled at each masked position (Gumbel-max under the
+  step's key; no gradient flows through the sample) and written into the original ids; a
+  token is labelled replaced where the result differs from the original, so a sample equal
+  to the original counts as original. Evaluation samples under a fixed key.
+  """
+
+  model: nn.Module
+  discriminator_weight: float = 50.0
+
+  def normalizers(self, batch: Batch) -> dict[str, Array]:
+    return {"mlm": jnp.maximum(batch["masked_lm_weights"].sum(), 1e-5),
+            "tokens": jnp.maximum(batch["attention_mask"].sum().astype(jnp.float32), 1e-5)}
+
+  def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
+               rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    deterministic = rng is None
+    key = jax.random.key(0) if rng is None else rng
+    generator_key, sample_key, discriminator_key = jax.random.split(key, 3)
+    input_ids, positions = batch["input_ids"], batch["masked_lm_positions"]
+    types, attention_mask = batch["token_type_ids"], batch["attention_mask"]
+    weights = batch["masked_lm_weights"].astype(jnp.float32)
+    gen_logits = self.model.apply(
+        {"params": params}, input_ids, types, attention_mask, positions, deterministic,
+        method="generate", rngs={} if deterministic else {"dropout": generator_key})
+    mlm_nll, mlm_correct = _weighted_nll(gen_logits, batch["masked_lm_ids"], weights)
+
+    predicted = weights > 0
+    at_positions = jnp.take_along_axis(input_ids, positions, axis=1)
+    sampled_BP = jax.random.categorical(sample_key, jax.lax.stop_gradient(gen_logits))
+    original_BL = _scatter_rows(input_ids, positions,
+                                jnp.where(predicted, batch["masked_lm_ids"], at_positions))
+    corrupted_BL = _scatter_rows(input_ids, positions,
+                                 jnp.where(predicted, sampled_BP.astype(input_ids.dtype),
+                                           at_positions))
+    replaced_BL = (corrupted_BL != original_BL).astype(jnp.float32)
+    disc_logits_BL = self.model.apply(
+        {"params": params}, corrupted_BL, types, attention_mask, deterministic,
+        method="discriminate", rngs={} if deterministic else {"dropout": discriminator_key})
+    real_BL = attention_mask.astype(jnp.float32)
+    disc_nll = (optax.sigmoid_binary_cross_entropy(disc_logits_BL, replaced_BL) * real_BL).sum()
+    disc_correct = (((disc_logits_BL > 0) == (replaced_BL > 0)) * real_BL).sum()
+    metrics = {"mlm_loss": mlm_nll / norm["mlm"], "mlm_accuracy": mlm_correct / norm["mlm"],
+               "disc_loss": disc_nll / norm["tokens"],
+               "disc_accuracy": disc_correct / norm["tokens"],
+               "replaced_fraction": (replaced_BL * real_BL).sum() / norm["tokens"]}
+    return metrics["mlm_loss"] + self.discriminator_weight * metrics["disc_loss"], metrics
+
+
 @dataclasses.dataclass(frozen=True)
 class CausalLM:
   """Next-token cross-entropy where `loss_mask` is 1: no loss on padding, and none across a
@@ -247,9 +307,11 @@ class Finetuning:
     return jnp.argmax(logits, -1).astype(jnp.int32)
 
 
-def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM | Finetuning:
+def build_objective(name: str, model: nn.Module, discriminator_weight: float = 50.0
+                    ) -> BertPretraining | ReplacedTokenDetection | CausalLM | Finetuning:
   """`mlm_nsp` (BERT), `mlm` (RoBERTa: no sentence task), `mlm_sop` (ALBERT's sentence-order
-  prediction: the same 2-way head, labels say whether the segments were swapped),
+  prediction: the same 2-way head, labels say whether the segments were swapped), `rtd`
+  (ELECTRA, DeBERTa-v3: a generator and its discriminator, `discriminator_weight` λ),
   `causal_lm` (GPT); `classification`, `regression`, `token_classification`,
   `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks)."""
   family = model.config.family
@@ -257,6 +319,11 @@ def build_objective(name: str, model: nn.Module) -> BertPretraining | CausalLM |
     if family != "gpt":
       raise ValueError("objective causal_lm needs a GPT model (model.family='gpt')")
     return CausalLM(model)
+  if name == "rtd":
+    if family != "bert" or not model.config.has_generator:
+      raise ValueError("objective rtd needs an encoder with a generator "
+                       "(model.generator_hidden_size > 0)")
+    return ReplacedTokenDetection(model, discriminator_weight)
   if name in ("mlm_nsp", "mlm", "mlm_sop"):
     if family != "bert":
       raise ValueError(f"objective {name} needs a BERT model (model.family='bert')")

@@ -28,6 +28,7 @@ from bertjax.config import model_config
 from bertjax.data import schema
 from bertjax.finetune.registry import TASKS
 from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
+from bertjax.models.electra import discriminator_params
 from bertjax.models.groups import encoder_path, is_added
 from bertjax.models.params import shape_mismatches
 from bertjax.parallel import sharding
@@ -160,7 +161,8 @@ class Trainer:
     self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
                                           platform)
     self.model = build_model(self.model_config, head_of(config))
-    self.loss_fn = objectives.build_objective(config.objective, self.model)
+    self.loss_fn = objectives.build_objective(config.objective, self.model,
+                                              float(config.get("discriminator_weight", 50.0)))
     self.optimizer, self.schedule = optim.build_optimizer(
         config.optimizer, config.num_train_steps, config.get("phase2"))
     self.accum_steps = int(config.grad_accum_steps)
@@ -280,6 +282,9 @@ class Trainer:
         return state.replace(params=params), None
     weights = load_weights(source, step, scan_layers=self.model_config.scan_layers)
     params = weights.params
+    if weights.config.has_generator and not self.model_config.has_generator:
+      # Replaced-token detection's discriminator goes on alone (a DeBERTa-v3 residual added up).
+      params = discriminator_params(params, weights.config)
     if keep:
       missing = [k for k in keep if k not in params]
       if missing:

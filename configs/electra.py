@@ -1,0 +1,101 @@
+"""ELECTRA (Clark et al. 2020, "ELECTRA: Pre-training Text Encoders as Discriminators Rather
+Than Generators"), one size per variant: `--config configs/electra.py:size=small` (small, base,
+large; tiny: a CPU-sized ELECTRA for docs/models.md's RTD-vs-MLM experiment;
+`objective=mlm`: the same discriminator shape pre-trained by MLM alone).
+
+Replaced-token detection: a generator (an MLM encoder whose width, MLP and heads are a fraction
+of the discriminator's) fills 15% masked positions (25% for Large) with samples from its
+output; the discriminator labels every token original or replaced; loss = generator MLM + 50 ×
+discriminator. Generator and discriminator share the token, position and token-type
+embeddings (ELECTRA's `embeddings` scope, its LayerNorm included), of width `embedding_size`
+(Small: 128, projected to the hidden size). BERT's WordPiece vocabulary (30,522) and 512
+positions; GELU; post-LN; no NSP.
+
+Table 6 (pre-training hyper-parameters) and Table 1/8 (sizes):
+
+  size   layers  width  FFN    heads  embed  generator  mask  lr    batch  steps  seq  params
+  small  12      256    1024   4      128    1/4        15%   5e-4  128    1M     128  14M
+  base   12      768    3072   12     768    1/3        15%   2e-4  256    766K   512  110M
+  large  24      1024   4096   16     1024   1/4        25%   2e-4  2048   400K   512  335M
+
+Adam β (0.9, 0.999), ε 1e-6, weight decay 0.01, 10,000 warmup steps then linear decay,
+dropout 0.1 (attention too), λ = 50. The parameter counts are the discriminator's (what is
+fine-tuned), rounded by the paper: 14M is 13.55M here (to the million), 110M is 109.48M (to
+ten million), 335M is 335.14M.
+Large's 1.75M-step model is the same recipe run longer (`--config.num_train_steps=1750000`).
+
+What differs here, stated rather than hidden: ELECTRA replaces a masked position by [MASK]
+85% of the time and keeps the original 15%; bertjax's masking is BERT's 80/10/10 (10% random
+tokens), and its masks are drawn when the data is read (data.dupe_factor=0), not by the
+graph.
+
+  bertjax compile --config configs/electra.py:size=small --topology v5e-8
+  bertjax compile --config configs/electra.py:size=base --topology v4-16
+  bertjax compile --config configs/electra.py:size=large --topology v4-128
+  bertjax train --config configs/electra.py:size=base --workdir /gcs/BUCKET/electra_base \
+      --config.data.dataset=/gcs/BUCKET/wiki_books
+  bertjax train --config configs/electra.py:size=tiny --workdir runs/electra_tiny  # CPU
+"""
+
+import common
+from bertjax.config import base_config, bert_model, choose, parse_arg
+
+# size: (layers, width, FFN, heads, embedding width, generator fraction, mask fraction, peak
+#        lr, batch, steps, sequence length, the paper's (discriminator) parameter count).
+SIZES = {
+    "small": (12, 256, 1024, 4, 128, 1 / 4, 0.15, 5e-4, 128, 1_000_000, 128, 14_000_000),
+    "base": (12, 768, 3072, 12, 768, 1 / 3, 0.15, 2e-4, 256, 766_000, 512, 110_000_000),
+    "large": (24, 1024, 4096, 16, 1024, 1 / 4, 0.25, 2e-4, 2048, 400_000, 512, 335_000_000),
+    # BERT-Tiny's discriminator (2 x 128, 2 heads) with a 32-wide generator: minutes on CPU.
+    "tiny": (2, 128, 512, 2, 128, 1 / 4, 0.15, 1e-3, 32, 300, 128, 0),
+}
+OBJECTIVES = ("rtd", "mlm")
+# Every config this file makes (the tests load each).
+VARIANTS = tuple(f"size={size}" for size in SIZES) + ("size=tiny,objective=mlm",)
+
+
+def electra_model(layers: int, width: int, ffn: int, heads: int, embedding: int,
+                  generator_fraction: float | None):
+  """The `model` group of an ELECTRA discriminator and, with a fraction, its generator."""
+  generator = {}
+  if generator_fraction:
+    generator = dict(generator_hidden_size=round(width * generator_fraction),
+                     generator_num_heads=max(1, round(heads * generator_fraction)),
+                     generator_mlp_dim=round(ffn * generator_fraction),
+                     embedding_sharing="shared")
+  return bert_model(
+      vocab_size=30_522, hidden_size=width, num_layers=layers, num_heads=heads, mlp_dim=ffn,
+      max_positions=512, type_vocab_size=2, norm_position="post", activation="gelu",
+      layer_norm_eps=1e-12, hidden_dropout=0.1, attention_dropout=0.1, architecture="electra",
+      embedding_size=embedding if embedding != width else 0, pooler=False, **generator)
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, size="", objective="rtd")
+  (layers, width, ffn, heads, embedding, fraction, mask, lr, batch, steps, seq,
+   params) = choose(SIZES, "size", arg.size)
+  objective = choose({o: o for o in OBJECTIVES}, "objective", arg.objective)
+  config = base_config(electra_model(layers, width, ffn, heads, embedding,
+                                     fraction if objective == "rtd" else None))
+  config.objective = objective
+  config.discriminator_weight = 50.0
+  config.data.bert_instances = "full_sentences"
+  config.data.mask_prob = mask
+  config.data.dupe_factor = 0  # a new mask every time a sequence is seen
+  if arg.size == "tiny":
+    common.tiny_cpu_training(config, batch_size=batch)
+    config.max_predictions = 20
+    config.model.vocab_size = 8192
+    config.model.max_positions = 128
+    return config
+  config.batch_size = batch
+  config.seq_length = seq
+  config.max_predictions = round(mask * seq)
+  config.num_train_steps = steps
+  config.optimizer.update(dict(name="adamw", learning_rate=lr, warmup_steps=10_000,
+                               schedule="linear", b1=0.9, b2=0.999, eps=1e-6,
+                               weight_decay=0.01))
+  config.checkpoint.every = 10_000
+  config.log_every = 100
+  config.reference_params = params
+  return config
