@@ -4,30 +4,33 @@ large; tiny: a CPU-sized ELECTRA for docs/models.md's RTD-vs-MLM experiment;
 `objective=mlm`: the same discriminator shape pre-trained by MLM alone).
 
 Replaced-token detection: a generator (an MLM encoder whose width, MLP and heads are a fraction
-of the discriminator's) fills 15% masked positions (25% for Large) with samples from its
-output; the discriminator labels every token original or replaced; loss = generator MLM + 50 ×
-discriminator. Generator and discriminator share the token, position and token-type
-embeddings (ELECTRA's `embeddings` scope, its LayerNorm included), of width `embedding_size`
-(Small: 128, projected to the hidden size). BERT's WordPiece vocabulary (30,522) and 512
-positions; GELU; post-LN; no NSP.
+of the discriminator's, at the same depth) fills 15% masked positions (25% for Large; of them
+85% get [MASK], 15% keep their token, none a random one) with samples from its output at
+temperature 1 (the original may be drawn, and then counts as original); the discriminator
+labels every token original or replaced; loss = generator MLM + 50 × discriminator.
+Generator and discriminator share the token, position and token-type embeddings and their
+LayerNorm (ELECTRA's `embeddings` scope), of width `embedding_size` (Small: 128), each
+projecting them to its own hidden size. BERT's uncased WordPiece vocabulary (30,522), 512
+positions, GELU, post-LN, no NSP.
 
-Table 6 (pre-training hyper-parameters) and Table 1/8 (sizes):
+Table 6 (pre-training hyper-parameters) and Table 1 (sizes):
 
   size   layers  width  FFN    heads  embed  generator  mask  lr    batch  steps  seq  params
   small  12      256    1024   4      128    1/4        15%   5e-4  128    1M     128  14M
   base   12      768    3072   12     768    1/3        15%   2e-4  256    766K   512  110M
   large  24      1024   4096   16     1024   1/4        25%   2e-4  2048   400K   512  335M
 
-Adam β (0.9, 0.999), ε 1e-6, weight decay 0.01, 10,000 warmup steps then linear decay,
-dropout 0.1 (attention too), λ = 50. The parameter counts are the discriminator's (what is
-fine-tuned), rounded by the paper: 14M is 13.55M here (to the million), 110M is 109.48M (to
-ten million), 335M is 335.14M.
-Large's 1.75M-step model is the same recipe run longer (`--config.num_train_steps=1750000`).
+Adam β (0.9, 0.999), ε 1e-6, weight decay 0.01 (not on biases and LayerNorms), 10,000 warmup
+steps then linear decay to 0, gradient clipping at global norm 1.0, dropout 0.1 (attention
+too), λ = 50 (google-research/electra's configure_pretraining.py and optimization.py). The
+parameter counts are the discriminator's (what is fine-tuned), rounded by the paper: 14M is
+13,549,057 here (to the million), 110M is 109,483,009 (to ten million), 335M is 335,142,913 -
+transformers' ElectraForPreTraining counts exactly. The released checkpoints differ from the
+paper's table: Small++ (4M steps, a full-size generator), Large trained 1.75M steps
+(`--config.num_train_steps=1750000`).
 
-What differs here, stated rather than hidden: ELECTRA replaces a masked position by [MASK]
-85% of the time and keeps the original 15%; bertjax's masking is BERT's 80/10/10 (10% random
-tokens), and its masks are drawn when the data is read (data.dupe_factor=0), not by the
-graph.
+Masks are drawn when the data is read, a new one every epoch (data.dupe_factor=0), where
+ELECTRA draws them in the graph every step: the same distribution.
 
   bertjax compile --config configs/electra.py:size=small --topology v5e-8
   bertjax compile --config configs/electra.py:size=base --topology v4-16
@@ -81,6 +84,8 @@ def get_config(arg=None):
   config.discriminator_weight = 50.0
   config.data.bert_instances = "full_sentences"
   config.data.mask_prob = mask
+  config.data.mask_token_prob = 0.85
+  config.data.random_token_prob = 0.0
   config.data.dupe_factor = 0  # a new mask every time a sequence is seen
   if arg.size == "tiny":
     common.tiny_cpu_training(config, batch_size=batch)
@@ -94,7 +99,7 @@ def get_config(arg=None):
   config.num_train_steps = steps
   config.optimizer.update(dict(name="adamw", learning_rate=lr, warmup_steps=10_000,
                                schedule="linear", b1=0.9, b2=0.999, eps=1e-6,
-                               weight_decay=0.01))
+                               weight_decay=0.01, clip_norm=1.0))
   config.checkpoint.every = 10_000
   config.log_every = 100
   config.reference_params = params

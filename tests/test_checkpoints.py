@@ -48,6 +48,12 @@ def _bert_corpus_args(corpus: Path, workers: int) -> list[str]:
 
 GPT_SYNTHETIC = ["--config", "gpt_tiny", "--config.model.vocab_size=128",
                  "--config.data.source=synthetic_markov"]
+# Replaced-token detection: generator and discriminator (and the generator's samples) resume.
+ELECTRA_SYNTHETIC = ["--config", "configs/electra.py:size=tiny", "--config.model.vocab_size=128",
+                     "--config.data.source=synthetic_markov", "--config.model.embedding_size=32",
+                     "--config.model.generator_hidden_size=16",
+                     "--config.model.generator_num_heads=1",
+                     "--config.model.generator_mlp_dim=32"]
 
 
 def _cmd(workdir: Path, steps: int, args: list[str]) -> list[str]:
@@ -130,14 +136,15 @@ def _restored_step(workdir: Path) -> int:
   return int(text.split("resumed from ")[1].split(" step ")[1].split()[0])
 
 
-@pytest.mark.parametrize("family", ["gpt", "bert-corpus-2-workers"])
+@pytest.mark.parametrize("family", ["gpt", "bert-corpus-2-workers", "electra"])
 @pytest.mark.slow
 def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
   """Killed three times (SIGKILL, the whole process group): at a random step; right after the
   resumed run restored and trained one step; while an asynchronous save written after that
   run's restore is in flight. Every metric every run logs after its restore, and the final
   parameters, equal the uninterrupted run's bit for bit."""
-  args = (GPT_SYNTHETIC if family == "gpt" else _bert_corpus_args(corpus, workers=2)) + [
+  args = ({"gpt": GPT_SYNTHETIC, "electra": ELECTRA_SYNTHETIC}.get(family)
+          or _bert_corpus_args(corpus, workers=2)) + [
       "--config.checkpoint.every=2"]
   steps = 24
   _run(tmp_path / "straight", steps, args)

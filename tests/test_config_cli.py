@@ -29,7 +29,11 @@ PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 "mosaicbert": (137e6, 0.01), "modernbert:size=base": (149e6, 0.01),
                 "modernbert:size=large": (395e6, 0.01),
                 "modernbert:size=base,stage=extension": (149e6, 0.01),
-                "modernbert:size=large,stage=extension": (395e6, 0.01)}
+                "modernbert:size=large,stage=extension": (395e6, 0.01),
+                # Clark et al. 2020, Table 1: the discriminators, rounded (14M is 13.55M, to the
+                # million; transformers' ElectraForPreTraining counts exactly ours).
+                "electra:size=small": (14e6, 0.035), "electra:size=base": (110e6, 0.01),
+                "electra:size=large": (335e6, 0.01)}
 # Counts these papers truncate rather than round.
 TRUNCATED = ("modernbert",)
 # Every config a user can name: each file under configs/ with each variant it lists.
@@ -42,7 +46,9 @@ ALL_CONFIGS = sorted(f"{p.stem}:{v}" if v else p.stem
 def test_parameter_counts_match_papers(name):
   reference, tolerance = PAPER_COUNTS[name]
   config = config_lib.load_config(name)
-  total = param_breakdown(config_lib.model_config(config))["total"]  # eval_shape: abstract
+  counts = param_breakdown(config_lib.model_config(config))  # eval_shape: abstract
+  # Replaced-token detection: the papers count the discriminator (the generator is dropped).
+  total = counts.get("discriminator", counts["total"])
   assert config.reference_params == reference
   assert abs(total / reference - 1) < tolerance, total
   if not name.startswith(("gpt3",) + TRUNCATED):
@@ -64,7 +70,8 @@ def test_every_config_loads_and_builds_abstractly():
       continue  # a fine-tune's model is its weights' (bertjax.training.finetuning checks it)
     assert config.seq_length <= config.model.max_positions, name
     if name not in (
-        "bert_tiny", "gpt_tiny", "bert_tiny_two_phase", "cramming", "modernbert:size=tiny"):
+        "bert_tiny", "gpt_tiny", "bert_tiny_two_phase", "cramming", "modernbert:size=tiny",
+        "electra:size=tiny", "electra:size=tiny,objective=mlm"):
       assert name in PAPER_COUNTS, f"{name}: a paper config without a checked parameter count"
 
 

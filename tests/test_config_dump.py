@@ -56,6 +56,9 @@ def _flat(tree, prefix=""):
 # (a new setting whose default leaves old runs as they were). Nothing else may appear.
 ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate": 0.0,
          "config.init_step": -1,
+         # Replaced-token detection (ELECTRA, DeBERTa-v3) and masking's replacement fractions.
+         "config.discriminator_weight": 50.0, "config.data.mask_token_prob": 0.8,
+         "config.data.random_token_prob": 0.5,
          # Fine-tuning (bertjax.finetune), off: finetune.task is empty.
          **{f"config.finetune.{key}": default for key, (default, _) in FINETUNE_KEYS.items()},
          # Parameter-efficient tuning (bertjax.models.peft), all off.
@@ -69,7 +72,16 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
                                ("attention_bias", True), ("mlp_bias", True),
                                ("norm_bias", True), ("head_bias", True), ("pooler", True),
                                ("local_window", 0), ("global_every", 1),
-                               ("first_attention_norm", True))}}
+                               ("first_attention_norm", True),
+                               # ELECTRA and DeBERTa layouts, the RTD generator, all off.
+                               ("architecture", "bert"), ("embedding_size", 0),
+                               ("relative_attention_terms", "c2p|p2c"),
+                               ("position_buckets", 256), ("max_relative_positions", 0),
+                               ("share_attention_key", True),
+                               ("relative_embedding_norm", True),
+                               ("generator_hidden_size", 0), ("generator_num_layers", 0),
+                               ("generator_num_heads", 0), ("generator_mlp_dim", 0),
+                               ("embedding_sharing", "shared"))}}
 
 
 @pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())))

@@ -26,6 +26,8 @@ KEPT = ("objective", "model.family", "model.norm_position", "model.activation",
         "optimizer.power", "optimizer.end_lr_fraction", "optimizer.b1", "optimizer.b2",
         "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_norm",
         "data.bert_instances", "data.dupe_factor", "data.mask_prob", "data.whole_word_mask",
+        "data.mask_token_prob", "data.random_token_prob", "model.architecture",
+        "model.embedding_sharing", "model.position_embedding", "discriminator_weight",
         "sharding_rules")
 
 
@@ -57,6 +59,13 @@ def test_runlocal_keeps_the_recipe_at_laptop_scale(name):
   for key in ("optimizer.warmup_steps", "optimizer.decay_steps", "phase2.start_step"):
     want = _fraction(_get(paper, key), paper.num_train_steps)
     assert _get(local, key) == (0 if not want else max(1, round(want * 200))), key
+  if paper.model.generator_hidden_size:  # the generator in the same proportions
+    pm = paper.model
+    assert m.generator_hidden_size / m.hidden_size == pytest.approx(
+        pm.generator_hidden_size / pm.hidden_size, abs=0.1)
+    assert m.generator_mlp_dim / m.generator_hidden_size == (
+        pm.generator_mlp_dim / pm.generator_hidden_size)
+    assert bool(m.generator_num_layers) == bool(pm.generator_num_layers)
   if paper.phase2.start_step:
     p1, p2 = paper.seq_length, paper.phase2.seq_length or paper.seq_length
     assert local.phase2.seq_length / local.seq_length == pytest.approx(p2 / p1, rel=0.05)
@@ -133,3 +142,29 @@ def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys):
 def test_runlocal_refuses_a_finetuning_config():
   with pytest.raises(ValueError, match="runlocal shrinks a pre-training recipe"):
     config_lib.load_config("finetune:recipe=glue,runlocal")
+
+
+# The replaced-token-detection paper configs (ELECTRA, DeBERTa-v3), each size.
+RTD_CONFIGS = [name for name in ALL_CONFIGS
+               if name.startswith(("electra", "deberta")) and "tiny" not in name]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow
+def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys):
+  """Each ELECTRA and DeBERTa-v3 paper config, shrunk, trains 3 steps through `bertjax train`
+  (generator and discriminator in one step); the first builds the embedded corpus, the others
+  read it."""
+  assert len(RTD_CONFIGS) == 7, RTD_CONFIGS
+  dataset = []
+  for name in RTD_CONFIGS:
+    workdir = tmp_path / name.replace(":", "_").replace("=", "_")
+    extra = [f"--config.data.dataset={dataset[0]}"] if dataset else []
+    assert cli.main(["train", "--config", f"{name},runlocal", "--workdir", str(workdir),
+                     "--config.num_train_steps=3", "--config.log_every=1",
+                     "--config.eval_every=0", *extra]) == 0, name
+    out = capsys.readouterr().out
+    assert "run finished at step 3 of 3" in out and "disc_loss" in out, name
+    assert _steps(workdir) == [1, 2, 3]
+    if not dataset:
+      dataset.append(workdir / "data" / "dataset")

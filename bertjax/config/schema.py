@@ -148,6 +148,12 @@ def data_group() -> ConfigDict:
       "build_workers": 0,
       # Fraction of tokens masked for MLM.
       "mask_prob": _LOADER["mask_prob"],
+      # Of the masked positions, the fraction given [MASK] (BERT 0.8, ELECTRA 0.85, DeBERTa-v3
+      # 1.0) ...
+      "mask_token_prob": _LOADER["mask_token_prob"],
+      # ... and of the others the fraction given a random token, the rest keeping theirs
+      # (BERT 0.5: 10% of all; ELECTRA, DeBERTa-v3 0).
+      "random_token_prob": _LOADER["random_token_prob"],
       # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels),
       # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs) or "packed" (ModernBERT:
       # [CLS] doc [SEP] streams cut into full rows, no padding, with document_ids/positions

@@ -44,6 +44,8 @@ def validate_training(config: ConfigDict) -> None:
   need("data.num_workers", int(config.data.num_workers) >= 0, "must be 0 or more")
   need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
   need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")
+  for key in ("mask_token_prob", "random_token_prob"):
+    need(f"data.{key}", 0 <= float(config.data[key]) <= 1, "must be between 0 and 1")
   # Only sentence pairs carry NSP/SOP labels; other instances would train that head on zeros.
   need("data.bert_instances", config.objective in ("mlm", "rtd", "causal_lm")
        or config.data.bert_instances == "pairs",

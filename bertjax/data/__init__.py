@@ -37,6 +37,7 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConf
   return LoaderConfig(
       dataset=dataset, objective=config.objective, seq_length=int(config.seq_length),
       max_predictions=int(config.max_predictions), mask_prob=float(d.mask_prob),
+      mask_token_prob=float(d.mask_token_prob), random_token_prob=float(d.random_token_prob),
       bert_instances=d.bert_instances, short_seq_prob=float(d.short_seq_prob),
       dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),

@@ -28,6 +28,11 @@ class InstanceConfig:
   dupe_factor: int = 10
   whole_word_mask: bool = False
   seed: int = 12345
+  # Of the positions chosen, the fraction given [MASK] (google-research/bert 0.8; ELECTRA
+  # 0.85; DeBERTa-v3 1.0), and of the others the fraction given a random token (BERT 0.5,
+  # i.e. 10% of all; ELECTRA and DeBERTa-v3 0); the rest keep their token.
+  mask_token_prob: float = 0.8
+  random_token_prob: float = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +137,9 @@ def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
       continue
     for i in index_set:
       covered.add(i)
-      if rng.random() < 0.8:
+      if rng.random() < cfg.mask_token_prob:
         replacement = special.mask
-      elif rng.random() < 0.5:
+      elif rng.random() < 1.0 - cfg.random_token_prob:
         replacement = tokens[i]
       else:
         replacement = rng.randint(0, special.vocab_size - 1)
@@ -158,10 +163,11 @@ def _mask_single_tokens(tokens: list[int], cfg: InstanceConfig, special: Special
   random_ = rng.random
   top = special.vocab_size - 1
   chosen = candidates[:num_to_predict]
+  mask_below, random_from = cfg.mask_token_prob, 1.0 - cfg.random_token_prob
   for i in chosen:
-    if random_() < 0.8:
+    if random_() < mask_below:
       output[i] = mask
-    elif random_() >= 0.5:
+    elif random_() >= random_from:
       output[i] = rng.randint(0, top)
   chosen.sort()
   return output, chosen, [tokens[i] for i in chosen]

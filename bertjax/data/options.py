@@ -36,6 +36,10 @@ class LoaderConfig:
   seq_length: int
   max_predictions: int = 20
   mask_prob: float = 0.15
+  # Of the masked positions, the fraction given [MASK]; of the others, the fraction given a
+  # random token (the rest keep theirs): BERT's 80/10/10.
+  mask_token_prob: float = 0.8
+  random_token_prob: float = 0.5
   # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
   # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
   # "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with document ids and

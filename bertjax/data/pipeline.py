@@ -193,7 +193,8 @@ class RowStreamFactory:
     self.special = bert_special_ids(tokenizer)
     self.instance_cfg = InstanceConfig(
         max_seq_length=cfg.seq_length, max_predictions=cfg.max_predictions,
-        masked_lm_prob=cfg.mask_prob, short_seq_prob=cfg.short_seq_prob,
+        masked_lm_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob,
+        random_token_prob=cfg.random_token_prob, short_seq_prob=cfg.short_seq_prob,
         dupe_factor=cfg.dupe_factor, whole_word_mask=cfg.whole_word_mask, seed=self.seed)
     self.continuation = tokenizer.is_continuation if cfg.whole_word_mask else _never
     self.views = [_DocumentView(source_records(dataset, name, split))

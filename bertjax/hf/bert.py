@@ -36,7 +36,6 @@ def check_head(cfg: ModelConfig, head: str) -> None:
 
 
 def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
-  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
   e = f"{prefix}embeddings."
   entries = [
       same(("bert", "word_embeddings", "embedding"), f"{e}word_embeddings.weight"),
@@ -52,6 +51,13 @@ def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
       transposed(("nsp", "kernel"), "cls.seq_relationship.weight", True),
       same(("nsp", "bias"), "cls.seq_relationship.bias", True),
   ]
+  return entries + layer_entries(cfg, prefix)
+
+
+def layer_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+  """The encoder's layers (`{prefix}encoder.layer.{i}.`): BERT's, and ELECTRA's alike."""
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  entries = []
   for i in range(cfg.num_layers):
     ours = ("bert", "encoder", f"layers_{i}")
     hf = f"{prefix}encoder.layer.{i}."
@@ -112,6 +118,21 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
       attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), **common)
 
 
+def label_keys(cfg: ModelConfig, head: str, labels: list[str] | None) -> dict[str, Any]:
+  """A classifier's config.json keys: its labels (names in id order; default LABEL_i) and the
+  problem type (one output of a sequence head: regression)."""
+  labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in
+                                                    range(cfg.num_labels)]
+  if len(labels) != cfg.num_labels:
+    raise ValueError(f"{len(labels)} label names for num_labels={cfg.num_labels}")
+  problem = ("regression" if cfg.num_labels == 1 and head == "sequence_classification"
+             else "single_label_classification")
+  return {"num_labels": cfg.num_labels,
+          "id2label": {str(i): name for i, name in enumerate(labels)},
+          "label2id": {name: i for i, name in enumerate(labels)},
+          "problem_type": problem, "classifier_dropout": None}
+
+
 def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining",
                 labels: list[str] | None = None) -> dict[str, Any]:
   """BertForPreTraining's config.json, or that of the fine-tuning model of `head` (`act`: the
@@ -121,18 +142,8 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining
     return {**config_dict(cfg, dtype, act), "architectures": [EXPORT_HEADS[head]],
             "num_labels": 2}
   if head != "pretraining":
-    labels = list(labels) if labels is not None else [f"LABEL_{i}" for i in
-                                                      range(cfg.num_labels)]
-    if len(labels) != cfg.num_labels:
-      raise ValueError(f"{len(labels)} label names for num_labels={cfg.num_labels}")
-    config = config_dict(cfg, dtype, act)
-    problem = ("regression" if cfg.num_labels == 1 and head == "sequence_classification"
-               else "single_label_classification")
-    config.update({"architectures": [EXPORT_HEADS[head]], "num_labels": cfg.num_labels,
-                   "id2label": {str(i): name for i, name in enumerate(labels)},
-                   "label2id": {name: i for i, name in enumerate(labels)},
-                   "problem_type": problem, "classifier_dropout": None})
-    return config
+    return {**config_dict(cfg, dtype, act), "architectures": [EXPORT_HEADS[head]],
+            **label_keys(cfg, head, labels)}
   return {
       "architectures": ["BertForPreTraining"], "model_type": "bert",
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,

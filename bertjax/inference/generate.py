@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.models import GPT, BertForPreTraining, ModelConfig
+from bertjax.models.electra import generator_params
 
 from bertjax.models.params import unscanned
 
@@ -367,6 +368,12 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
   return out
 
 
+def _unused_nsp(config: ModelConfig) -> dict[str, Any]:
+  """The sentence head BertForPreTraining carries and a generator lacks (never read here)."""
+  d = config.hidden_size
+  return {"kernel": jnp.zeros((d, 2), jnp.float32), "bias": jnp.zeros((2,), jnp.float32)}
+
+
 def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
               top_k: int = 5) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
   """Top-k (token, probability) at the [MASK] in `text` (one list per [MASK] when there are
@@ -377,6 +384,10 @@ def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
   """
   if model_config.family != "bert":
     raise ValueError(f"fill_mask needs a BERT model, got family={model_config.family!r}")
+  if model_config.has_generator:  # replaced-token detection: its generator fills masks
+    params, model_config = generator_params(params, model_config), \
+        model_config.generator_config()
+    params = {**params, "nsp": _unused_nsp(model_config)}
   mask_id = tokenizer.token_id("[MASK]")
   # The text around each [MASK] is encoded on its own: SentencePiece would spell the literal
   # "[MASK]" in pieces (WordPiece keeps it whole; splitting gives it the same ids).
