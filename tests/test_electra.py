@@ -46,7 +46,7 @@ def test_discriminator_parity(tmp_path, scan, width):
   params, cfg, report = hf.import_hf(tmp_path, scan_layers=scan)
   assert report.architecture == "ElectraForPreTraining" and not report.fresh
   assert cfg.embedding_width == width and cfg.architecture == "electra"
-  ids, types, mask = hf_models.batch(cfg.vocab_size)
+  ids, types, mask, _ = hf_models.batch(cfg.vocab_size)
   theirs = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
   ours = build_model(cfg, "discriminator").apply(
       {"params": params}, jnp.asarray(ids), jnp.asarray(types), jnp.asarray(mask))
@@ -59,7 +59,7 @@ def test_generator_parity(tmp_path, scan):
   params, cfg, report = hf.import_hf(tmp_path, scan_layers=scan)
   assert report.architecture == "ElectraForMaskedLM"
   assert report.fresh == ["nsp/kernel", "nsp/bias"]  # BertForPreTraining's, never read
-  ids, types, mask = hf_models.batch(cfg.vocab_size)
+  ids, types, mask, _ = hf_models.batch(cfg.vocab_size)
   theirs = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
   out = build_model(cfg).apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
                                jnp.asarray(mask))
@@ -83,7 +83,7 @@ def test_hf_bertjax_hf_is_bit_identical(tmp_path, cls):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b),
                                   err_msg=jax.tree_util.keystr(path))
   reloaded = getattr(transformers, cls).from_pretrained(tmp_path / "out").eval()
-  ids, types, mask = hf_models.batch(cfg.vocab_size)
+  ids, types, mask, _ = hf_models.batch(cfg.vocab_size)
   a = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask).logits
   b = hf_models.run(reloaded, input_ids=ids, token_type_ids=types, attention_mask=mask).logits
   assert float((a - b).abs().max()) == 0.0
@@ -127,11 +127,15 @@ def test_an_rtd_models_generator_exports_for_the_fill_mask_pipeline(tmp_path):
     assert [t for t, _ in ours] == [vocab[r["token"]] for r in theirs]
     np.testing.assert_allclose([p for _, p in ours], [r["score"] for r in theirs], atol=1e-5)
   ref = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "discriminator").eval()
-  ids, types, mask = hf_models.batch(cfg.vocab_size)
+  ids, types, mask, _ = hf_models.batch(cfg.vocab_size)
   theirs = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
   ours = build_model(cfg).apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
                                 jnp.asarray(mask), method="discriminate")
-  assert _max_diff_at(ours, theirs.logits.numpy(), mask) <= 1e-5
+  # Weights moved far (noise 0.3, for sharp fill-mask scores) put logits up to ~5 and fp32
+  # rounding near 1e-5; the parity tests above hold 1e-5 at the usual noise.
+  real = np.asarray(mask, bool)
+  np.testing.assert_allclose(np.asarray(ours)[real], theirs.logits.numpy()[real], rtol=1e-5,
+                             atol=5e-5)
 
 
 def test_an_rtd_model_is_exported_as_its_two_models_not_one(tmp_path):

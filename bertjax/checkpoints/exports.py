@@ -18,6 +18,7 @@ from bertjax.checkpoints.weights import load_finetuned
 from bertjax.finetune.registry import TASKS
 from bertjax.hf import peft as hf_peft
 from bertjax.models import ModelConfig, peft
+from bertjax.models.electra import discriminator_params, generator_params
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "float32": "float32", "bfloat16": "bfloat16"}
 
@@ -58,6 +59,28 @@ def task_peft(params: Any, config: ModelConfig, info: dict[str, Any], out_dir: p
                      "adapter apart from its base weights (export it with --format hf)")
   return hf_peft.export_peft(params, config, out_dir, info["base"],
                              head=TASKS[info["task"]].head)
+
+
+def export_rtd_hf(params: Any, config: ModelConfig, out_dir: paths.PathLike,
+                  dtype: str = "float32", tokenizer: Path | None = None
+                  ) -> tuple[epath.Path, epath.Path]:
+  """A replaced-token-detection model as its two Hugging Face models: the discriminator in
+  `out_dir` (ElectraForPreTraining; a DeBERTa-v3's as DebertaV2Model, transformers having no
+  class with its head) and the generator in `out_dir/generator` (ElectraForMaskedLM,
+  DebertaV2ForMaskedLM), each with the tokenizer."""
+  discriminator = config.replace(generator_hidden_size=0, generator_num_layers=0,
+                                 generator_num_heads=0, generator_mlp_dim=0)
+  disc = discriminator_params(params, config)
+  head = "discriminator"
+  if config.architecture == "deberta":
+    disc = {"bert": disc["bert"]}
+    head = "encoder"
+  out = paths.path(hf.export_hf(disc, discriminator, out_dir, DTYPES[dtype], tokenizer,
+                                head=head))
+  generator = paths.path(hf.export_hf(generator_params(params, config),
+                                      config.generator_config(), out / "generator",
+                                      DTYPES[dtype], tokenizer))
+  return out, generator
 
 
 def export_params(params: Any, config: ModelConfig, tokenizer: Path | None,

@@ -100,7 +100,13 @@ def cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
   else:
     params, model_cfg = load_params(args.params)
     tokenizer = tokenizer_dir(args.params)
-  if args.format == "hf":
+  if args.format == "hf" and model_cfg.has_generator:
+    out, generator = exports.export_rtd_hf(params, model_cfg, args.out, dtype, tokenizer)
+    kinds = [json.loads((d / "config.json").read_text())["architectures"][0]
+             for d in (out, generator)]
+    print(f"wrote the discriminator ({kinds[0]}) to {out} and the generator ({kinds[1]}) to "
+          f"{generator} ({dtype})")
+  elif args.format == "hf":
     out = hf.export_hf(params, model_cfg, args.out, dtype, tokenizer)
     print(f"wrote a Hugging Face {hf.hf_config_dict(model_cfg)['architectures'][0]} directory "
           f"to {out} ({dtype})")

@@ -28,13 +28,6 @@ EXPORT_HEADS = {"pretraining": "BertForPreTraining",
 TOKEN_HEADS = ("token_classification", "question_answering")
 
 
-def check_head(cfg: ModelConfig, head: str) -> None:
-  if head not in EXPORT_HEADS:
-    raise ValueError(f"head must be one of {', '.join(EXPORT_HEADS)}, got {head!r}")
-  if head != "pretraining" and cfg.family != "bert":
-    raise HFConversionError(f"head={head!r} is for BERT; this is a {cfg.family} model")
-
-
 def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
   e = f"{prefix}embeddings."
   entries = [

@@ -1,15 +1,17 @@
 """Hugging Face interop, the shared converter: bertjax parameters <-> `transformers` safetensors
 checkpoints (`import_hf`, `export_hf`), config.json both ways and tokenizer files, dispatching by
-model type to one mapping per family (bertjax/hf/bert.py, modernbert.py, gpt.py: names, layout
-differences, config translation). Scanned models stack layers on a leading axis here.
+model type to one mapping per family (bertjax/hf/bert.py, modernbert.py, deberta.py, gpt.py:
+names, layout differences, config translation). Scanned models stack layers on a leading axis
+here.
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
 initialised and reported), fine-tuned BERT exported as BertForSequenceClassification,
 BertForTokenClassification or BertForQuestionAnswering (`head=`), ModernBertForMaskedLM /
-ModernBertModel, GPT2LMHeadModel / GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel. Only
-safetensors are read or written: nothing is unpickled. Every mismatch (unknown, missing or
-wrongly shaped tensor) is an error naming the tensor. The names: docs/models.md, 'Hugging Face
-names'.
+ModernBertModel, DebertaV2ForMaskedLM / DebertaV2Model (DeBERTa-v2/v3), ElectraForPreTraining /
+ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, GPT2LMHeadModel /
+GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel. Only safetensors are read or written: nothing
+is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an error naming the
+tensor. The names: docs/models.md, 'Hugging Face names'.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from safetensors.numpy import save as save_safetensors
 
 from bertjax import paths
 
-from bertjax.hf import bert, gpt, modernbert
+from bertjax.hf import bert, deberta, electra, gpt, modernbert  # noqa: F401 (hf.electra)
 from bertjax.hf import tokenizer as hf_tokenizer
 from bertjax.hf.entries import Entry, HFConversionError
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -63,18 +65,30 @@ class ImportReport:
     return "\n".join(lines)
 
 
-def _entries(cfg: ModelConfig, model_type: str, prefix: str) -> list[Entry]:
+def _entries(cfg: ModelConfig, model_type: str, prefix: str, legacy: bool = False,
+             head: str = "pretraining") -> list[Entry]:
+  """`legacy`: a DeBERTa checkpoint's MLM head has the legacy names (deberta.is_legacy);
+  `head`: an ELECTRA's (electra.EXPORT_HEADS)."""
   if model_type == "bert":
     return bert.entries(cfg, prefix)
+  if model_type == "electra":
+    return electra.entries(cfg, prefix, head)
   if model_type == "modernbert":
     return modernbert.entries(cfg, prefix)
+  if model_type == "deberta-v2":
+    return deberta.entries(cfg, prefix, legacy)
   return gpt.entries(cfg, prefix, gpt1=model_type == "openai-gpt")
 
 
-def _without_equivalent(cfg: ModelConfig, model_type: str) -> list[tuple[str, ...]]:
+def _without_equivalent(cfg: ModelConfig, model_type: str,
+                        head: str = "pretraining") -> list[tuple[str, ...]]:
   """bertjax parameters a Hugging Face model of `model_type` lacks: left out of an export,
   taken from a fresh init on import."""
-  return modernbert.without_equivalent(cfg) if model_type == "modernbert" else []
+  if model_type == "electra":
+    return electra.without_equivalent(head)
+  if model_type == "modernbert":
+    return modernbert.without_equivalent(cfg)
+  return deberta.without_equivalent(cfg) if model_type == "deberta-v2" else []
 
 
 def _flat_numpy(params: Any) -> Flat:
@@ -92,15 +106,28 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
     return bert.config_from_hf(hf, common)
   if model_type == "modernbert":
     return modernbert.config_from_hf(hf, common)
+  if model_type == "deberta-v2":
+    return deberta.config_from_hf(hf, common)
+  if model_type == "electra":
+    return electra.config_from_hf(hf, common)
   if model_type in ("gpt2", "openai-gpt"):
     return gpt.config_from_hf(hf, common, gpt1=model_type == "openai-gpt")
-  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, modernbert, gpt2, "
-                          "openai-gpt)")
+  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, modernbert, "
+                          "deberta-v2, electra, gpt2, openai-gpt)")
 
 
 def _hf_model_type(cfg: ModelConfig) -> str:
   """The Hugging Face model type `cfg` exports as, which picks the family mapping; raises
   where none fits."""
+  if cfg.has_generator:
+    raise HFConversionError("a replaced-token-detection model exports as its discriminator and "
+                            "its generator, two models (`bertjax export` writes both: "
+                            "bertjax.checkpoints.exports.export_rtd_hf)")
+  if cfg.architecture == "electra":
+    return "electra"
+  if cfg.architecture == "deberta":
+    deberta.check_exportable(cfg)
+    return "deberta-v2"
   if cfg.family == "bert" and cfg.position_embedding == "rotary":
     modernbert.check_exportable(cfg)
     return "modernbert"
@@ -121,6 +148,25 @@ def _hf_model_type(cfg: ModelConfig) -> str:
   return gpt.model_type(cfg)
 
 
+# The heads each model type exports (bertjax head -> transformers class, where it differs by
+# head); "encoder": the bare encoder (DebertaV2Model).
+_HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEADS),
+          "deberta-v2": ("pretraining", "encoder"), "modernbert": ("pretraining",),
+          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",)}
+
+
+def _model_type_for(cfg: ModelConfig, head: str) -> str:
+  """The model type `cfg` exports as, checked to have `head`."""
+  known = {h for heads in _HEADS.values() for h in heads}
+  if head not in known:
+    raise ValueError(f"head must be one of {', '.join(sorted(known))}, got {head!r}")
+  model_type = _hf_model_type(cfg)
+  if head not in _HEADS[model_type]:
+    raise HFConversionError(f"head={head!r}: a {model_type} model exports with a head of "
+                            f"{', '.join(_HEADS[model_type])}")
+  return model_type
+
+
 def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretraining",
                    labels: list[str] | None = None,
                    generation_ids: dict[str, int] | None = None) -> dict[str, Any]:
@@ -128,12 +174,18 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
   export_hf). `generation_ids`: the special ids of the run's tokenizer
   (`hf_tokenizer.generation_ids`): a GPT's bos/eos(/pad)_token_id, where generation stops
   (default GPT-2's `vocab_size - 1`), or a ModernBERT's pad/cls/sep."""
-  bert.check_head(cfg, head)
-  model_type = _hf_model_type(cfg)
+  model_type = _model_type_for(cfg, head)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}[
       cfg.activation]
   if model_type == "modernbert":
     return {**modernbert.config_dict(cfg, dtype, act), **(generation_ids or {})}
+  if model_type == "deberta-v2":
+    config = {**deberta.config_dict(cfg, dtype, act), **(generation_ids or {})}
+    if head == "encoder":
+      config["architectures"] = ["DebertaV2Model"]
+    return config
+  if model_type == "electra":
+    return electra.config_dict(cfg, dtype, act, head, labels)
   if model_type == "bert":
     return bert.config_dict(cfg, dtype, act, head, labels)
   return gpt.config_dict(cfg, dtype, act, generation_ids, gpt1=model_type == "openai-gpt")
@@ -144,20 +196,20 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
 def to_hf_state_dict(params: Any, cfg: ModelConfig,
                      head: str = "pretraining") -> dict[str, np.ndarray]:
   """bertjax parameters -> `transformers` tensor names (tied copies omitted). `head`: the
-  parameters' heads, one of bert.EXPORT_HEADS (fine-tuned models: a classification head)."""
-  bert.check_head(cfg, head)
-  model_type = _hf_model_type(cfg)
-  if model_type == "modernbert" and head != "pretraining":
-    raise HFConversionError(f"head={head!r}: a ModernBERT exports as ModernBertForMaskedLM "
-                            "only")
-  prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "gpt2": gpt.PREFIX,
-            "openai-gpt": gpt.PREFIX}[model_type]
+  parameters' heads (`_HEADS` per model type; fine-tuned models: a task head)."""
+  model_type = _model_type_for(cfg, head)
+  prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "deberta-v2": deberta.PREFIX,
+            "electra": electra.PREFIX, "gpt2": gpt.PREFIX, "openai-gpt": gpt.PREFIX}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
-  for key in _without_equivalent(cfg, model_type):
+  for key in _without_equivalent(cfg, model_type, head):
     flat.pop(key, None)
   tensors: dict[str, np.ndarray] = {}
-  entries = _entries(cfg, model_type, prefix)
-  if head != "pretraining":
+  entries = _entries(cfg, model_type, prefix, head=head)
+  if head == "encoder":  # the bare encoder: its heads are not exported
+    entries = [e for e in entries if e.ours[0] == "bert"]
+    for key in [k for k in flat if k[0] != "bert"]:
+      flat.pop(key)
+  elif head != "pretraining" and model_type == "bert":
     entries = bert.classifier_entries(cfg, head)
     if head in bert.TOKEN_HEADS:
       # The pooler is trained by nothing under a per-token head; HF's model has none.
@@ -270,20 +322,30 @@ def _ignored(name: str) -> bool:
 
 
 def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_type: str,
-                       fresh_params: Any) -> tuple[Any, list[str], list[str]]:
-  """Checkpoint tensors -> bertjax parameters; heads absent from the checkpoint come from
-  `fresh_params`. Returns (params, fresh parameter names, ignored tensor names)."""
+                       fresh_params: Any, head: str = "pretraining"
+                       ) -> tuple[Any, list[str], list[str]]:
+  """Checkpoint tensors -> bertjax parameters of `head` (an ELECTRA's: the generator's MLM or
+  the discriminator's); heads absent from the checkpoint come from `fresh_params`. Returns
+  (params, fresh parameter names, ignored tensor names)."""
   tensors = _normalise_names(tensors)
+  legacy = False
   if model_type == "bert":
     prefix = bert.PREFIX if any(k.startswith(bert.PREFIX) for k in tensors) else ""
     tied = bert.tied_copies(prefix)
   elif model_type == "modernbert":
     prefix = modernbert.PREFIX if any(k.startswith(modernbert.PREFIX) for k in tensors) else ""
     tied = modernbert.tied_copies(prefix)
+  elif model_type == "deberta-v2":
+    prefix = deberta.PREFIX if any(k.startswith(deberta.PREFIX) for k in tensors) else ""
+    tied, legacy = deberta.tied_copies(prefix), deberta.is_legacy(tensors)
+  elif model_type == "electra":
+    prefix = electra.PREFIX if any(k.startswith(electra.PREFIX) for k in tensors) else ""
+    tied = electra.tied_copies(prefix)
   else:
     prefix = gpt.PREFIX if any(k.startswith(gpt.PREFIX) for k in tensors) else ""
     tied = gpt.tied_copies(prefix, gpt1=model_type == "openai-gpt")
-  ignored = [k for k in tensors if _ignored(k)]
+  ignored = [k for k in tensors if _ignored(k) or (model_type == "deberta-v2"
+                                                   and deberta.ignored(k))]
   for copy, original in tied.items():
     if copy in tensors:
       if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
@@ -294,7 +356,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
   fresh_flat = unstack_layers(_flat_numpy(fresh_params), cfg)
   flat: Flat = {}
   fresh: list[str] = []
-  for entry in _entries(cfg, model_type, prefix):
+  for entry in _entries(cfg, model_type, prefix, legacy, head):
     present = [name in remaining for name in entry.theirs]
     if not all(present):
       if entry.optional and not any(present):
@@ -307,7 +369,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
     _check_shapes(entry, tensors, fresh_flat)
     value = entry.to_ours(*(remaining.pop(name) for name in entry.theirs))
     flat[entry.ours] = value.astype(fresh_flat[entry.ours].dtype)
-  for key in _without_equivalent(cfg, model_type):
+  for key in _without_equivalent(cfg, model_type, head):
     if key in fresh_flat:
       flat[key] = fresh_flat[key]
       if key[0] != "bert":  # a head; the unused layer-0 norm goes unmentioned
@@ -346,7 +408,10 @@ def import_hf(hf_dir: str | Path, scan_layers: bool = True, rng: jax.Array | Non
   dropped = sorted(k for k in tensors if k.startswith(drop)) if drop else []
   tensors = {k: v for k, v in tensors.items() if k not in set(dropped)}
   rng = jax.random.key(0) if rng is None else rng
-  fresh_params = jit_init(build_model(cfg))(rng)
-  params, fresh, ignored = from_hf_state_dict(tensors, cfg, model_type, fresh_params)
+  # An ELECTRA checkpoint is a generator (MLM head) or a discriminator (any other class).
+  head = (electra.IMPORT_HEADS.get(architecture, "discriminator") if model_type == "electra"
+          else "pretraining")
+  fresh_params = jit_init(build_model(cfg, head))(rng)
+  params, fresh, ignored = from_hf_state_dict(tensors, cfg, model_type, fresh_params, head)
   return params, cfg, ImportReport(model_type, architecture, fresh, dropped + ignored)
 

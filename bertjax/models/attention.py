@@ -2,12 +2,13 @@
 config key (`model.attention`); guide: docs/models.md, 'Attention implementations'.
 
 "xla": einsums and an fp32 softmax, on every device; the only one with attention dropout, a score
-bias (ALiBi) or a KV cache. "splash": the Pallas TPU splash-attention kernel, run per device
-under `shard_map` over the ambient mesh, since Mosaic kernels cannot be partitioned
-automatically (Pallas interpret mode off TPU). "cudnn": `jax.nn.dot_product_attention`, cuDNN's
-fused kernel. "auto" (`resolve`): the compiled-for platform's fused kernel where it supports the
-configuration, else "xla". Masks travel as an `AttentionMask`, the dense mask and the structured
-form the kernels read, built together so that they agree on every non-padding position.
+bias (ALiBi, DeBERTa's relative positions) or a KV cache. "splash": the Pallas TPU
+splash-attention kernel, run per device under `shard_map` over the ambient mesh, since Mosaic
+kernels cannot be partitioned automatically (Pallas interpret mode off TPU). "cudnn":
+`jax.nn.dot_product_attention`, cuDNN's fused kernel. "auto" (`resolve`): the compiled-for
+platform's fused kernel where it supports the configuration, else "xla". Masks travel as an
+`AttentionMask`, the dense mask and the structured form the kernels read, built together so
+that they agree on every non-padding position.
 """
 
 from __future__ import annotations
@@ -84,14 +85,14 @@ def decoder_mask(length: int, document_ids_BL: Array | None = None,
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
   """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
   "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration
-  (not with prefix tuning or ALiBi: "xla" then)."""
+  (not with prefix tuning, ALiBi or DeBERTa's relative attention: "xla" then)."""
   if config.attention != "auto":
     return config
   dropout = training and config.attention_dropout > 0
   choice = "xla"
-  if config.prefix_length or config.position_embedding == "alibi":
+  if config.prefix_length or config.position_embedding in ("alibi", "relative"):
     # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
-    # ALiBi is a score bias, which they do not take.
+    # ALiBi and DeBERTa's c2p/p2c terms are score biases, which they do not take.
     pass
   elif platform == "tpu" and not dropout:
     choice = "splash"
@@ -110,20 +111,23 @@ _KEEP_SOFTMAX_EXP = jax.checkpoint_policies.save_from_both_policies(
 
 class XlaAttention(nn.Module):
   """softmax(q kᵀ / sqrt(H) + mask) with dropout, times v, as einsums: the implementation
-  whose intermediates are [B, N, L, S]."""
+  whose intermediates are [B, N, L, S]. `divisor`: what the scores are divided by, where it
+  is not sqrt(H)."""
 
   config: ModelConfig
   deterministic: bool = True
+  divisor: float | None = None
 
   @nn.compact
   def __call__(self, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array, mask_B1LS: Array,
                score_bias_BNLS: Array | None = None) -> Array:
     cfg = self.config
+    divisor = jnp.sqrt(float(cfg.head_dim)) if self.divisor is None else self.divisor
     # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
     # small probabilities that carry most of the gradient signal.
     # relayout=False: this core runs rematerialised (see `attend`).
     scores_BNLS = precision.einsum(cfg, "blnh,bsnh->bnls", q_BLNH, k_BSNH, relayout=False,
-                                   out_dtype=jnp.float32) / jnp.sqrt(float(cfg.head_dim))
+                                   out_dtype=jnp.float32) / divisor
     if score_bias_BNLS is not None:
       scores_BNLS = scores_BNLS + score_bias_BNLS
     scores_BNLS = jnp.where(mask_B1LS, scores_BNLS, jnp.finfo(jnp.float32).min)
@@ -263,21 +267,23 @@ def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: A
 
 def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
            mask: AttentionMask, *, deterministic: bool, decode: bool = False,
-           local: bool | Array = False, score_bias_BNLS: Array | None = None) -> Array:
+           local: bool | Array = False, score_bias_BNLS: Array | None = None,
+           score_divisor: float | None = None) -> Array:
   """softmax(q kᵀ / sqrt(H) + bias + mask) v with `config.attention`'s implementation;
   generation (`decode`) always takes the XLA path, which reads the KV cache's dense mask.
 
   `local`: this layer attends within `config.local_window // 2` positions (a bool, or a traced
   one inside a scanned layer stack: the fused kernels then choose by `lax.cond`, the XLA core
-  by masking). `score_bias_BNLS` (ALiBi) is added to the scores; only the XLA core takes it.
+  by masking). `score_bias_BNLS` (ALiBi, DeBERTa's c2p/p2c terms) is added to the scores, and
+  `score_divisor` replaces sqrt(H) (DeBERTa); only the XLA core takes them.
   """
   implementation = "xla" if decode or config.attention == "auto" else config.attention
   if implementation != "xla" and not deterministic and config.attention_dropout > 0:
     raise ValueError(f"model.attention={implementation} has no attention dropout: set "
                      "model.attention_dropout=0 or model.attention=xla (or auto)")
-  if implementation != "xla" and score_bias_BNLS is not None:
-    raise ValueError(f"model.attention={implementation} takes no score bias (ALiBi): set "
-                     "model.attention=xla (or auto)")
+  if implementation != "xla" and (score_bias_BNLS is not None or score_divisor is not None):
+    raise ValueError(f"model.attention={implementation} takes no score bias (ALiBi, DeBERTa's "
+                     "relative attention): set model.attention=xla (or auto)")
   window = config.local_window // 2
   if implementation in ("splash", "cudnn"):
     kernel = splash_attention if implementation == "splash" else cudnn_attention
@@ -298,5 +304,5 @@ def attend(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: Array,
     # matmul is recomputed (docs/performance.md). A block remat policy, where one is set,
     # decides alone what is kept.
     core = nn.remat(XlaAttention, prevent_cse=not config.scan_layers, policy=_KEEP_SOFTMAX_EXP)
-  return core(config, deterministic, name="core")(q_BLNH, k_BSNH, v_BSNH, mask.dense_B1LS,
-                                                  score_bias_BNLS)
+  return core(config, deterministic, score_divisor, name="core")(
+      q_BLNH, k_BSNH, v_BSNH, mask.dense_B1LS, score_bias_BNLS)

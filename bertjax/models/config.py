@@ -239,16 +239,19 @@ class ModelConfig:
                        f"got {self.local_window!r}")
     if self.global_every < 1:
       raise ValueError(f"model.global_every must be >= 1, got {self.global_every!r}")
-    if self.prefix_length and (self.local_window or self.position_embedding == "alibi"):
+    if self.prefix_length and (self.local_window
+                               or self.position_embedding in ("alibi", "relative")):
       raise ValueError(f"model.prefix_length={self.prefix_length} does not combine with "
-                       "sliding-window layers or ALiBi (the prefix keys have no position)")
+                       "sliding-window layers, ALiBi or relative attention (the prefix keys "
+                       "have no position)")
     if not self.first_attention_norm and self.norm_position != "pre":
       raise ValueError("model.first_attention_norm=False is a pre-LN option (layer 0 reads the "
                        "normalised embeddings); set model.norm_position=pre")
-    if self.position_embedding == "alibi" and self.attention in ("splash", "cudnn"):
-      raise ValueError(f"model.position_embedding=alibi needs the XLA attention core (the "
-                       f"fused kernels take no score bias): set model.attention=xla or auto, "
-                       f"not {self.attention!r}")
+    if (self.position_embedding in ("alibi", "relative")
+        and self.attention in ("splash", "cudnn")):
+      raise ValueError(f"model.position_embedding={self.position_embedding} needs the XLA "
+                       f"attention core (the fused kernels take no score bias): set "
+                       f"model.attention=xla or auto, not {self.attention!r}")
 
   def _check_rtd(self) -> None:
     if self.architecture not in ("bert", "electra", "deberta"):

@@ -24,9 +24,12 @@ def is_added(names: tuple[str, ...]) -> bool:
   return any(name.startswith(ADDED_PREFIXES) for name in names)
 
 
-# The encoder's embedding tables and their norm (BERT) / the token and position tables (GPT).
+# The encoder's embedding tables, their norm and projection (BERT, ELECTRA, DeBERTa) / the
+# token and position tables (GPT).
 EMBEDDINGS = ("word_embeddings", "position_embeddings", "token_type_embeddings",
-              "embeddings_norm", "wte", "wpe")
+              "embeddings_norm", "embeddings_project", "wte", "wpe")
+# DeBERTa's relative position table and its norm: the encoder's, outside its layers.
+RELATIVE_TABLES = ("rel_embeddings", "rel_embeddings_norm")
 FREEZE_KINDS = ("none, embeddings, bottom:K (the embeddings and layers 0..K-1), encoder or "
                 "base (all but the LoRA/adapter/prefix additions and the heads)")
 
@@ -69,7 +72,8 @@ def layer_count(params: Any) -> int:
     if inner and len(inner) > 2 and inner[0] in ("encoder", "decoder"):
       if inner[1] == "layers":
         return int(np.shape(leaf)[0])
-      unscanned.add(inner[1])
+      if inner[1].startswith("layers_"):
+        unscanned.add(inner[1])
   return len(unscanned)
 
 
@@ -88,7 +92,8 @@ def frozen_rows(params: Any, freeze: str) -> Any:
       return False
     if kind == "base":
       return not is_added(names)
-    if kind == "encoder" or inner[0] in EMBEDDINGS:
+    if (kind == "encoder" or inner[0] in EMBEDDINGS
+        or (inner[0] == "encoder" and inner[1] in RELATIVE_TABLES)):
       return True
     if kind != "bottom" or inner[0] not in ("encoder", "decoder"):
       return False

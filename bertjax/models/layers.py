@@ -5,7 +5,8 @@ Parameters carry logical axis names and the main activations logical sharding co
 rules table in the config maps them to mesh axes (bertjax/parallel/sharding.py; the names:
 docs/architecture.md, 'Logical axes and the rules table'). No mesh appears here. Shape suffixes
 in names: B batch, L (query) length, S (key) length, D model width, N heads, H head dim, F MLP
-width. Position encodings are in bertjax/models/positions.py. The parameter-efficient additions
+width. Position encodings are in bertjax/models/positions.py, DeBERTa's relative attention in
+bertjax/models/relative.py (its table here in `LayerStack`). The parameter-efficient additions
 sit in the layers they modify, so that they scan and shard like their weights (LoRA in `Dense`,
 computed by bertjax/models/lora.py; adapters in `Block`; key/value prefixes in `SelfAttention`);
 their names all start with a prefix that `bertjax.models.groups.is_added` recognises.
@@ -20,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, positions, precision
+from bertjax.models import attention, positions, precision, relative
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.lora import lora_delta, lora_updates
@@ -232,16 +233,19 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask,
-               positions_BL: Array | None = None, local: bool | Array = False) -> Array:
+               positions_BL: Array | None = None, local: bool | Array = False,
+               relative_positions: relative.RelativePositions | None = None) -> Array:
     """`positions_BL`: each token's position in its document (rotary and ALiBi); `local`:
-    whether this layer attends within the sliding window (a traced bool under nn.scan)."""
+    whether this layer attends within the sliding window (a traced bool under nn.scan);
+    `relative_positions`: the encoder's table and rows (DeBERTa)."""
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     bias = cfg.attention_bias
-    qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
-                      (3, n, h) if bias else None, ("qkv", "heads", "kv"),
-                      lora=lora_updates(cfg, ("attention", "qkv")),
-                      deterministic=self.deterministic, name="qkv")(x_BLD)
+    qkv = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
+                (3, n, h) if bias else None, ("qkv", "heads", "kv"),
+                lora=lora_updates(cfg, ("attention", "qkv")),
+                deterministic=self.deterministic, name="qkv")
+    qkv_BL3NH = qkv(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     if positions_BL is None:
       positions_BL = jnp.broadcast_to(jnp.arange(x_BLD.shape[1]), x_BLD.shape[:2])
@@ -275,16 +279,47 @@ class SelfAttention(nn.Module):
       mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
     if cfg.prefix_length:
       k_BSNH, v_BSNH, mask = self._prepend_prefix(k_BSNH, v_BSNH, mask)
-    score_bias = (positions.alibi_bias(cfg, positions_BL) if cfg.position_embedding == "alibi"
-                  else None)
+    score_bias, divisor = None, None
+    if cfg.position_embedding == "alibi":
+      score_bias = positions.alibi_bias(cfg, positions_BL)
+    elif cfg.position_embedding == "relative":
+      score_bias = self._disentangled_bias(qkv, q_BLNH, k_BSNH, relative_positions)
+      divisor = relative.score_divisor(cfg)
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
                                 deterministic=self.deterministic, decode=self.decode,
-                                local=local, score_bias_BNLS=score_bias)
+                                local=local, score_bias_BNLS=score_bias,
+                                score_divisor=divisor)
     out_BLNH = constrain(out_BLNH, ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),
                  (d,) if bias else None, ("embed",),
                  init=residual_init(cfg), lora=lora_updates(cfg, ("attention", "out")),
                  deterministic=self.deterministic, name="out")(out_BLNH)
+
+  def _disentangled_bias(self, qkv: Dense, q_BLNH: Array, k_BSNH: Array,
+                         rel: relative.RelativePositions | None) -> Array:
+    """DeBERTa's c2p and p2c terms: the encoder's table through dropout (transformers'
+    pos_dropout, per layer), projected to position queries and keys by the content projections
+    (`share_attention_key`, LoRA included, as peft on transformers' query_proj/key_proj) or by
+    `pos_query_proj` / `pos_key_proj`, each only where its term is on."""
+    cfg = self.config
+    if rel is None or cfg.prefix_length or self.decode:
+      raise ValueError("model.position_embedding=relative needs the encoder's relative positions "
+                       "and takes no prefixes (model.prefix_length) or KV cache")
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    rel_1RD = Dropout(cfg.hidden_dropout, cfg.dropout_rng, name="pos_dropout")(
+        rel.embeddings_RD[None], deterministic=self.deterministic)
+    terms = relative.terms(cfg)
+    if cfg.share_attention_key:
+      pos_R3NH = qkv(rel_1RD)[0]
+      pos_RNH = {"p2c": pos_R3NH[:, 0], "c2p": pos_R3NH[:, 1]}
+    else:
+      names = {"p2c": "pos_query_proj", "c2p": "pos_key_proj"}
+      pos_RNH = {t: Dense(cfg, "brd,dnh->brnh", (d, n, h), ("embed", "heads", "kv"),
+                          (n, h) if cfg.attention_bias else None, ("heads", "kv"),
+                          name=names[t])(rel_1RD)[0] for t in terms}
+    pos_RNH = {t: x for t, x in pos_RNH.items() if t in terms}
+    return relative.disentangled_scores(cfg, q_BLNH, k_BSNH, pos_RNH.get("p2c"),
+                                        pos_RNH.get("c2p"), rel.index_B1LS)
 
   def _prepend_prefix(self, k_BSNH: Array, v_BSNH: Array, mask: attention.AttentionMask
                       ) -> tuple[Array, Array, attention.AttentionMask]:
@@ -366,9 +401,11 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask,
-               positions_BL: Array | None = None,
-               layer: int | Array = 0) -> tuple[Array, None]:
-    """`layer`: this block's index (traced under nn.scan), for per-layer patterns."""
+               positions_BL: Array | None = None, layer: int | Array = 0,
+               relative_positions: relative.RelativePositions | None = None
+               ) -> tuple[Array, None]:
+    """`layer`: this block's index (traced under nn.scan), for per-layer patterns;
+    `relative_positions`: the encoder's, shared by every layer (DeBERTa)."""
     cfg = self.config
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
@@ -377,7 +414,8 @@ class Block(nn.Module):
     attention_norm = layer_norm(cfg, "attention_norm")
     mlp_norm = layer_norm(cfg, "mlp_norm")
     local = cfg.is_local(layer)
-    self_attention = functools.partial(self_attention, positions_BL=positions_BL, local=local)
+    self_attention = functools.partial(self_attention, positions_BL=positions_BL, local=local,
+                                       relative_positions=relative_positions)
     if not cfg.first_attention_norm:
       # ModernBERT's layer 0 reads the (normalised) embeddings as they are.
       norm = attention_norm
@@ -421,22 +459,37 @@ class LayerStack(nn.Module):
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, deterministic: bool = True,
                decode: bool = False, positions_BL: Array | None = None) -> Array:
     """`decode=True`: attention reads and writes the "cache" collection (generation);
-    `positions_BL`: each token's position in its document (rotary, ALiBi)."""
+    `positions_BL`: each token's position in its document (rotary, ALiBi, relative)."""
     cfg = self.config
+    rel = (self._relative_positions(x_BLD.shape[1], positions_BL)
+           if cfg.position_embedding == "relative" else None)
     block = Block
     if cfg.remat_policy != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
       # The KV cache scans like the parameters: one slice per layer on a leading axis.
+      # The relative positions are every layer's: broadcast, not scanned.
       stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast, nn.broadcast, 0), length=cfg.num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
+                      in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(
-          x_BLD, mask, positions_BL, jnp.arange(cfg.num_layers))
+          x_BLD, mask, positions_BL, jnp.arange(cfg.num_layers), rel)
     else:
       for i in range(cfg.num_layers):
-        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(x_BLD, mask,
-                                                                          positions_BL, i)
+        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(
+            x_BLD, mask, positions_BL, i, rel)
     return x_BLD
+
+  def _relative_positions(self, length: int, positions_BL: Array | None
+                          ) -> relative.RelativePositions:
+    """DeBERTa's relative position table (transformers' encoder.rel_embeddings) and its
+    LayerNorm (encoder.LayerNorm), once for all layers, with the row each query-key pair
+    reads."""
+    cfg = self.config
+    table_RD = embed(cfg, 2 * relative.span(cfg), (None, "embed"), "rel_embeddings").table()
+    if cfg.relative_embedding_norm:
+      table_RD = layer_norm(cfg, "rel_embeddings_norm")(table_RD)
+    return relative.RelativePositions(table_RD.astype(precision.activation_dtype(cfg)),
+                                      relative.relative_index(cfg, length, positions_BL))

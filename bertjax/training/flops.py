@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import paths
-from bertjax.models import ModelConfig
+from bertjax.models import ModelConfig, relative
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
   tokens = batch_size * seq_length
   predicted = batch_size * (seq_length if predictions_per_seq is None else predictions_per_seq)
   stack = (6 * matmul_params(cfg) + 12 * cfg.num_layers * seq_length * d) * tokens
+  if cfg.position_embedding == "relative":
+    # DeBERTa: per term, every query (c2p) or key (p2c) against all 2·span table rows, and
+    # the table's projection to position keys / queries once per layer.
+    rows, terms = 2 * relative.span(cfg), len(relative.terms(cfg))
+    stack += 6 * cfg.num_layers * terms * (rows * d * tokens + rows * d * d)
   projection = 6 * e * d * tokens if e != d else 0
   if cfg.has_generator:
     # Replaced-token detection: the generator's MLM step at the predicted positions, and the
