@@ -33,7 +33,11 @@ PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 # Clark et al. 2020, Table 1: the discriminators, rounded (14M is 13.55M, to the
                 # million; transformers' ElectraForPreTraining counts exactly ours).
                 "electra:size=small": (14e6, 0.035), "electra:size=base": (110e6, 0.01),
-                "electra:size=large": (335e6, 0.01)}
+                "electra:size=large": (335e6, 0.01),
+                # He et al. 2023's model cards: backbone + embedding, each rounded (xsmall's
+                # "48M" table is 49.19M: 128,100 x 384).
+                "deberta_v3:size=xsmall": (70e6, 0.013), "deberta_v3:size=small": (142e6, 0.01),
+                "deberta_v3:size=base": (184e6, 0.01), "deberta_v3:size=large": (435e6, 0.01)}
 # Counts these papers truncate rather than round.
 TRUNCATED = ("modernbert",)
 # Every config a user can name: each file under configs/ with each variant it lists.
