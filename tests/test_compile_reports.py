@@ -158,7 +158,10 @@ def table(reports: list[dict]) -> str:
 CONFIG_ORDER = ("bert_base", "bert_large", "bert_large_lamb", "roberta_base", "cramming",
                 "gpt1", "gpt2:size=small", "gpt2:size=medium", "gpt2:size=large",
                 "gpt2:size=xl", "gpt3:size=125m", "gpt3:size=350m", "gpt3:size=760m",
-                "gpt3:size=1p3b", "gpt3:size=2p7b", "gpt3:size=6p7b", "gpt3:size=13b")
+                "gpt3:size=1p3b", "gpt3:size=2p7b", "gpt3:size=6p7b", "gpt3:size=13b",
+                "electra:size=small", "electra:size=base", "electra:size=large",
+                "deberta_v3:size=xsmall", "deberta_v3:size=small", "deberta_v3:size=base",
+                "deberta_v3:size=large")
 
 
 def test_reproducing_md_holds_the_generated_table():

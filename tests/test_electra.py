@@ -94,6 +94,7 @@ WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "bi
          "##s", "##ed", "##ing", "bird", "tree"]
 
 
+@pytest.mark.slow
 def test_an_rtd_models_generator_exports_for_the_fill_mask_pipeline(tmp_path):
   """A replaced-token-detection model (ELECTRA sharing) splits into a discriminator and a
   generator; transformers' fill-mask pipeline on the generator's export gives bertjax's top 5,
@@ -146,3 +147,67 @@ def test_an_rtd_model_is_exported_as_its_two_models_not_one(tmp_path):
   params = jax.jit(lambda k: init_params(build_model(cfg), k))(jax.random.key(0))
   with pytest.raises(hf.HFConversionError, match="discriminator and its generator"):
     hf.export_hf(params, cfg, tmp_path / "out")
+
+
+@pytest.mark.parametrize("layout", ["electra", "deberta"])
+def test_bertjax_export_writes_an_rtd_models_discriminator_and_generator(tmp_path, layout,
+                                                                         capsys):
+  """`bertjax export --format hf` of replaced-token-detection weights: the discriminator in
+  OUT (ElectraForPreTraining; DeBERTa-v3's as DebertaV2Model, its residual added to the shared
+  table) and the generator in OUT/generator, each loaded by transformers with bertjax's
+  outputs."""
+  from bertjax import cli
+  from bertjax.checkpoints.params import save_params
+  from bertjax.models import ModelConfig
+  shape = dict(family="bert", vocab_size=64, hidden_size=32, num_layers=2, num_heads=2,
+               mlp_dim=64, max_positions=32, pooler=False, hidden_dropout=0.0,
+               attention_dropout=0.0)
+  if layout == "electra":
+    shape.update(architecture="electra", embedding_size=16, generator_hidden_size=16,
+                 generator_num_heads=1)
+  else:
+    shape.update(architecture="deberta", position_embedding="relative", type_vocab_size=0,
+                 position_buckets=8, max_relative_positions=16, generator_hidden_size=32,
+                 generator_num_layers=1, embedding_sharing="gdes")
+  cfg = ModelConfig(**shape)
+  params = jax.device_get(jax.jit(lambda k: init_params(build_model(cfg), k, 1, 8))(
+      jax.random.key(0)))
+  params = jax.tree.map(lambda x: np.asarray(getattr(x, "value", x)), params,
+                        is_leaf=lambda x: hasattr(x, "value"))
+  rng = np.random.RandomState(1)  # the GDES residual away from zero
+  params = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype),
+                        params)
+  save_params(tmp_path / "params", params, cfg)
+  assert cli.main(["export", "--params", str(tmp_path / "params"), "--format", "hf", "--out",
+                   str(tmp_path / "hf")]) == 0
+  out = capsys.readouterr().out
+  ids, types, mask, _ = hf_models.batch(cfg.vocab_size)
+  types = types if cfg.type_vocab_size else None
+  kwargs = dict(input_ids=ids, attention_mask=mask) | (
+      {"token_type_ids": types} if types is not None else {})
+  model = build_model(cfg)
+  real = np.asarray(mask, bool)
+  if layout == "electra":
+    assert "ElectraForPreTraining" in out and "ElectraForMaskedLM" in out
+    disc = transformers.ElectraForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
+                       jnp.asarray(mask), method="discriminate")
+    np.testing.assert_allclose(np.asarray(ours)[real],
+                               hf_models.run(disc, **kwargs).logits.numpy()[real], atol=1e-5)
+    generator_class = transformers.ElectraForMaskedLM
+  else:
+    assert "DebertaV2Model" in out and "DebertaV2ForMaskedLM" in out
+    encoder = transformers.DebertaV2Model.from_pretrained(tmp_path / "hf").eval()
+    ours, _ = model.apply({"params": params}, jnp.asarray(ids), None, jnp.asarray(mask),
+                          method=lambda m, *a: m.bert(*a))
+    np.testing.assert_allclose(
+        np.asarray(ours)[real], hf_models.run(encoder, **kwargs).last_hidden_state.numpy()[real],
+        atol=1e-5)
+    generator_class = transformers.DebertaV2ForMaskedLM
+  generator = generator_class.from_pretrained(tmp_path / "hf" / "generator").eval()
+  positions = jnp.asarray(np.tile(np.arange(4, dtype=np.int32), (ids.shape[0], 1)))
+  ours = model.apply({"params": params}, jnp.asarray(ids),
+                     None if types is None else jnp.asarray(types), jnp.asarray(mask),
+                     positions, method="generate")
+  theirs = hf_models.run(generator, **kwargs).logits.numpy()[:, :4]
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)

@@ -151,7 +151,8 @@ def _hf_model_type(cfg: ModelConfig) -> str:
 # The heads each model type exports (bertjax head -> transformers class, where it differs by
 # head); "encoder": the bare encoder (DebertaV2Model).
 _HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEADS),
-          "deberta-v2": ("pretraining", "encoder"), "modernbert": ("pretraining",),
+          "deberta-v2": ("pretraining", "encoder", *deberta.TASK_HEADS),
+          "modernbert": ("pretraining",),
           "gpt2": ("pretraining",), "openai-gpt": ("pretraining",)}
 
 
@@ -183,6 +184,12 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
     config = {**deberta.config_dict(cfg, dtype, act), **(generation_ids or {})}
     if head == "encoder":
       config["architectures"] = ["DebertaV2Model"]
+    elif head in deberta.TASK_HEADS:
+      config["architectures"] = [deberta.TASK_HEADS[head][0]]
+      if head == "question_answering":
+        config["num_labels"] = 2
+      else:
+        config.update(bert.label_keys(cfg, head, labels))
     return config
   if model_type == "electra":
     return electra.config_dict(cfg, dtype, act, head, labels)
@@ -209,6 +216,8 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
     entries = [e for e in entries if e.ours[0] == "bert"]
     for key in [k for k in flat if k[0] != "bert"]:
       flat.pop(key)
+  elif head in deberta.TASK_HEADS and model_type == "deberta-v2":
+    entries = deberta.task_entries(cfg, head)
   elif head != "pretraining" and model_type == "bert":
     entries = bert.classifier_entries(cfg, head)
     if head in bert.TOKEN_HEADS:

@@ -94,6 +94,25 @@ def entries(cfg: ModelConfig, prefix: str, legacy: bool = False) -> list[Entry]:
   return entries
 
 
+# A fine-tuned DeBERTa's head -> its transformers class and tensors (bertjax name, theirs).
+TASK_HEADS = {
+    "sequence_classification": ("DebertaV2ForSequenceClassification",
+                                (("head_dense", "pooler.dense"), ("classifier", "classifier"))),
+    "token_classification": ("DebertaV2ForTokenClassification",
+                             (("classifier", "classifier"),)),
+    "question_answering": ("DebertaV2ForQuestionAnswering", (("qa_outputs", "qa_outputs"),)),
+}
+
+
+def task_entries(cfg: ModelConfig, head: str) -> list[Entry]:
+  """A fine-tuned DeBERTa: the encoder and its task head (the sequence head's dense + GELU is
+  transformers' ContextPooler, `pooler.dense`)."""
+  encoder = [e for e in entries(cfg, PREFIX) if e.ours[0] == "bert"]
+  return encoder + [entry for ours, theirs in TASK_HEADS[head][1]
+                    for entry in (transposed((ours, "kernel"), f"{theirs}.weight"),
+                                  same((ours, "bias"), f"{theirs}.bias"))]
+
+
 def without_equivalent(cfg: ModelConfig) -> list[tuple[str, ...]]:
   """bertjax parameters DeBERTa lacks: its NSP head."""
   del cfg
@@ -176,8 +195,11 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
   """DebertaV2ForMaskedLM's config.json with the lm_predictions head (legacy=False); 0 for
-  position_buckets / max_relative_positions is transformers' -1."""
+  position_buckets / max_relative_positions is transformers' -1. The pooler keys are those of
+  a fine-tuned sequence classifier's ContextPooler (dense to the hidden size, GELU)."""
   return {
+      "pooler_hidden_size": cfg.hidden_size, "pooler_hidden_act": "gelu",
+      "pooler_dropout": cfg.hidden_dropout,
       "architectures": ["DebertaV2ForMaskedLM"], "model_type": "deberta-v2",
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
       "embedding_size": cfg.embedding_width, "num_hidden_layers": cfg.num_layers,
