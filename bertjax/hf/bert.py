@@ -47,14 +47,15 @@ def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
   return entries + layer_entries(cfg, prefix)
 
 
-def layer_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
-  """The encoder's layers (`{prefix}encoder.layer.{i}.`): BERT's, and ELECTRA's alike."""
+def layer_entries(cfg: ModelConfig, prefix: str, projection: str = "{}") -> list[Entry]:
+  """The encoder's layers (`{prefix}encoder.layer.{i}.`): BERT's, and ELECTRA's and DeBERTa's
+  alike; `projection` names the query/key/value projections (DeBERTa: "{}_proj")."""
   d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
   entries = []
   for i in range(cfg.num_layers):
     ours = ("bert", "encoder", f"layers_{i}")
     hf = f"{prefix}encoder.layer.{i}."
-    qkv = tuple(f"{hf}attention.self.{t}" for t in ("query", "key", "value"))
+    qkv = tuple(f"{hf}attention.self.{projection.format(t)}" for t in ("query", "key", "value"))
     entries += [
         Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
               lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),

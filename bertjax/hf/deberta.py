@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 
+from bertjax.hf import bert
 from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
 from bertjax.models import ModelConfig
 
@@ -62,27 +62,10 @@ def entries(cfg: ModelConfig, prefix: str, legacy: bool = False) -> list[Entry]:
   # Their own position projections (share_att_key false): only those of the terms in use.
   positional = [] if cfg.share_attention_key else [
       (t, name) for t, name in (("c2p", "pos_key_proj"), ("p2c", "pos_query_proj")) if t in terms]
+  entries += bert.layer_entries(cfg, prefix, projection="{}_proj")
   for i in range(cfg.num_layers):
     ours = ("bert", "encoder", f"layers_{i}")
     hf = f"{enc}layer.{i}."
-    qkv = tuple(f"{hf}attention.self.{t}_proj" for t in ("query", "key", "value"))
-    entries += [
-        Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
-              lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
-              lambda x: tuple(x.reshape(d, 3, d)[:, t].T for t in range(3))),
-        Entry(ours + ("attention", "qkv", "bias"), tuple(f"{q}.bias" for q in qkv),
-              lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
-              lambda x: tuple(x.reshape(3, d))),
-        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attention.output.dense.weight",),
-              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
-        same(ours + ("attention", "out", "bias"), f"{hf}attention.output.dense.bias"),
-        *norm(ours + ("attention_norm",), f"{hf}attention.output.LayerNorm"),
-        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}intermediate.dense.weight"),
-        same(ours + ("mlp", "wi", "bias"), f"{hf}intermediate.dense.bias"),
-        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}output.dense.weight"),
-        same(ours + ("mlp", "wo", "bias"), f"{hf}output.dense.bias"),
-        *norm(ours + ("mlp_norm",), f"{hf}output.LayerNorm"),
-    ]
     for _, name in positional:
       proj = f"{hf}attention.self.{name}"
       entries += [

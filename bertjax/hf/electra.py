@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from bertjax.hf import bert
-from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.entries import Entry, HFConversionError, norm, same, transposed
 from bertjax.models import ModelConfig
 
 PREFIX = "electra."
@@ -90,27 +90,15 @@ def tied_copies(prefix: str) -> dict[str, str]:
 
 
 def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
-  """A ModelConfig equivalent to an ELECTRA config.json."""
-  if hf.get("position_embedding_type", "absolute") != "absolute":
-    raise HFConversionError(f"position_embedding_type={hf['position_embedding_type']!r} is "
-                            "not supported (only 'absolute')")
-  act = hf.get("hidden_act", "gelu")
-  if act not in HF_ACT:
-    raise HFConversionError(f"hidden_act={act!r} is not supported ({', '.join(HF_ACT)})")
-  if hf.get("summary_type", "first") != "first" and "ForMultipleChoice" in str(
-      hf.get("architectures")):
+  """A ModelConfig equivalent to an ELECTRA config.json: BERT's keys, plus the embedding width
+  and no pooler."""
+  if "ForMultipleChoice" in str(hf.get("architectures")):
     raise HFConversionError("ElectraForMultipleChoice is not supported")
   embedding = hf.get("embedding_size", hf["hidden_size"])
-  return ModelConfig(
-      family="bert", vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-      mlp_dim=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
-      type_vocab_size=hf["type_vocab_size"], norm_position="post", activation=HF_ACT[act],
-      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-      hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
-      attention_dropout=hf.get("attention_probs_dropout_prob", 0.1), architecture="electra",
-      embedding_size=0 if embedding == hf["hidden_size"] else embedding, pooler=False,
-      num_labels=hf.get("num_labels", 2) if "id2label" in hf else 2, **common)
+  return bert.config_from_hf(hf, common).replace(
+      architecture="electra", pooler=False,
+      embedding_size=0 if embedding == hf["hidden_size"] else embedding,
+      num_labels=hf.get("num_labels", 2) if "id2label" in hf else 2)
 
 
 def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining",
