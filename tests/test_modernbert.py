@@ -169,7 +169,7 @@ def test_alibi_slopes_are_the_reference_ones():
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(prefix_length=2), "does not combine with sliding-window layers or ALiBi"),
+    (dict(prefix_length=2), "does not combine with sliding-window layers, ALiBi"),
     (dict(norm_position="post"), "first_attention_norm=False is a pre-LN option"),
     (dict(attention="splash", position_embedding="alibi", local_window=0,
           first_attention_norm=True), "alibi needs the XLA attention core"),

@@ -116,6 +116,9 @@ def test_objectives_read_the_schemas_fields_only(objective):
   config = ModelConfig(family=family, vocab_size=64, hidden_size=16, num_layers=1,
                        num_heads=2, mlp_dim=32, max_positions=16,
                        type_vocab_size=0 if family == "gpt" else 2, num_labels=3)
+  if objective == "rtd":  # replaced-token detection: ELECTRA's layout with a generator
+    config = config.replace(architecture="electra", pooler=False, generator_hidden_size=8,
+                            generator_num_heads=1)
   head = {"classification": "sequence_classification", "regression": "sequence_classification",
           "token_classification": "token_classification",
           "question_answering": "question_answering"}.get(objective, "pretraining")

@@ -163,7 +163,7 @@ class BertPretraining:
 def _scatter_rows(ids_BL: Array, positions_BP: Array, values_BP: Array) -> Array:
   """ids with row b's positions[b, p] set to values[b, p]."""
   rows_BP = jnp.broadcast_to(jnp.arange(ids_BL.shape[0])[:, None], positions_BP.shape)
-  return ids_BL.at[rows_BP, positions_BP].set(values_BP)
+  return jnp.asarray(ids_BL).at[rows_BP, positions_BP].set(values_BP)
 
 
 @dataclasses.dataclass(frozen=True)
