@@ -68,8 +68,7 @@ def export_rtd_hf(params: Any, config: ModelConfig, out_dir: paths.PathLike,
   `out_dir` (ElectraForPreTraining; a DeBERTa-v3's as DebertaV2Model, transformers having no
   class with its head) and the generator in `out_dir/generator` (ElectraForMaskedLM,
   DebertaV2ForMaskedLM), each with the tokenizer."""
-  discriminator = config.replace(generator_hidden_size=0, generator_num_layers=0,
-                                 generator_num_heads=0, generator_mlp_dim=0)
+  discriminator = config.discriminator_config()
   disc = discriminator_params(params, config)
   head = "discriminator"
   if config.architecture == "deberta":

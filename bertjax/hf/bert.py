@@ -28,13 +28,20 @@ EXPORT_HEADS = {"pretraining": "BertForPreTraining",
 TOKEN_HEADS = ("token_classification", "question_answering")
 
 
-def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+def embedding_entries(prefix: str) -> list[Entry]:
+  """The word, position and token-type tables and their LayerNorm (`{prefix}embeddings.`):
+  BERT's, and ELECTRA's alike."""
   e = f"{prefix}embeddings."
-  entries = [
+  return [
       same(("bert", "word_embeddings", "embedding"), f"{e}word_embeddings.weight"),
       same(("bert", "position_embeddings", "embedding"), f"{e}position_embeddings.weight"),
       same(("bert", "token_type_embeddings", "embedding"), f"{e}token_type_embeddings.weight"),
       *norm(("bert", "embeddings_norm"), f"{e}LayerNorm"),
+  ]
+
+
+def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
+  entries = embedding_entries(prefix) + [
       transposed(("bert", "pooler", "kernel"), f"{prefix}pooler.dense.weight", optional=True),
       same(("bert", "pooler", "bias"), f"{prefix}pooler.dense.bias", optional=True),
       transposed(("mlm_transform", "kernel"), "cls.predictions.transform.dense.weight", True),

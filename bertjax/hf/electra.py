@@ -32,13 +32,7 @@ IMPORT_HEADS = {"ElectraForMaskedLM": "pretraining", "ElectraForPreTraining": "d
 
 
 def encoder_entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
-  e = f"{prefix}embeddings."
-  entries = [
-      same(("bert", "word_embeddings", "embedding"), f"{e}word_embeddings.weight"),
-      same(("bert", "position_embeddings", "embedding"), f"{e}position_embeddings.weight"),
-      same(("bert", "token_type_embeddings", "embedding"), f"{e}token_type_embeddings.weight"),
-      *norm(("bert", "embeddings_norm"), f"{e}LayerNorm"),
-  ]
+  entries = bert.embedding_entries(prefix)
   if cfg.embedding_width != cfg.hidden_size:
     entries += [transposed(("bert", "embeddings_project", "kernel"),
                            f"{prefix}embeddings_project.weight"),

@@ -45,7 +45,7 @@ def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
     return ReplacedTokenDetection(config)
   if head != "pretraining" and config.has_generator:
     # A fine-tune or the discriminator alone: the generator is not part of it.
-    config = config.replace(generator_hidden_size=0)
+    config = config.discriminator_config()
   return BERT_HEADS[head](config)
 
 

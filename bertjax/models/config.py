@@ -306,6 +306,11 @@ class ModelConfig:
   def has_generator(self) -> bool:
     return bool(self.generator_hidden_size)
 
+  def discriminator_config(self) -> "ModelConfig":
+    """This model without its generator: the discriminator alone (what fine-tunes and exports)."""
+    return self.replace(generator_hidden_size=0, generator_num_layers=0, generator_num_heads=0,
+                        generator_mlp_dim=0)
+
   def generator_config(self) -> "ModelConfig":
     """The generator's config: this model's with the generator's shape, the same embedding
     width (the tables are shared), and no generator of its own."""

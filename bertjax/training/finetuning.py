@@ -121,8 +121,7 @@ class FineTuning:
       changes.update(hidden_dropout=float(ft.dropout), attention_dropout=float(ft.dropout))
     model = model.replace(**self.data.model_changes, **changes)
     if model.has_generator:  # replaced-token detection: the discriminator is fine-tuned
-      model = model.replace(generator_hidden_size=0, generator_num_layers=0,
-                            generator_num_heads=0, generator_mlp_dim=0)
+      model = model.discriminator_config()
     if len(tokenizer) > model.vocab_size:
       raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                        f"only {model.vocab_size}")
