@@ -13,6 +13,11 @@ import warnings
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
+# Collective timeouts sized for 2 cores (tests/xla_env.py says why); inherited by every process
+# a test starts.
+from xla_env import COLLECTIVE_TIMEOUTS  # noqa: E402
+if "collective_call_terminate" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " " + COLLECTIVE_TIMEOUTS
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No implicit rank promotion: `[B] + [B, L]` raises instead of broadcasting silently (a
 # dropped axis then fails loudly). Set in the environment too, so that the bertjax processes

@@ -21,6 +21,7 @@ from bertjax.checkpoints import params as checkpoint
 from bertjax.data import make_batches
 from bertjax.checkpoints.train_state import TrainCheckpoints
 import train_helpers
+from xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [f"w{i}" for i in range(300)]
@@ -63,7 +64,7 @@ def _cmd(workdir: Path, steps: int, args: list[str]) -> list[str]:
 
 def _env():
   return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+          "XLA_FLAGS": xla_flags(2)}
 
 
 def _run(workdir: Path, steps: int, args: list[str], *extra: str) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from flax import traverse_util
 from bertjax.checkpoints.params import save_params
 from bertjax.checkpoints.weights import load_finetuned
 from bertjax.models import ModelConfig, build_model, jit_init
+from xla_env import xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -89,7 +90,7 @@ def tasks(tmp_path_factory) -> dict[str, list[str]]:
 
 def _env() -> dict[str, str]:
   return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+          "XLA_FLAGS": xla_flags(2)}
 
 
 def _start(out: Path, args: list[str]) -> subprocess.Popen:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import train_helpers
+from xla_env import xla_flags
 
 pytestmark = pytest.mark.slow  # several processes each: the full suite's
 
@@ -41,7 +42,7 @@ def test_two_processes_match_one_process(tmp_path):
   single = subprocess.run(_train_cmd(tmp_path / "single", 10), cwd=ROOT, capture_output=True,
                           text=True, timeout=600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu",
-                               "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+                               "XLA_FLAGS": xla_flags(8)})
   assert single.returncode == 0, single.stdout + single.stderr
   multi = subprocess.run([sys.executable, str(ROOT / "launch" / "local.py"), "--processes", "2",
                           "--devices", "4", "--", *_train_cmd(tmp_path / "multi", 10)],
@@ -62,7 +63,7 @@ def test_killing_a_peer_ends_the_survivor(tmp_path, victim):
   for i in range(2):
     env = {**os.environ, "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
            "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONUNBUFFERED": "1"}
+           "XLA_FLAGS": xla_flags(4), "PYTHONUNBUFFERED": "1"}
     log = open(tmp_path / f"p{i}.log", "w")
     procs.append(subprocess.Popen(
         _train_cmd(tmp_path / "w", 100000, "--config.distributed.heartbeat_timeout_s=10",
@@ -133,7 +134,7 @@ def _corpus_cmd(config: str, workdir: Path, dataset: Path, steps: int, slice_ord
 def _launch(processes: int, devices: int, command: list[str], **kwargs) -> subprocess.Popen:
   if processes == 1:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "XLA_FLAGS": xla_flags(devices)}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kwargs)
   return subprocess.Popen([sys.executable, str(ROOT / "launch" / "local.py"), "--processes",

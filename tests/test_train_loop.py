@@ -25,6 +25,7 @@ from bertjax.training.pretraining import Pretraining
 from bertjax.parallel import sharding
 from bertjax.training.metrics import TrainingDiverged
 from bertjax.training.trainer import Trainer
+from xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--config.data.source=synthetic_markov", *train_helpers.tiny_args(**{
@@ -96,7 +97,7 @@ def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path):
        "--config.optimizer.learning_rate=1e30", "--config.optimizer.clip_norm=0",
        "--config.log_every=1"],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+      env={**os.environ, "XLA_FLAGS": xla_flags(1)})
   assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
   assert "loss is nan" in result.stderr.lower() or "loss is inf" in result.stderr.lower()
   assert "stopping" in result.stderr

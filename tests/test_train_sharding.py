@@ -12,6 +12,7 @@ import pytest
 
 import train_helpers
 from bertjax.parallel import sharding
+from xla_env import xla_flags
 
 TESTS = Path(__file__).resolve().parent
 
@@ -143,7 +144,7 @@ def test_embedding_lookup_needs_no_involuntary_rematerialization():
   # them (2 and up would hide the very lines this test reads).
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_ENABLE_COMPILATION_CACHE": "false",
          "TF_CPP_MIN_LOG_LEVEL": "1",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": xla_flags(8)}
   result = subprocess.run([sys.executable, "-c", _COMPILE_STEPS, str(TESTS)], env=env,
                           capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, result.stderr[-3000:]

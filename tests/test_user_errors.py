@@ -13,6 +13,7 @@ import pytest
 from train_helpers import tiny_args
 
 from bertjax import cli
+from xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ["--config", "gpt_tiny", "--config.data.source=synthetic_markov", *tiny_args(**{
@@ -106,7 +107,7 @@ def test_a_full_disk_is_reported_once(tmp_path):
          "--config.checkpoint.every=2", "--config.num_train_steps=40"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "JAX_PLATFORMS": "cpu",
-             "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+             "XLA_FLAGS": xla_flags(2)})
   assert result.returncode == 2, result.stderr[-3000:]
   line = _one_error(result.stderr)
   assert "writing checkpoint step 4 in" in line and line.endswith("failed: no space left on device")

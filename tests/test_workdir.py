@@ -17,6 +17,7 @@ from train_helpers import tiny_args
 
 from bertjax import cli
 from bertjax.checkpoints.workdir import LOCK_FILE, STALE_S, WorkdirBusy, WorkdirLock, config_changes
+from xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT = ["--config", "gpt_tiny", "--config.data.source=synthetic_markov", *tiny_args(**{
@@ -31,7 +32,7 @@ def _cmd(workdir: Path, steps: int, *extra: str) -> list[str]:
 
 def _env() -> dict:
   return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+          "XLA_FLAGS": xla_flags(2)}
 
 
 def _steps(workdir: Path) -> list[int]:
