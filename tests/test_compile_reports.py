@@ -161,7 +161,9 @@ CONFIG_ORDER = ("bert_base", "bert_large", "bert_large_lamb", "roberta_base", "c
                 "gpt3:size=1p3b", "gpt3:size=2p7b", "gpt3:size=6p7b", "gpt3:size=13b",
                 "electra:size=small", "electra:size=base", "electra:size=large",
                 "deberta_v3:size=xsmall", "deberta_v3:size=small", "deberta_v3:size=base",
-                "deberta_v3:size=large")
+                "deberta_v3:size=large", "albert:size=base", "albert:size=large",
+                "albert:size=xlarge", "albert:size=xxlarge", "spanbert:size=base",
+                "spanbert:size=large", "distilbert", "distilgpt2")
 
 
 def test_reproducing_md_holds_the_generated_table():

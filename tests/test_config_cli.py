@@ -37,7 +37,22 @@ PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 # He et al. 2023's model cards: backbone + embedding, each rounded (xsmall's
                 # "48M" table is 49.19M: 128,100 x 384).
                 "deberta_v3:size=xsmall": (70e6, 0.013), "deberta_v3:size=small": (142e6, 0.01),
-                "deberta_v3:size=base": (184e6, 0.01), "deberta_v3:size=large": (435e6, 0.01)}
+                "deberta_v3:size=base": (184e6, 0.01), "deberta_v3:size=large": (435e6, 0.01),
+                # Lan et al. 2020, Tables 1 and 4, rounded to the million (base's "12M" is
+                # 11.81M; transformers' AlbertForPreTraining counts exactly ours). xxlarge's
+                # 235M is not reached by its stated shape: transformers counts 223.2M, as we do.
+                "albert:size=base": (12e6, 0.016), "albert:size=large": (18e6, 0.01),
+                "albert:size=xlarge": (60e6, 0.017), "albert:size=xxlarge": (235e6, 0.051),
+                "albert:size=base,sharing=attention": (64e6, 0.01),
+                "albert:size=base,sharing=ffn": (38e6, 0.01),
+                "albert:size=base,sharing=none": (89e6, 0.01),
+                # Joshi et al. 2020: BERT's shapes (cased vocabulary) plus the SBO head.
+                "spanbert:size=base": (110e6, 0.013), "spanbert:size=large": (340e6, 0.01),
+                # Sanh et al. 2019: 66M is DistilBertModel's 66.4M (ours adds the MLM head's
+                # transform and NSP); distilgpt2's model card 82M.
+                "distilbert": (66e6, 0.02), "distilgpt2": (82e6, 0.01)}
+# Counts a stated shape does not reach within rounding (their tolerance says by how much).
+UNMATCHED = ("albert:size=xxlarge", "albert:size=base,sharing=none", "distilbert")
 # Counts these papers truncate rather than round.
 TRUNCATED = ("modernbert",)
 # Every config a user can name: each file under configs/ with each variant it lists.
@@ -55,7 +70,7 @@ def test_parameter_counts_match_papers(name):
   total = counts.get("discriminator", counts["total"])
   assert config.reference_params == reference
   assert abs(total / reference - 1) < tolerance, total
-  if not name.startswith(("gpt3",) + TRUNCATED):
+  if not name.startswith(("gpt3",) + TRUNCATED) and name not in UNMATCHED:
     assert matches_reference(total, int(reference)), total
   if name.startswith(TRUNCATED):
     assert int(reference) <= total < int(reference) + 1_000_000, total

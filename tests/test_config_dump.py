@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bertjax.config import config_files, file_variants, load_config, model_config
-from bertjax.config.schema import FINETUNE_KEYS
+from bertjax.config.schema import FINETUNE_KEYS, distillation_group
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
 # Golden key (the per-size file names the dump was written under) -> how that config is named
@@ -81,7 +81,14 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
                                ("relative_embedding_norm", True),
                                ("generator_hidden_size", 0), ("generator_num_layers", 0),
                                ("generator_num_heads", 0), ("generator_mlp_dim", 0),
-                               ("embedding_sharing", "shared"))}}
+                               ("embedding_sharing", "shared"),
+                               # ALBERT's layer sharing, SpanBERT's SBO head, both off.
+                               ("layer_sharing", "none"), ("span_boundary_positions", 0))},
+         # Masking schemes (token: google-research/bert's).
+         "config.data.masking": "token", "config.data.ngram_max": 3,
+         "config.data.span_geometric_p": 0.2, "config.data.span_max_length": 10,
+         # Knowledge distillation, off: distillation.teacher is empty.
+         **{f"config.distillation.{key}": value for key, value in distillation_group().items()}}
 
 
 @pytest.mark.parametrize("name", sorted(json.loads(GOLDEN.read_text())))

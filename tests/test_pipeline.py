@@ -212,12 +212,19 @@ def _assert_same(a, b):
       np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
+def _instances(mode: str) -> dict[str, str]:
+  """A test's instance mode, "MODE" or "MODE+MASKING" (data.masking: ngram, span)."""
+  mode, _, masking = mode.partition("+")
+  return dict(bert_instances=mode, masking=masking or "token")
+
+
 @pytest.mark.parametrize("objective,mode,dataset", [
     ("mlm_nsp", "pairs", "bert"), ("mlm", "full_sentences", "bert"),
-    ("causal_lm", "pairs", "gpt"), ("mlm_nsp", "pairs", "mixed")])
+    ("causal_lm", "pairs", "gpt"), ("mlm_nsp", "pairs", "mixed"),
+    ("mlm_sbo", "doc_sentences+span", "bert"), ("mlm_sop", "pairs+ngram", "bert")])
 def test_resume_from_saved_state_is_bit_exact(corpus, objective, mode, dataset):
   cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
-                     max_predictions=5, bert_instances=mode, shuffle_window=16, prefetch=0)
+                     max_predictions=5, shuffle_window=16, prefetch=0, **_instances(mode))
   # Several epochs of this small corpus: the state must survive epoch boundaries too.
   uninterrupted = _take(CorpusBatches(cfg, "train", range(8), 8), 130)
   for k in (0, 1, 7, 64):
@@ -242,7 +249,8 @@ def _rows_of(parts: list[tuple[tuple[int, ...], dict]], batch_size: int) -> dict
 @pytest.mark.parametrize("objective,mode,dataset", [
     ("mlm_nsp", "pairs", "bert"), ("mlm", "full_sentences", "bert"),
     ("causal_lm", "pairs", "gpt"), ("mlm_nsp", "pairs", "mixed"),
-    ("mlm", "full_sentences", "three")])
+    ("mlm", "full_sentences", "three"), ("mlm_sbo", "packed+span", "bert"),
+    ("mlm_sbo", "doc_sentences+span", "three")])
 def test_state_moves_between_process_layouts_and_survives_repeated_restores(
     corpus, objective, mode, dataset):
   """Hosts of a TPU slice hold interleaved rows. A state saved by 2 such hosts restores onto
@@ -250,7 +258,7 @@ def test_state_moves_between_process_layouts_and_survives_repeated_restores(
   batches equal the uninterrupted run's throughout (a restore that forgot part of an
   iterator's position would show at the second restore)."""
   cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
-                     max_predictions=5, bert_instances=mode, shuffle_window=16, prefetch=0)
+                     max_predictions=5, shuffle_window=16, prefetch=0, **_instances(mode))
   batch_size = 8
   uninterrupted = _take(CorpusBatches(cfg, "train", range(batch_size), batch_size), 36)
   layouts = [[(0, 2, 4, 6), (1, 3, 5, 7)], [tuple(range(8))],
@@ -273,7 +281,8 @@ def test_state_moves_between_process_layouts_and_survives_repeated_restores(
 @pytest.mark.parametrize("objective,mode,dataset,window", [
     ("mlm_nsp", "pairs", "bert", 16), ("mlm_nsp", "pairs", "bert", 0),
     ("mlm", "full_sentences", "bert", 0), ("mlm", "packed", "bert", 0),
-    ("causal_lm", "pairs", "gpt", 0), ("mlm_nsp", "pairs", "mixed", 7)])
+    ("causal_lm", "pairs", "gpt", 0), ("mlm_nsp", "pairs", "mixed", 7),
+    ("mlm_sbo", "doc_sentences+span", "bert", 0), ("mlm_sbo", "pairs+span", "bert", 16)])
 def test_every_iterator_state_is_a_true_inverse(corpus, objective, mode, dataset, window):
   """For every wrapper a row stream chains (document iterator, pair flat-map, window shuffle,
   full-sentence packing, ModernBERT-style packed MLM rows, GPT packing), at random positions: restoring a state and reading it
@@ -282,8 +291,8 @@ def test_every_iterator_state_is_a_true_inverse(corpus, objective, mode, dataset
   states saved after it: the second-preemption bug)."""
   from bertjax.data.pipeline import RowStreamFactory
   cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
-                     max_predictions=5, bert_instances=mode, shuffle_window=window,
-                     prefetch=0, num_epochs=0)
+                     max_predictions=5, shuffle_window=window, prefetch=0, num_epochs=0,
+                     **_instances(mode))
   factory = RowStreamFactory(records.BuiltDataset.open(cfg.dataset), cfg, "train",
                              batch_size=3)
   normal = lambda state: json.loads(json.dumps(state))  # noqa: E731 - what a checkpoint holds
@@ -302,10 +311,12 @@ def test_every_iterator_state_is_a_true_inverse(corpus, objective, mode, dataset
         assert normal(restored.get_state()) == states[j + 1], (row, k, j)
 
 
-def test_loader_workers_do_not_change_the_batches(corpus):
+@pytest.mark.parametrize("objective,mode", [("mlm_nsp", "pairs"),
+                                            ("mlm_sbo", "doc_sentences+span")])
+def test_loader_workers_do_not_change_the_batches(corpus, objective, mode):
   """Worker processes each build a slice of the rows; the batches are the in-process ones."""
-  cfg = dict(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
-             max_predictions=5, shuffle_window=16, prefetch=2)
+  cfg = dict(dataset=str(corpus / "bert"), objective=objective, seq_length=32,
+             max_predictions=5, shuffle_window=16, prefetch=2, **_instances(mode))
   plain = _take(CorpusBatches(LoaderConfig(**cfg, num_workers=0), "train", range(6), 6), 8)
   workers = CorpusBatches(LoaderConfig(**cfg, num_workers=4), "train", range(6), 6)
   try:
@@ -421,6 +432,45 @@ def test_full_sentences_packing_layout(corpus):
   # Every document token is used once, plus [CLS]/[SEP] and the document separators.
   assert corpus_tokens <= tokens <= corpus_tokens + 3 * len(examples) + counts["a"]["train"][
       "documents"]
+
+
+def test_doc_sentences_never_cross_a_document(corpus):
+  """DOC-SENTENCES (SpanBERT's single segments): [CLS] whole sentences of one document [SEP],
+  full up to seq_length but where the document ends; a row's sequences spell out its
+  documents, each document's tokens exactly once, in order."""
+  from bertjax.data.pipeline import instance_dataset
+  cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=48,
+                     max_predictions=7, bert_instances="doc_sentences", num_epochs=1,
+                     prefetch=0)
+  dataset = records.BuiltDataset.open(corpus / "bert")
+  order = [e.doc for _, e in document_stream(dataset, "train", seed=0, num_epochs=1,
+                                             shard_index=0, shard_count=1)]
+  examples = list(instance_dataset(dataset, cfg, "train", 0, 1))
+  bodies = []
+  for ex in examples:
+    n = ex["attention_mask"].sum()
+    ids = ex["input_ids"].copy()
+    w = ex["masked_lm_weights"] > 0
+    ids[ex["masked_lm_positions"][w]] = ex["masked_lm_ids"][w]
+    assert ids[0] == 2 and ids[n - 1] == 3 and 3 not in ids[1:n - 1]  # one segment
+    assert not np.any(ex["token_type_ids"]) and ex["next_sentence_labels"] == 0
+    bodies.append(ids[1:n - 1])
+  k = 0
+  for doc in order:
+    sentences, taken = doc.sentences(), []
+    while sum(map(len, taken)) < len(doc.tokens):
+      body = bodies[k]
+      k += 1
+      taken.append(body)
+      # Whole sentences (or a piece of one longer than a sequence), and no room left for
+      # the document's next sentence.
+      done = sum(map(len, taken))
+      ends = np.cumsum([len(s) for s in sentences])
+      assert done in ends or len(body) == 46
+      following = [len(s) for s, end in zip(sentences, ends) if end > done][:1]
+      assert not following or len(body) + following[0] > 46 or len(body) == 46
+    np.testing.assert_array_equal(np.concatenate(taken), doc.tokens)
+  assert k == len(bodies)
 
 
 def test_mixing_weights(corpus):

@@ -28,7 +28,8 @@ KEPT = ("objective", "model.family", "model.norm_position", "model.activation",
         "data.bert_instances", "data.dupe_factor", "data.mask_prob", "data.whole_word_mask",
         "data.mask_token_prob", "data.random_token_prob", "model.architecture",
         "model.embedding_sharing", "model.position_embedding", "discriminator_weight",
-        "sharding_rules")
+        "data.masking", "data.ngram_max", "data.span_geometric_p", "data.span_max_length",
+        "model.layer_sharing", "model.span_boundary_positions", "sharding_rules")
 
 
 def _get(config, key):
@@ -168,3 +169,37 @@ def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys):
     assert _steps(workdir) == [1, 2, 3]
     if not dataset:
       dataset.append(workdir / "data" / "dataset")
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow
+def test_runlocal_albert_spanbert_and_distillation_train_on_cpu(tmp_path, capsys):
+  """ALBERT (one shared layer, n-gram masking, SOP) and SpanBERT (span masking, SBO) shrunk
+  train 3 steps through `bertjax train`; then DistilBERT shrunk distils the ALBERT run's
+  parameters as its teacher, on the same token ids (the paper config's teacher is a Hugging
+  Face download; runlocal names none)."""
+  runs = {}
+  for name, metric in (("albert:size=base", "nsp_accuracy"),
+                       ("spanbert:size=base", "sbo_loss")):
+    workdir = runs[name] = tmp_path / name.split(":")[0]
+    extra = ([f"--config.data.dataset={runs['albert:size=base'] / 'data' / 'dataset'}"]
+             if name != "albert:size=base" else [])
+    assert cli.main(["train", "--config", f"{name},runlocal", "--workdir", str(workdir),
+                     "--config.num_train_steps=3", "--config.log_every=1",
+                     "--config.eval_every=0", *extra]) == 0, name
+    out = capsys.readouterr().out
+    assert "run finished at step 3 of 3" in out and metric in out, name
+    assert _steps(workdir) == [1, 2, 3]
+  albert = runs["albert:size=base"]
+  student = tmp_path / "distilbert"
+  assert cli.main(["train", "--config", "distilbert:runlocal", "--workdir", str(student),
+                   "--config.num_train_steps=3", "--config.log_every=1",
+                   "--config.eval_every=0", f"--config.data.dataset={albert / 'data' / 'dataset'}",
+                   f"--config.distillation.teacher={albert / 'params'}",
+                   # A shared stack has no layer to give each student layer: a fresh student.
+                   "--config.distillation.init_from_teacher=false"]) == 0
+  out = capsys.readouterr().out
+  assert "run finished at step 3 of 3" in out and "soft_loss" in out
+  assert _steps(student) == [1, 2, 3]
+  records = [json.loads(line) for line in (student / "metrics.jsonl").read_text().splitlines()]
+  assert all(r["soft_loss"] >= 0 and "cos_loss" in r for r in records if r["split"] == "train")

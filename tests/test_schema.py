@@ -119,6 +119,8 @@ def test_objectives_read_the_schemas_fields_only(objective):
   if objective == "rtd":  # replaced-token detection: ELECTRA's layout with a generator
     config = config.replace(architecture="electra", pooler=False, generator_hidden_size=8,
                             generator_num_heads=1)
+  if objective == "mlm_sbo":  # SpanBERT: the span-boundary head
+    config = config.replace(span_boundary_positions=10)
   head = {"classification": "sequence_classification", "regression": "sequence_classification",
           "token_classification": "token_classification",
           "question_answering": "question_answering"}.get(objective, "pretraining")

@@ -1,7 +1,8 @@
 """Training checkpoints: everything needed to continue a run exactly, saved asynchronously.
 
 WORKDIR/checkpoints/<step>/ is an Orbax CheckpointManager step with four items:
-  params   the parameters (each process writes its own shards; restored into any mesh)
+  params   the parameters (each process writes its own shards; restored into any mesh); a
+           distillation run's student's only: its teacher is read again from its source
   train    step, optimizer state and the dropout RNG key data
   data     the data iterators' state, one JSON file per process, restorable onto any process
            count (DataStateHandler)
@@ -129,13 +130,18 @@ class TrainCheckpoints:
   """The CheckpointManager of one run directory."""
 
   def __init__(self, workdir: str | Path, config: ml_collections.ConfigDict,
-               extra: tuple[str, ...] = ()):
+               extra: tuple[str, ...] = (),
+               teacher_loader: Callable[[Any], Any] | None = None):
+    """`teacher_loader`: a distillation run's teacher weights placed into the shardings of its
+    abstract parameters (bertjax.training.distillation.Teacher.load). A teacher is input, not
+    state: never saved, read again from its source on restore."""
     c = config.checkpoint
     unknown = set(extra) - set(EXTRA_ITEMS)
     if unknown:
       raise ValueError(f"unknown checkpoint items {sorted(unknown)}; extras: {EXTRA_ITEMS}")
     self.items = ITEMS + tuple(extra)
     self.directory = paths.path(workdir) / "checkpoints"
+    self.teacher_loader = teacher_loader
     self.every = int(c.every)
     options = ocp.CheckpointManagerOptions(
         # Saves are decided by the loop (interval, preemption, the end); Orbax keeps K.
@@ -286,6 +292,11 @@ class TrainCheckpoints:
       train = restored["train"]
       state = abstract_state.replace(step=train["step"], params=restored["params"],
                                      opt_state=train["opt_state"], rng=train["rng"])
+      if getattr(abstract_state, "teacher", None) is not None:
+        if self.teacher_loader is None:
+          raise ValueError("the state to restore has a distillation teacher but no teacher "
+                           "source was given (distillation.teacher)")
+        state = state.replace(teacher=self.teacher_loader(abstract_state.teacher))
       if candidate != candidates[0]:
         log.warning("resumed from step %d instead of the latest step %d", candidate,
                     candidates[0])

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from etils import epath
 from flax import traverse_util
 
@@ -26,6 +27,7 @@ from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.config import model_config
 from bertjax.finetune.registry import TASKS
 from bertjax.models import ModelConfig, peft
+from bertjax.models.params import shape_mismatches
 from bertjax.parallel.sharding import abstract_with
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,74 @@ def describe_weights(source: paths.PathLike, step: int | None = None) -> Weights
       step, config, tokenizer, _ = _run_step(path, checkpoints, step)
     return Weights(None, config, tokenizer, f"workdir {source} step {step}", step)
   return dataclasses.replace(load_weights(source, step), params=None)
+
+
+# Teacher parameters that change none of what distillation reads (logits and last hidden
+# states): BERT's pooler and NSP head. A teacher checkpoint without them (BertForMaskedLM) gets
+# zeros there; any other missing parameter is an error.
+TEACHER_UNREAD = (("bert", "pooler"), ("nsp",))
+
+
+def teacher_config(source: paths.PathLike, step: int | None = None,
+                   key: str = "distillation.teacher") -> ModelConfig:
+  """The model config of a distillation teacher at `source` (a params-only checkpoint, a
+  training workdir, a Hugging Face directory), reading no parameter: its config file only. A
+  one-line ValueError naming `key` for a source that is none of them."""
+  path = paths.path(source)
+  where = f"--config.{key}={str(source)!r}"
+  if not path.exists():
+    raise ValueError(f"{where}: no such directory")
+  if (path / FINETUNE_FILE).is_file():
+    raise ValueError(f"{where}: a fine-tuned model (finetune.json) carries a task head, not a "
+                     "language-model head; give pre-trained weights")
+  if (path / "model.json").is_file():
+    return load_model_config(path)
+  if (path / "checkpoints").is_dir():
+    return describe_weights(path, step).config
+  if (path / "config.json").is_file():
+    return hf.model_config_from_hf(json.loads((path / "config.json").read_text()))
+  raise ValueError(f"{where}: neither a params-only checkpoint (model.json), a training "
+                   "workdir (checkpoints/) nor a Hugging Face directory (config.json)")
+
+
+def _scanned(abstract: Any) -> bool:
+  return any(getattr(k, "key", None) == "layers"
+             for path, _ in jax.tree_util.tree_leaves_with_path(abstract) for k in path)
+
+
+def load_teacher(source: paths.PathLike, step: int | None, abstract: Any,
+                 key: str = "distillation.teacher") -> Any:
+  """A distillation teacher's parameters placed in the shardings of `abstract` (its
+  ShapeDtypeStructs), cast to their dtypes: a params-only checkpoint is restored straight into
+  place (no host copy: pod scale), any other source through the host. The parameters must be
+  the abstract tree's, shape for shape (BERT's pooler and NSP head may be absent: zeros); a
+  ValueError naming `key` lists the ones that are not."""
+  path = paths.path(source)
+  where = f"--config.{key}={str(source)!r}"
+  want = traverse_util.flatten_dict(abstract, sep="/")
+  if (path / "model.json").is_file() and not (path / FINETUNE_FILE).is_file():
+    saved = traverse_util.flatten_dict(abstract_params_of(load_model_config(path)), sep="/")
+    if not shape_mismatches(saved, want, "teacher"):
+      shardings = jax.tree.map(lambda a: a.sharding, abstract)
+      params, _ = load_params(path, shardings, abstract=jax.tree.map(
+          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), abstract))
+      return jax.tree.map(lambda p, a: p if p.dtype == a.dtype else p.astype(a.dtype),
+                          params, abstract)
+  weights = load_weights(source, step, scan_layers=_scanned(abstract))
+  have = traverse_util.flatten_dict(weights.params, sep="/")
+  for name, leaf in want.items():
+    parts = tuple(name.split("/"))
+    if name not in have and any(parts[:len(p)] == p for p in TEACHER_UNREAD):
+      have[name] = np.zeros(leaf.shape, leaf.dtype)
+  problems = shape_mismatches(have, want, "teacher model")
+  if problems:
+    raise ValueError(f"{where}: the weights do not fit the teacher's model "
+                     f"({len(problems)} parameter(s)): " + "; ".join(problems[:8]))
+  placed = {name: jax.make_array_from_callback(
+      leaf.shape, leaf.sharding,
+      lambda index, w=np.asarray(have[name], leaf.dtype): w[index])
+      for name, leaf in want.items()}
+  return traverse_util.unflatten_dict(placed, sep="/")
 
 
 @contextlib.contextmanager

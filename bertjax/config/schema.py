@@ -114,6 +114,48 @@ def phase2_group() -> ConfigDict:
   })
 
 
+def distillation_group() -> ConfigDict:
+  """The `distillation` group: knowledge distillation (Hinton et al. 2015) of a frozen teacher
+  into the run's model, the student (DistilBERT, Sanh et al. 2019; distilgpt2), in the same
+  train step (bertjax.training.distillation). Off while `teacher` is empty; the defaults are
+  DistilBERT's (huggingface/transformers examples/research_projects/distillation)."""
+  return ConfigDict({
+      # The teacher's weights: a params-only checkpoint (model.json), a training workdir (its
+      # latest or `teacher_step`'s checkpoint) or a Hugging Face directory (config.json +
+      # safetensors); local or an object store. Its vocabulary must be the student's (and the
+      # data's: build it with the teacher's tokenizer). Empty: no distillation.
+      "teacher": "",
+      # With a training workdir as teacher: its checkpoint step (-1: the latest).
+      "teacher_step": -1,
+      # Softmax temperature T of both distributions in the soft loss (DistilBERT: 2).
+      "temperature": 2.0,
+      # Weight of the soft loss: T^2 x KL(softmax(teacher/T) || softmax(student/T)), the mean
+      # over the positions it covers (DistilBERT: 5).
+      "alpha_ce": 5.0,
+      # Weight of the student's own masked-LM loss, a BERT student's hard loss (DistilBERT: 2).
+      "alpha_mlm": 2.0,
+      # Weight of the student's own causal-LM loss, a GPT student's hard loss (DistilBERT: 0;
+      # set it, and alpha_mlm to 0, for a GPT student).
+      "alpha_clm": 0.0,
+      # Weight of the cosine-embedding loss 1 - cos(student, teacher) between the last hidden
+      # states at every real token, the mean over them (DistilBERT: 1; needs the same width).
+      "alpha_cos": 1.0,
+      # BERT: the soft loss at the masked positions only (the reference's
+      # --restrict_ce_to_mask); False: at every real token, as DistilBERT was trained.
+      "restrict_ce_to_mask": False,
+      # Start the student from the teacher: its layers from the teacher's `teacher_layers`,
+      # every other parameter the two share in shape (embeddings, their norm, the LM head)
+      # copied. False: a random init (or init_from).
+      "init_from_teacher": False,
+      # Which teacher layer each student layer starts from: "every_other" (0, 2, 4, ...) or a
+      # comma-separated list, one per student layer (DistilBERT's script: 0,2,4,7,9,11).
+      "teacher_layers": "every_other",
+      # Give the student's position table no update (DistilBERT: frozen at BERT's values; the
+      # reference's --freeze_pos_embs).
+      "freeze_position_embeddings": False,
+  })
+
+
 _LOADER = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
 
 
@@ -154,8 +196,21 @@ def data_group() -> ConfigDict:
       # ... and of the others the fraction given a random token, the rest keeping theirs
       # (BERT 0.5: 10% of all; ELECTRA, DeBERTa-v3 0).
       "random_token_prob": _LOADER["random_token_prob"],
+      # Which positions are masked: "token" (google-research/bert; whole_word_mask groups a
+      # word's pieces), "ngram" (ALBERT: whole-word n-grams, p(n) ∝ 1/n up to ngram_max) or
+      # "span" (SpanBERT: whole-word spans, Geometric(span_geometric_p) lengths clipped at
+      # span_max_length words, 80/10/10 per span); bertjax.data.span_masking.
+      "masking": _LOADER["masking"],
+      # n-gram masking: the longest n-gram, in words (ALBERT: 3).
+      "ngram_max": _LOADER["ngram_max"],
+      # Span masking: p of the geometric span-length distribution (SpanBERT: 0.2) ...
+      "span_geometric_p": _LOADER["span_geometric_p"],
+      # ... and the longest span in words (SpanBERT: 10); also the deepest offset in a span
+      # given a span-boundary target (objective mlm_sbo).
+      "span_max_length": _LOADER["span_max_length"],
       # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels),
-      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs) or "packed" (ModernBERT:
+      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs), "doc_sentences" (RoBERTa
+      # DOC-SENTENCES: full_sentences within one document; SpanBERT) or "packed" (ModernBERT:
       # [CLS] doc [SEP] streams cut into full rows, no padding, with document_ids/positions
       # per row so attention stays within a document; use with objective "mlm").
       "bert_instances": _LOADER["bert_instances"],
@@ -232,13 +287,18 @@ def base_config(model: ConfigDict) -> ConfigDict:
   config = ConfigDict()
   # Model shape and numerics (bertjax.models.config.ModelConfig).
   config.model = model
-  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | rtd (replaced-token
+  # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | mlm_sbo (SpanBERT: MLM plus
+  # the span-boundary objective; needs model.span_boundary_positions) | rtd (replaced-token
   # detection: ELECTRA, DeBERTa-v3; needs model.generator_hidden_size) | causal_lm (GPT); a
   # fine-tuning run trains its task's objective (finetune.task).
   config.objective = "causal_lm" if model.family == "gpt" else "mlm_nsp"
   # rtd: the weight λ of the discriminator's loss in generator MLM + λ·discriminator (ELECTRA
   # and DeBERTa-v3: 50).
   config.discriminator_weight = 50.0
+  # Knowledge distillation of a frozen teacher into this model (bertjax.training.distillation):
+  # `objective` (mlm or causal_lm) is then the student's hard loss among the distillation
+  # terms; off while distillation.teacher is empty.
+  config.distillation = distillation_group()
   # Global batch size in sequences (all hosts together).
   config.batch_size = 256
   # Sequence length of the training batches.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ml_collections
 
 from bertjax.finetune.registry import task
@@ -47,7 +49,7 @@ def validate_training(config: ConfigDict) -> None:
   for key in ("mask_token_prob", "random_token_prob"):
     need(f"data.{key}", 0 <= float(config.data[key]) <= 1, "must be between 0 and 1")
   # Only sentence pairs carry NSP/SOP labels; other instances would train that head on zeros.
-  need("data.bert_instances", config.objective in ("mlm", "rtd", "causal_lm")
+  need("data.bert_instances", config.objective in ("mlm", "mlm_sbo", "rtd", "causal_lm")
        or config.data.bert_instances == "pairs",
        f"makes no sentence pairs for objective={config.objective!r}: use objective=mlm")
   need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,
@@ -55,6 +57,57 @@ def validate_training(config: ConfigDict) -> None:
   need("optimizer.freeze", _freeze_ok(str(config.optimizer.freeze)),
        f"must be {FREEZE_KINDS}")
   validate_finetune(config)
+  validate_distillation(config)
+
+
+def validate_distillation(config: ConfigDict) -> None:
+  """The `distillation` group of a run that distills (distillation.teacher set): settings no
+  teacher could make work. (The teacher itself is read, and its vocabulary, width and depth
+  checked against the student, when the run starts: bertjax.training.distillation.)"""
+  d = config.get("distillation")
+  if d is None or not d.teacher:
+    return
+
+  def need(key: str, ok: bool, what: str) -> None:
+    if not ok:
+      raise ValueError(f"--config.distillation.{key}={d[key]!r}: {what}")
+
+  family = config.model.family
+  if config.finetune.task:
+    raise ValueError(f"--config.distillation.teacher={d.teacher!r}: distillation is a "
+                     "pre-training objective; a fine-tune (finetune.task="
+                     f"{config.finetune.task!r}) cannot distill")
+  hard = "causal_lm" if family == "gpt" else "mlm"
+  if config.objective != hard:
+    raise ValueError(f"--config.objective={config.objective!r}: a distilled {family} student "
+                     f"trains with objective={hard} (its hard loss and batches; DistilBERT has "
+                     "no sentence task)")
+  need("temperature", float(d.temperature) > 0, "must be positive")
+  for key in ("alpha_ce", "alpha_mlm", "alpha_clm", "alpha_cos"):
+    need(key, float(d[key]) >= 0, "must be 0 or more")
+  need("alpha_ce", sum(float(d[k]) for k in ("alpha_ce", "alpha_mlm", "alpha_clm",
+                                              "alpha_cos")) > 0,
+       "the loss weights alpha_ce, alpha_mlm, alpha_clm and alpha_cos are all 0")
+  if family == "gpt":
+    need("alpha_mlm", float(d.alpha_mlm) == 0, "a GPT student's hard loss is causal LM: weigh "
+         "it with distillation.alpha_clm and set alpha_mlm to 0")
+    need("restrict_ce_to_mask", not d.restrict_ce_to_mask, "a causal LM has no masked "
+         "positions (its soft loss covers every real token)")
+  else:
+    need("alpha_clm", float(d.alpha_clm) == 0, "a BERT student's hard loss is masked LM: weigh "
+         "it with distillation.alpha_mlm and set alpha_clm to 0")
+  need("teacher_step", int(d.teacher_step) >= -1, "must be -1 (the latest) or a step")
+  if d.init_from_teacher and config.init_from:
+    raise ValueError(f"--config.distillation.init_from_teacher=True and --config.init_from="
+                     f"{config.init_from!r}: the student starts from one of them")
+  layers = str(d.teacher_layers).strip()
+  need("teacher_layers", layers == "every_other" or re.fullmatch(r"\d+(\s*,\s*\d+)*", layers)
+       is not None, "must be every_other or a comma-separated list of teacher layer indices "
+       "(e.g. 0,2,4,7,9,11)")
+  if int(config.model.loss_chunk):
+    raise ValueError(f"--config.model.loss_chunk={config.model.loss_chunk}: distillation "
+                     "compares the student's and the teacher's whole vocabulary distributions; "
+                     "set model.loss_chunk=0")
 
 
 def _freeze_ok(freeze: str) -> bool:

@@ -40,6 +40,11 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConf
       mask_token_prob=float(d.mask_token_prob), random_token_prob=float(d.random_token_prob),
       bert_instances=d.bert_instances, short_seq_prob=float(d.short_seq_prob),
       dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
+      # The masking keys, with LoaderConfig's defaults for a config written before them.
+      masking=str(d.get("masking", LoaderConfig.masking)),
+      ngram_max=int(d.get("ngram_max", LoaderConfig.ngram_max)),
+      span_geometric_p=float(d.get("span_geometric_p", LoaderConfig.span_geometric_p)),
+      span_max_length=int(d.get("span_max_length", LoaderConfig.span_max_length)),
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
       num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
       epoch_documents=int(d.epoch_documents),

@@ -16,7 +16,11 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from bertjax.data import span_masking
+
 Document = Sequence[Sequence[int]]  # a document is a list of sentences of token ids
+# The span-boundary fields (objective mlm_sbo), aligned with masked_lm_positions.
+SPAN_BOUNDARY_FIELDS = ("span_left_positions", "span_right_positions", "span_offsets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +37,17 @@ class InstanceConfig:
   # i.e. 10% of all; ELECTRA and DeBERTa-v3 0); the rest keep their token.
   mask_token_prob: float = 0.8
   random_token_prob: float = 0.5
+  # Which positions are masked (bertjax.data.span_masking): "token" (google-research/bert,
+  # pieces grouped into words by `whole_word_mask`), "ngram" (ALBERT: whole-word n-grams, n up
+  # to `ngram_max` with p(n) ∝ 1/n) or "span" (SpanBERT: whole-word spans of Geometric(
+  # `span_geometric_p`) length clipped at `span_max_length` words, 80/10/10 per span).
+  masking: str = "token"
+  ngram_max: int = 3
+  span_geometric_p: float = 0.2
+  span_max_length: int = 10
+  # Also emit SpanBERT's span-boundary targets (objective mlm_sbo): offsets up to
+  # `span_max_length` tokens, the SBO head's position table.
+  span_boundary: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +72,7 @@ class Instance:
     names (bertjax.data.schema: input_mask is attention_mask, segment_ids token_type_ids)."""
     n, p = len(self.tokens), len(self.masked_positions)
     pad_len, pad_pred = cfg.max_seq_length - n, cfg.max_predictions - p
-    return {
+    features = {
         "input_ids": np.array(self.tokens + [pad] * pad_len, np.int32),
         "token_type_ids": np.array(self.segment_ids + [0] * pad_len, np.int32),
         "attention_mask": np.array([1] * n + [0] * pad_len, np.int32),
@@ -66,6 +81,13 @@ class Instance:
         "masked_lm_weights": np.array([1.0] * p + [0.0] * pad_pred, np.float32),
         "next_sentence_labels": np.int32(self.is_random_next),
     }
+    if cfg.span_boundary:
+      # A function of the masked positions and the length alone: whatever masked them.
+      targets = span_masking.span_boundary_targets(self.masked_positions, n,
+                                                   cfg.span_max_length)
+      for name, values in zip(SPAN_BOUNDARY_FIELDS, targets):
+        features[name] = np.pad(values, (0, pad_pred))
+    return features
 
 
 @dataclasses.dataclass
@@ -109,8 +131,12 @@ def shuffle(x: list, rng: random.Random) -> None:
 def mask_tokens(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
                 is_continuation: Callable[[int], bool],
                 rng: random.Random) -> tuple[list[int], list[int], list[int]]:
-  """(masked tokens, sorted positions, labels) as `create_masked_lm_predictions`."""
+  """(masked tokens, sorted positions, labels) as `create_masked_lm_predictions`; with
+  `cfg.masking` "ngram" or "span", ALBERT's or SpanBERT's whole-word masking instead
+  (bertjax.data.span_masking), on the same budget of positions."""
   cls, sep = special.cls, special.sep
+  if cfg.masking != "token":
+    return _mask_words(tokens, cfg, special, is_continuation, rng)
   if cfg.whole_word_mask:
     candidates: list[list[int]] = []
     for i, token in enumerate(tokens):
@@ -171,6 +197,22 @@ def _mask_single_tokens(tokens: list[int], cfg: InstanceConfig, special: Special
       output[i] = rng.randint(0, top)
   chosen.sort()
   return output, chosen, [tokens[i] for i in chosen]
+
+
+def _mask_words(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
+                is_continuation: Callable[[int], bool],
+                rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+  """`cfg.masking` "ngram" or "span" on the budget of `mask_tokens`."""
+  budget = min(cfg.max_predictions, max(1, int(round(len(tokens) * cfg.masked_lm_prob))))
+  probs = dict(mask_token_prob=cfg.mask_token_prob, random_token_prob=cfg.random_token_prob)
+  if cfg.masking == "ngram":
+    return span_masking.mask_ngrams(tokens, special, is_continuation, rng, budget=budget,
+                                    ngram_max=cfg.ngram_max, **probs)
+  if cfg.masking == "span":
+    return span_masking.mask_spans(tokens, special, is_continuation, rng, budget=budget,
+                                   geometric_p=cfg.span_geometric_p,
+                                   max_length=cfg.span_max_length, **probs)
+  raise ValueError(f"masking={cfg.masking!r}: choose from {', '.join(span_masking.MASKINGS)}")
 
 
 def instances_from_document(documents: Sequence[Document], index: int, cfg: InstanceConfig,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertjax.data import span_masking
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
@@ -32,7 +34,7 @@ class LoaderConfig:
   """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
 
   dataset: str
-  objective: str  # mlm_nsp | mlm | mlm_sop | causal_lm
+  objective: str  # mlm_nsp | mlm | mlm_sop | mlm_sbo | rtd | causal_lm
   seq_length: int
   max_predictions: int = 20
   mask_prob: float = 0.15
@@ -40,10 +42,24 @@ class LoaderConfig:
   # random token (the rest keep theirs): BERT's 80/10/10.
   mask_token_prob: float = 0.8
   random_token_prob: float = 0.5
+  # Which positions are masked: "token" (google-research/bert: single pieces, or whole words
+  # with whole_word_mask), "ngram" (ALBERT: n-grams of whole words, p(n) ∝ 1/n up to
+  # ngram_max) or "span" (SpanBERT: spans of whole words, Geometric(span_geometric_p) lengths
+  # clipped at span_max_length, 80/10/10 decided per span); bertjax.data.span_masking.
+  masking: str = "token"
+  # n-gram masking: the longest n-gram, in words (ALBERT: 3).
+  ngram_max: int = 3
+  # Span masking: p of the geometric distribution of span lengths (SpanBERT: 0.2, mean 3.8
+  # words after clipping) ...
+  span_geometric_p: float = 0.2
+  # ... and the longest span in words (SpanBERT: 10); also the most tokens of a span given a
+  # span-boundary target (objective mlm_sbo: the SBO head's relative-position rows).
+  span_max_length: int = 10
   # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
   # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
-  # "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with document ids and
-  # positions per row).
+  # "doc_sentences" (RoBERTa DOC-SENTENCES, SpanBERT's single segments: the same within one
+  # document) or "packed" (ModernBERT: [CLS] doc [SEP] streams cut into full rows, with
+  # document ids and positions per row).
   bert_instances: str = "pairs"
   short_seq_prob: float = 0.1
   # Pairs: epochs e and e + dupe_factor see the same instances (google-research/bert's static
@@ -65,3 +81,7 @@ class LoaderConfig:
   # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
   # the run stops at start-up rather than at its first evaluation.
   require_eval: bool = False
+
+  def __post_init__(self) -> None:
+    span_masking.check_settings(self.masking, self.ngram_max, self.span_geometric_p,
+                                self.span_max_length)

@@ -1,6 +1,7 @@
 """Packing documents into fixed-length sequences, as checkpointable Grain iterators:
 `GptPackIterDataset` (windows of seq_length + 1 tokens overlapping by one, no padding),
-`FullSentencesIterDataset` (RoBERTa's FULL-SENTENCES), `PackedMlmIterDataset` (ModernBERT's packed
+`FullSentencesIterDataset` (RoBERTa's FULL-SENTENCES), `DocSentencesIterDataset` (its
+DOC-SENTENCES, SpanBERT's single segments), `PackedMlmIterDataset` (ModernBERT's packed
 MLM rows) and `WindowShuffleIterDataset` (a cheap shuffle within windows); what each row holds:
 docs/data.md, 'The loader'.
 
@@ -108,6 +109,9 @@ class GptPackIterDataset(grain.IterDataset):
 
 
 class _FullSentencesIterator(grain.DatasetIterator):
+  # Whether a sequence continues into the next document (FULL-SENTENCES) or ends with its
+  # document (DOC-SENTENCES).
+  _cross_documents = True
 
   def __init__(self, parent: grain.DatasetIterator, cfg: InstanceConfig, special: SpecialIds,
                is_continuation: Callable[[int], bool], seed: int):
@@ -145,7 +149,7 @@ class _FullSentencesIterator(grain.DatasetIterator):
       self._sentence += 1
       self._token = 0
       if self._sentence == len(self._sentences):
-        if len(body) >= budget:
+        if len(body) >= budget or not self._cross_documents:
           break
         body.append(self._special.sep)  # RoBERTa: an extra separator between documents
         try:
@@ -193,6 +197,18 @@ class FullSentencesIterDataset(_MlmPackerIterDataset):
   """RoBERTa FULL-SENTENCES rows (see the module docstring)."""
 
   _iterator = _FullSentencesIterator
+
+
+class _DocSentencesIterator(_FullSentencesIterator):
+  _cross_documents = False
+
+
+class DocSentencesIterDataset(_MlmPackerIterDataset):
+  """RoBERTa DOC-SENTENCES rows: whole sentences of one document up to seq_length, a sentence
+  longer than a sequence cut; a document's last sequence may be short. SpanBERT's single
+  segments ("sequences of up to 512 tokens until it reaches a document boundary")."""
+
+  _iterator = _DocSentencesIterator
 
 
 class _PackedMlmIterator(_BufferedDocuments):

@@ -31,17 +31,19 @@ from bertjax.data.errors import CorpusError
 from bertjax.data.options import LoaderConfig
 from bertjax.data.mixture import Mixture, MixtureElements, mixture, source_records
 from bertjax.data.packing import (
+  DocSentencesIterDataset,
   DocumentElement,
   FullSentencesIterDataset,
   GptPackIterDataset,
   PackedMlmIterDataset,
   WindowShuffleIterDataset,
 )
+from bertjax.data.span_masking import ContinuationTable
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
 log = logging.getLogger(__name__)
 
-BERT_INSTANCE_MODES = ("pairs", "full_sentences", "packed")
+BERT_INSTANCE_MODES = ("pairs", "full_sentences", "doc_sentences", "packed")
 
 
 class _DocumentView:
@@ -195,8 +197,14 @@ class RowStreamFactory:
         max_seq_length=cfg.seq_length, max_predictions=cfg.max_predictions,
         masked_lm_prob=cfg.mask_prob, mask_token_prob=cfg.mask_token_prob,
         random_token_prob=cfg.random_token_prob, short_seq_prob=cfg.short_seq_prob,
-        dupe_factor=cfg.dupe_factor, whole_word_mask=cfg.whole_word_mask, seed=self.seed)
-    self.continuation = tokenizer.is_continuation if cfg.whole_word_mask else _never
+        dupe_factor=cfg.dupe_factor, whole_word_mask=cfg.whole_word_mask, seed=self.seed,
+        masking=cfg.masking, ngram_max=cfg.ngram_max, span_geometric_p=cfg.span_geometric_p,
+        span_max_length=cfg.span_max_length, span_boundary=cfg.objective == "mlm_sbo")
+    # Whole words (whole-word, n-gram and span masking) from a table over the vocabulary, read
+    # once here: a WordPiece tokenizer's is_continuation decodes the piece at every call.
+    whole_words = cfg.whole_word_mask or cfg.masking != "token"
+    self.continuation = (ContinuationTable.of(tokenizer.is_continuation, len(tokenizer))
+                         if whole_words else _never)
     self.views = [_DocumentView(source_records(dataset, name, split))
                   for name in dataset.source_names]
 
@@ -209,10 +217,11 @@ class RowStreamFactory:
     if self.cfg.objective == "causal_lm":
       return GptPackIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
                                 self.cfg.seq_length, self.eot)
-    if self.cfg.bert_instances == "full_sentences":
-      return FullSentencesIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
-                                      self.instance_cfg, self.special, self.continuation,
-                                      self.seed)
+    if self.cfg.bert_instances in ("full_sentences", "doc_sentences"):
+      packer = (FullSentencesIterDataset if self.cfg.bert_instances == "full_sentences"
+                else DocSentencesIterDataset)
+      return packer(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD), self.instance_cfg,
+                    self.special, self.continuation, self.seed)
     if self.cfg.bert_instances == "packed":
       return PackedMlmIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
                                   self.instance_cfg, self.special, self.continuation, self.seed)

@@ -4,7 +4,8 @@ One vocabulary for pre-training and fine-tuning alike (Hugging Face's names wher
 them): `token_type_ids` are the segments A/B of a sentence pair, `attention_mask` marks real
 tokens (1) against padding (0), `document_ids` number the documents packed into one row (0:
 padding) and `positions` restart at 0 in each of them. Shapes are written with B rows, L tokens
-and P masked-LM predictions per row.
+and P masked-LM predictions per row. SpanBERT's span-boundary targets (objective `mlm_sbo`) are
+aligned with the masked-LM positions.
 
 The loaders produce these fields, the objectives read them, `bertjax compile` compiles against
 `abstract_batch` and `bertjax bench` times `example_batch`; `check` refuses a batch whose fields
@@ -42,6 +43,12 @@ MASKED_LM_WEIGHTS = Field("masked_lm_weights", "BP", "float32",
                           "1 = a prediction, 0 = a padded slot")
 NEXT_SENTENCE_LABELS = Field("next_sentence_labels", "B", "int32",
                              "NSP: 1 = B is a random sentence; SOP: 1 = A and B swapped")
+SPAN_LEFT_POSITIONS = Field("span_left_positions", "BP", "int32",
+                            "SBO: the token just before each predicted position's span")
+SPAN_RIGHT_POSITIONS = Field("span_right_positions", "BP", "int32",
+                             "SBO: the token just after each predicted position's span")
+SPAN_OFFSETS = Field("span_offsets", "BP", "int32",
+                     "SBO: the position's 1-based offset in its span (0 = no SBO target)")
 TARGET_IDS = Field("target_ids", "BL", "int32", "the next token of each position")
 LOSS_MASK = Field("loss_mask", "BL", "int32", "1 = a target that counts in the loss")
 CLASS_LABELS = Field("labels", "B", "int32", "the class of each row")
@@ -60,6 +67,7 @@ BATCHES: dict[str, tuple[Field, ...]] = {
     "mlm_nsp": _MLM,
     "mlm_sop": _MLM,
     "mlm": _MLM,
+    "mlm_sbo": _MLM + (SPAN_LEFT_POSITIONS, SPAN_RIGHT_POSITIONS, SPAN_OFFSETS),
     "rtd": _MLM,
     "causal_lm": (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
     "classification": _ENCODER + (CLASS_LABELS,),
@@ -69,7 +77,7 @@ BATCHES: dict[str, tuple[Field, ...]] = {
 }
 PACKED = (DOCUMENT_IDS, POSITIONS)
 # The objectives whose batches are BERT's masked-LM instances (pairs, full sentences or packed).
-MASKED_LM = ("mlm_nsp", "mlm_sop", "mlm", "rtd")
+MASKED_LM = ("mlm_nsp", "mlm_sop", "mlm", "mlm_sbo", "rtd")
 
 
 def is_masked_lm(objective: str) -> bool:
@@ -121,6 +129,10 @@ def example_batch(objective: str, rows: int, length: int, predictions: int = 0, 
       "masked_lm_ids": np.take_along_axis(ids, positions, axis=1),
       "masked_lm_weights": (np.arange(predictions) < masked).astype(np.float32)[None].repeat(
           rows, 0),
+      # Each masked position its own one-token span, between its two neighbours.
+      "span_left_positions": np.maximum(positions - 1, 0),
+      "span_right_positions": np.minimum(positions + 1, length - 1),
+      "span_offsets": (np.arange(predictions) < masked).astype(np.int32)[None].repeat(rows, 0),
       "next_sentence_labels": rng.randint(0, 2, (rows,)).astype(np.int32),
       "target_ids": np.roll(ids, -1, axis=1),
       "loss_mask": np.ones((rows, length), np.int32),

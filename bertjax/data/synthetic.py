@@ -14,14 +14,20 @@ import dataclasses
 
 import numpy as np
 
+from bertjax.data.bert_instances import SPAN_BOUNDARY_FIELDS
+from bertjax.data.span_masking import span_boundary_targets
+
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 NUM_SPECIAL = 5
 _SUCCESSORS = 4
+# mlm_sbo: the longest span offset given an SBO target (LoaderConfig.span_max_length's default).
+SPAN_MAX_LENGTH = 10
 
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticMarkov:
-  """Batches for the `mlm_nsp`/`mlm`/`mlm_sop` (BERT) or `causal_lm` (GPT) objectives."""
+  """Batches for the `mlm_nsp`/`mlm`/`mlm_sop`/`mlm_sbo` (BERT) or `causal_lm` (GPT)
+  objectives."""
 
   vocab_size: int
   seq_length: int
@@ -95,7 +101,7 @@ class SyntheticMarkov:
       elif r < 0.9:
         ids[p] = rng.integers(0, self.vocab_size)
     pad_p = self.max_predictions - num
-    return {
+    example = {
         "input_ids": ids.astype(np.int32),
         "token_type_ids": np.array(segment, np.int32),
         "attention_mask": np.ones(self.seq_length, np.int32),
@@ -104,6 +110,12 @@ class SyntheticMarkov:
         "masked_lm_weights": np.pad(np.ones(num, np.float32), (0, pad_p)),
         "next_sentence_labels": np.int32(label),
     }
+    if self.objective == "mlm_sbo":
+      # Runs of adjacent masked positions are the spans (bertjax.data.span_masking).
+      targets = span_boundary_targets(positions, len(tokens), SPAN_MAX_LENGTH)
+      for name, values in zip(SPAN_BOUNDARY_FIELDS, targets):
+        example[name] = np.pad(values, (0, pad_p))
+    return example
 
   def _gpt_example(self, rng, successors) -> dict[str, np.ndarray]:
     eot = self.vocab_size - 1

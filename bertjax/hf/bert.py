@@ -8,6 +8,8 @@ PyTorch nn.Linear stores [out, in]: kernels are transposed; bertjax fuses Q, K, 
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 import numpy as np
@@ -54,15 +56,32 @@ def entries(cfg: ModelConfig, prefix: str) -> list[Entry]:
   return entries + layer_entries(cfg, prefix)
 
 
-def layer_entries(cfg: ModelConfig, prefix: str, projection: str = "{}") -> list[Entry]:
-  """The encoder's layers (`{prefix}encoder.layer.{i}.`): BERT's, and ELECTRA's and DeBERTa's
-  alike; `projection` names the query/key/value projections (DeBERTa: "{}_proj")."""
+@dataclasses.dataclass(frozen=True)
+class LayerNames:
+  """Where an encoder layer's tensors are, under `{prefix}` + `layer` (formatted with the layer
+  index): BERT's by default."""
+
+  layer: str = "encoder.layer.{}."
+  # The query/key/value projections: `qkv` formatted with each of `qkv_names`.
+  qkv: str = "attention.self.{}"
+  qkv_names: tuple[str, str, str] = ("query", "key", "value")
+  out: str = "attention.output.dense"
+  attention_norm: str = "attention.output.LayerNorm"
+  wi: str = "intermediate.dense"
+  wo: str = "output.dense"
+  mlp_norm: str = "output.LayerNorm"
+
+
+def layer_entries(cfg: ModelConfig, prefix: str, projection: str = "{}",
+                  names: LayerNames = LayerNames()) -> list[Entry]:
+  """The encoder's layers: BERT's, and ELECTRA's, DeBERTa's and DistilBERT's alike; `projection`
+  names the query/key/value projections within `names.qkv` (DeBERTa: "{}_proj")."""
   d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
   entries = []
   for i in range(cfg.num_layers):
     ours = ("bert", "encoder", f"layers_{i}")
-    hf = f"{prefix}encoder.layer.{i}."
-    qkv = tuple(f"{hf}attention.self.{projection.format(t)}" for t in ("query", "key", "value"))
+    hf = prefix + names.layer.format(i)
+    qkv = tuple(hf + names.qkv.format(projection.format(t)) for t in names.qkv_names)
     entries += [
         Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
               lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
@@ -70,15 +89,15 @@ def layer_entries(cfg: ModelConfig, prefix: str, projection: str = "{}") -> list
         Entry(ours + ("attention", "qkv", "bias"), tuple(f"{q}.bias" for q in qkv),
               lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
               lambda x: tuple(x.reshape(3, d))),
-        Entry(ours + ("attention", "out", "kernel"), (f"{hf}attention.output.dense.weight",),
+        Entry(ours + ("attention", "out", "kernel"), (f"{hf}{names.out}.weight",),
               lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
-        same(ours + ("attention", "out", "bias"), f"{hf}attention.output.dense.bias"),
-        *norm(ours + ("attention_norm",), f"{hf}attention.output.LayerNorm"),
-        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}intermediate.dense.weight"),
-        same(ours + ("mlp", "wi", "bias"), f"{hf}intermediate.dense.bias"),
-        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}output.dense.weight"),
-        same(ours + ("mlp", "wo", "bias"), f"{hf}output.dense.bias"),
-        *norm(ours + ("mlp_norm",), f"{hf}output.LayerNorm"),
+        same(ours + ("attention", "out", "bias"), f"{hf}{names.out}.bias"),
+        *norm(ours + ("attention_norm",), f"{hf}{names.attention_norm}"),
+        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}{names.wi}.weight"),
+        same(ours + ("mlp", "wi", "bias"), f"{hf}{names.wi}.bias"),
+        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}{names.wo}.weight"),
+        same(ours + ("mlp", "wo", "bias"), f"{hf}{names.wo}.bias"),
+        *norm(ours + ("mlp_norm",), f"{hf}{names.mlp_norm}"),
     ]
   return entries
 

@@ -1,14 +1,16 @@
 """Hugging Face interop, the shared converter: bertjax parameters <-> `transformers` safetensors
 checkpoints (`import_hf`, `export_hf`), config.json both ways and tokenizer files, dispatching by
-model type to one mapping per family (bertjax/hf/bert.py, modernbert.py, deberta.py, gpt.py:
-names, layout differences, config translation). Scanned models stack layers on a leading axis
-here.
+model type to one mapping per family (bertjax/hf/bert.py, albert.py, modernbert.py, deberta.py,
+electra.py, gpt.py: names, layout differences, config translation). Scanned models stack layers
+on a leading axis here.
 
 Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
 initialised and reported), fine-tuned BERT exported as BertForSequenceClassification,
 BertForTokenClassification or BertForQuestionAnswering (`head=`), ModernBertForMaskedLM /
 ModernBertModel, DebertaV2ForMaskedLM / DebertaV2Model (DeBERTa-v2/v3), ElectraForPreTraining /
-ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, GPT2LMHeadModel /
+ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, AlbertForPreTraining /
+AlbertForMaskedLM / AlbertModel (every layer shared, or none), DistilBertForMaskedLM /
+DistilBertModel (a BERT without token types and pooler), GPT2LMHeadModel /
 GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel. Only safetensors are read or written: nothing
 is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an error naming the
 tensor. The names: docs/models.md, 'Hugging Face names'.
@@ -31,7 +33,8 @@ from safetensors.numpy import save as save_safetensors
 
 from bertjax import paths
 
-from bertjax.hf import bert, deberta, electra, gpt, modernbert  # noqa: F401 (hf.electra)
+from bertjax.hf import (albert, bert, deberta, distilbert, electra, gpt,  # noqa: F401
+                        modernbert)
 from bertjax.hf import tokenizer as hf_tokenizer
 from bertjax.hf.entries import Entry, HFConversionError
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -71,6 +74,10 @@ def _entries(cfg: ModelConfig, model_type: str, prefix: str, legacy: bool = Fals
   `head`: an ELECTRA's (electra.EXPORT_HEADS)."""
   if model_type == "bert":
     return bert.entries(cfg, prefix)
+  if model_type == "albert":
+    return albert.entries(cfg, prefix)
+  if model_type == "distilbert":
+    return distilbert.entries(cfg, prefix)
   if model_type == "electra":
     return electra.entries(cfg, prefix, head)
   if model_type == "modernbert":
@@ -88,6 +95,8 @@ def _without_equivalent(cfg: ModelConfig, model_type: str,
     return electra.without_equivalent(head)
   if model_type == "modernbert":
     return modernbert.without_equivalent(cfg)
+  if model_type == "distilbert":
+    return distilbert.without_equivalent()
   return deberta.without_equivalent(cfg) if model_type == "deberta-v2" else []
 
 
@@ -110,10 +119,14 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
     return deberta.config_from_hf(hf, common)
   if model_type == "electra":
     return electra.config_from_hf(hf, common)
+  if model_type == "albert":
+    return albert.config_from_hf(hf, common)
+  if model_type == "distilbert":
+    return distilbert.config_from_hf(hf, common)
   if model_type in ("gpt2", "openai-gpt"):
     return gpt.config_from_hf(hf, common, gpt1=model_type == "openai-gpt")
-  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, modernbert, "
-                          "deberta-v2, electra, gpt2, openai-gpt)")
+  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, albert, distilbert, "
+                          "modernbert, deberta-v2, electra, gpt2, openai-gpt)")
 
 
 def _hf_model_type(cfg: ModelConfig) -> str:
@@ -123,6 +136,13 @@ def _hf_model_type(cfg: ModelConfig) -> str:
     raise HFConversionError("a replaced-token-detection model exports as its discriminator and "
                             "its generator, two models (`bertjax export` writes both: "
                             "bertjax.checkpoints.exports.export_rtd_hf)")
+  if cfg.architecture == "albert":
+    albert.check_exportable(cfg)
+    return "albert"
+  if cfg.layer_sharing != "none":
+    raise HFConversionError(f"model.layer_sharing={cfg.layer_sharing}: transformers' "
+                            f"{cfg.architecture} has no shared layers (model.architecture=albert "
+                            "exports as ALBERT)")
   if cfg.architecture == "electra":
     return "electra"
   if cfg.architecture == "deberta":
@@ -131,6 +151,9 @@ def _hf_model_type(cfg: ModelConfig) -> str:
   if cfg.family == "bert" and cfg.position_embedding == "rotary":
     modernbert.check_exportable(cfg)
     return "modernbert"
+  if distilbert.matches(cfg):  # no token types, no pooler: DistilBertForMaskedLM
+    distilbert.check_exportable(cfg)
+    return "distilbert"
   modern = [name for name, classic in (("position_embedding", "learned"), ("mlp_gated", False),
                                         ("pooler", True), ("attention_bias", True),
                                         ("mlp_bias", True), ("norm_bias", True),
@@ -151,6 +174,7 @@ def _hf_model_type(cfg: ModelConfig) -> str:
 # The heads each model type exports (bertjax head -> transformers class, where it differs by
 # head); "encoder": the bare encoder (DebertaV2Model).
 _HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEADS),
+          "albert": tuple(albert.EXPORT_HEADS), "distilbert": ("pretraining",),
           "deberta-v2": ("pretraining", "encoder", *deberta.TASK_HEADS),
           "modernbert": ("pretraining",),
           "gpt2": ("pretraining",), "openai-gpt": ("pretraining",)}
@@ -193,6 +217,10 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
     return config
   if model_type == "electra":
     return electra.config_dict(cfg, dtype, act, head, labels)
+  if model_type == "albert":
+    return albert.config_dict(cfg, dtype, act, head, generation_ids)
+  if model_type == "distilbert":
+    return distilbert.config_dict(cfg, dtype, act)
   if model_type == "bert":
     return bert.config_dict(cfg, dtype, act, head, labels)
   return gpt.config_dict(cfg, dtype, act, generation_ids, gpt1=model_type == "openai-gpt")
@@ -206,10 +234,15 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   parameters' heads (`_HEADS` per model type; fine-tuned models: a task head)."""
   model_type = _model_type_for(cfg, head)
   prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "deberta-v2": deberta.PREFIX,
-            "electra": electra.PREFIX, "gpt2": gpt.PREFIX, "openai-gpt": gpt.PREFIX}[model_type]
+            "electra": electra.PREFIX, "albert": albert.PREFIX,
+            "distilbert": distilbert.PREFIX, "gpt2": gpt.PREFIX,
+            "openai-gpt": gpt.PREFIX}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
   for key in _without_equivalent(cfg, model_type, head):
     flat.pop(key, None)
+  # SpanBERT's span-boundary head trains only: its export is the BERT it pre-trained.
+  for key in [k for k in flat if k[0] == "sbo"]:
+    flat.pop(key)
   tensors: dict[str, np.ndarray] = {}
   entries = _entries(cfg, model_type, prefix, head=head)
   if head == "encoder":  # the bare encoder: its heads are not exported
@@ -347,9 +380,15 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
   elif model_type == "deberta-v2":
     prefix = deberta.PREFIX if any(k.startswith(deberta.PREFIX) for k in tensors) else ""
     tied, legacy = deberta.tied_copies(prefix), deberta.is_legacy(tensors)
+  elif model_type == "distilbert":
+    prefix = distilbert.PREFIX if any(k.startswith(distilbert.PREFIX) for k in tensors) else ""
+    tied = distilbert.tied_copies(prefix)
   elif model_type == "electra":
     prefix = electra.PREFIX if any(k.startswith(electra.PREFIX) for k in tensors) else ""
     tied = electra.tied_copies(prefix)
+  elif model_type == "albert":
+    prefix = albert.PREFIX if any(k.startswith(albert.PREFIX) for k in tensors) else ""
+    tied = albert.tied_copies(prefix)
   else:
     prefix = gpt.PREFIX if any(k.startswith(gpt.PREFIX) for k in tensors) else ""
     tied = gpt.tied_copies(prefix, gpt1=model_type == "openai-gpt")

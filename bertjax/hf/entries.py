@@ -1,6 +1,7 @@
-"""What each model family's mapping (bert, modernbert, gpt) is built from: `Entry`, one bertjax
-parameter and the checkpoint tensor(s) it is made of, with its constructors; the activation
-names of `transformers` configs; and the error a checkpoint that does not fit raises.
+"""What each model family's mapping (bert, albert, modernbert, gpt, ...) is built from: `Entry`,
+one bertjax parameter and the checkpoint tensor(s) it is made of, with its constructors (a fused
+QKV kernel from three projections among them); the activation names of `transformers` configs;
+and the error a checkpoint that does not fit raises.
 """
 
 from __future__ import annotations
@@ -42,3 +43,17 @@ def norm(name: tuple[str, ...], hf: str, optional: bool = False,
          bias: bool = True) -> list[Entry]:
   return [same(name + ("scale",), f"{hf}.weight", optional)] + (
       [same(name + ("bias",), f"{hf}.bias", optional)] if bias else [])
+
+
+def fused_qkv(ours: tuple[str, ...], theirs: tuple[str, str, str], d: int, n: int,
+              h: int) -> list[Entry]:
+  """Our fused `qkv` kernel [D, 3, N, H] and bias [3, N, H] <-> three separate
+  query/key/value Linear layers (`theirs`: their module names, `.weight` [D, D] / `.bias`)."""
+  return [
+      Entry(ours + ("kernel",), tuple(f"{t}.weight" for t in theirs),
+            lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
+            lambda x: tuple(x.reshape(d, 3, d)[:, t].T for t in range(3))),
+      Entry(ours + ("bias",), tuple(f"{t}.bias" for t in theirs),
+            lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
+            lambda x: tuple(x.reshape(3, d))),
+  ]

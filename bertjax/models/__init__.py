@@ -18,6 +18,7 @@ from bertjax.models.bert import (BertForPreTraining, BertForQuestionAnswering,
 from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator, ReplacedTokenDetection
 from bertjax.models.gpt import GPT
+from bertjax.models.spanbert import SpanBertForPreTraining
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
            "GPT", "build_model", "init_params", "jit_init", "abstract_params"]
@@ -43,6 +44,8 @@ def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
   if head == "pretraining" and config.has_generator:
     return ReplacedTokenDetection(config)
+  if head == "pretraining" and config.span_boundary_positions:
+    return SpanBertForPreTraining(config, max_span_length=config.span_boundary_positions)
   if head != "pretraining" and config.has_generator:
     # A fine-tune or the discriminator alone: the generator is not part of it.
     config = config.discriminator_config()

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, layers
+from bertjax.models import attention, layers, sharing
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -24,8 +24,9 @@ class BertModel(nn.Module):
   """Embeddings + encoder + pooler. `attend` is the tied output projection of the MLM head.
 
   The embedding layout follows `config.architecture`: BERT's tables summed and normalised;
-  ELECTRA's at `embedding_size`, normalised, then projected to the hidden size; DeBERTa's
-  projected (no bias), normalised and zeroed at padding. A generator that shares its
+  ELECTRA's at `embedding_size`, normalised, then projected to the hidden size (ALBERT's
+  alike, projected whatever the widths); DeBERTa's projected (no bias), normalised and zeroed
+  at padding. A generator that shares its
   discriminator's embeddings (ELECTRA) is built with `shared_embeddings=False` and is called
   with `embedded_BLE`, the discriminator's `embeddings(...)` of its input; DeBERTa-v3's
   discriminator is built with `base_word_embeddings`, the generator's word table.
@@ -52,12 +53,12 @@ class BertModel(nn.Module):
         self.token_type_embeddings = layers.embed(cfg, cfg.type_vocab_size, (None, "embed"),
                                                   "token_type_embeddings", width=width)
       self.embeddings_norm = layers.layer_norm(cfg, "embeddings_norm")
-    if width != cfg.hidden_size:
-      # ELECTRA's projection has a bias, DeBERTa's none.
+    if cfg.projects_embeddings:
+      # ELECTRA's and ALBERT's projection has a bias, DeBERTa's none.
       self.embeddings_project = layers.Dense(
           cfg, "ble,ed->bld", (width, cfg.hidden_size), (None, "embed"),
-          (cfg.hidden_size,) if cfg.architecture == "electra" else None, ("embed",))
-    self.encoder = layers.LayerStack(cfg)
+          (cfg.hidden_size,) if cfg.architecture != "deberta" else None, ("embed",))
+    self.encoder = sharing.layer_stack(cfg)
     self.dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       self.final_norm = layers.layer_norm(cfg, "final_norm")
@@ -68,8 +69,8 @@ class BertModel(nn.Module):
   def embeddings(self, input_ids_BL: Array, token_type_ids_BL: Array | None = None,
                  attention_mask_BL: Array | None = None, deterministic: bool = True,
                  positions_BL: Array | None = None) -> Array:
-    """The embedding output the encoder reads; for ELECTRA before the projection to the hidden
-    size ([B, L, embedding_size]: what a sharing generator reads too)."""
+    """The embedding output the encoder reads; for ELECTRA and ALBERT before the projection to
+    the hidden size ([B, L, embedding_size]: what a sharing generator reads too)."""
     cfg = self.config
     _, length = input_ids_BL.shape
     x_BLE = self.word_embeddings(input_ids_BL)
@@ -80,7 +81,7 @@ class BertModel(nn.Module):
       x_BLE = x_BLE + self.token_type_embeddings(
           jnp.zeros_like(input_ids_BL) if token_type_ids_BL is None else token_type_ids_BL)
     if cfg.architecture == "deberta":
-      if cfg.embedding_width != cfg.hidden_size:
+      if cfg.projects_embeddings:
         x_BLE = self.embeddings_project(x_BLE)
       x_BLE = self.embeddings_norm(x_BLE)
       if attention_mask_BL is not None:
@@ -107,7 +108,7 @@ class BertModel(nn.Module):
     if x is None:
       x = self.embeddings(input_ids_BL, token_type_ids_BL, attention_mask_BL, deterministic,
                           positions_BL)
-    if cfg.architecture != "deberta" and cfg.embedding_width != cfg.hidden_size:
+    if cfg.architecture != "deberta" and cfg.projects_embeddings:
       x = self.embeddings_project(x)
     x_BLD = layers.constrain(x, layers.ACT_BLD)
     # Padding masked on keys only; outputs at padded query positions are unused.
@@ -137,7 +138,9 @@ def gather_positions(x_BLD: Array, positions_BP: Array) -> Array:
 
 
 class BertForPreTraining(nn.Module):
-  """BERT with the MLM head (dense+act+LayerNorm, tied decoder, own bias) and the NSP head.
+  """BERT with the MLM head (dense+act+LayerNorm, tied decoder, own bias) and the NSP head
+  (ALBERT's sentence-order head is the same, on the pooled output; ALBERT's and an ELECTRA
+  generator's MLM transform narrows to the embedding width).
 
   With `masked_positions` the vocabulary projection runs only at those positions (sparse
   prediction, as google-research/bert); without, at every position.
@@ -160,6 +163,8 @@ class BertForPreTraining(nn.Module):
       h = gather_positions(sequence_BLD, masked_positions_BP)
     if cfg.architecture == "electra":  # an ELECTRA generator (ElectraForMaskedLM)
       h = generator_transform(cfg, h, "mlm_transform", "mlm_norm")
+    elif cfg.architecture == "albert":  # transformers' AlbertMLMHead: the model's activation
+      h = generator_transform(cfg, h, "mlm_transform", "mlm_norm", cfg.activation)
     else:
       h = transform(cfg, h, "mlm_transform", "mlm_norm")
     bias_V = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
@@ -185,32 +190,34 @@ def transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Ar
   return layers.layer_norm(cfg, norm_name)(layers.activation_fn(cfg.activation)(x))
 
 
-def generator_transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Array:
+def generator_transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str,
+                        activation: str = "gelu") -> Array:
   """ELECTRA's generator head: dense to the embedding width, GELU (the exact form whatever the
-  model's activation, as transformers' ElectraGeneratorPredictions), LayerNorm. Inside a
-  compact module, whose submodules it creates under the two names."""
+  model's activation, as transformers' ElectraGeneratorPredictions), LayerNorm; ALBERT's MLM
+  head passes its model's `activation`. Inside a compact module, whose submodules it creates
+  under the two names."""
   rows = "abc"[:x.ndim - 1]
   e = cfg.embedding_width
   x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (cfg.hidden_size, e), ("embed", None), (e,),
                    (None,), name=dense_name)(x)
-  return layers.layer_norm(cfg, norm_name)(layers.activation_fn("gelu")(x))
+  return layers.layer_norm(cfg, norm_name)(layers.activation_fn(activation)(x))
 
 
 def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
   """A model without BERT's pooler (ModernBERT) puts dense + activation + LayerNorm before a
   fine-tuning classifier, as Hugging Face's ModernBertPredictionHead; ELECTRA and DeBERTa put
-  theirs before the sequence classifier only (`classification_head`)."""
+  theirs before the sequence classifier only (`classification_head`); ALBERT has the pooler."""
   if cfg.pooler or cfg.architecture != "bert":
     return x
   return transform(cfg, x, f"{name}_dense", f"{name}_norm")
 
 
 def classification_head(cfg: ModelConfig, cls_BD: Array, deterministic: bool) -> Array:
-  """What the sequence classifier reads: BERT's pooled output (`prediction_head` without a
-  pooler), or for ELECTRA and DeBERTa [CLS]'s state through dropout, dense and GELU
+  """What the sequence classifier reads: BERT's and ALBERT's pooled output (`prediction_head`
+  without a pooler), or for ELECTRA and DeBERTa [CLS]'s state through dropout, dense and GELU
   (transformers' ElectraClassificationHead, DeBERTa's ContextPooler); the dropout before the
   classifier is the caller's."""
-  if cfg.architecture == "bert":
+  if cfg.architecture in ("bert", "albert"):
     return prediction_head(cfg, cls_BD)
   cls_BD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(cls_BD, deterministic=deterministic)
   d = cfg.hidden_size

@@ -18,8 +18,11 @@ NormPosition = Literal["post", "pre"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
 PositionEmbedding = Literal["learned", "rotary", "alibi", "relative"]
 # The Hugging Face encoder whose embedding and head layout a BERT-family model follows.
-Architecture = Literal["bert", "electra", "deberta"]
+Architecture = Literal["bert", "electra", "deberta", "albert"]
 EmbeddingSharing = Literal["shared", "gdes"]
+# Cross-layer parameter sharing (ALBERT, Lan et al. 2020, Table 4): which part of a layer all
+# layers hold in common.
+LayerSharing = Literal["none", "all", "attention", "ffn"]
 RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
 DropoutRng = Literal["hash", "threefry"]
 EmbedLookup = Literal["gather", "one_hot"]
@@ -160,10 +163,12 @@ class ModelConfig:
   # above), "electra" (no pooler; the embeddings normalised at embedding_size, then projected
   # to hidden_size with a bias; ELECTRA's discriminator, generator and classification heads),
   # "deberta" (DeBERTa-v2/v3: position_embedding="relative"; the embeddings projected without
-  # a bias, then normalised and zeroed at padding; no pooler).
+  # a bias, then normalised and zeroed at padding; no pooler), "albert" (ELECTRA's embeddings,
+  # projected with a bias whatever the widths, as transformers' embedding_hidden_mapping_in;
+  # BERT's tanh pooler; an MLM head that projects to embedding_size before the tied decoder).
   architecture: Architecture = "bert"
   # Width of the embedding tables, where it differs from hidden_size (ELECTRA-Small 128 under
-  # a hidden size of 256); 0: hidden_size.
+  # a hidden size of 256, ALBERT 128 under any); 0: hidden_size.
   embedding_size: int = 0
   # With position_embedding="relative" (DeBERTa's disentangled attention, He et al. 2021):
   # the position terms added to content-to-content scores: "c2p|p2c", "c2p" or "p2c".
@@ -191,6 +196,17 @@ class ModelConfig:
   # trained by both losses) or "gdes" (DeBERTa-v3's gradient-disentangled sharing: the
   # discriminator's word table is the generator's, under stop-gradient, plus its own residual).
   embedding_sharing: EmbeddingSharing = "shared"
+  # --- ALBERT (docs/models.md) ----------------------------------------------------------------
+  # Cross-layer parameter sharing (Lan et al. 2020, Section 3.1 and Table 4): "none"; "all"
+  # (one layer's parameters, `encoder/shared_layer`, used by every layer: ALBERT); "attention"
+  # (the attention projections and their LayerNorm shared, the FFN per layer) or "ffn" (the
+  # FFN and its LayerNorm shared, the attention per layer). BERT family.
+  layer_sharing: LayerSharing = "none"
+  # --- SpanBERT (docs/models.md) ----------------------------------------------------------------
+  # The span-boundary head (Joshi et al. 2020, Section 3.2; bertjax.models.spanbert): rows of
+  # its relative-position table, the deepest offset in a span it predicts (SpanBERT: 10);
+  # 0: no span-boundary head. Objective mlm_sbo.
+  span_boundary_positions: int = 0
 
   def __post_init__(self) -> None:
     if self.hidden_size % self.num_heads:
@@ -219,6 +235,7 @@ class ModelConfig:
     self._check_peft()
     self._check_modern()
     self._check_rtd()
+    self._check_albert()
 
   def _check_modern(self) -> None:
     if self.position_embedding not in ("learned", "rotary", "alibi", "relative"):
@@ -254,8 +271,8 @@ class ModelConfig:
                        f"model.attention=xla or auto, not {self.attention!r}")
 
   def _check_rtd(self) -> None:
-    if self.architecture not in ("bert", "electra", "deberta"):
-      raise ValueError(f"model.architecture must be bert, electra or deberta, got "
+    if self.architecture not in ("bert", "electra", "deberta", "albert"):
+      raise ValueError(f"model.architecture must be bert, electra, deberta or albert, got "
                        f"{self.architecture!r}")
     if self.architecture != "bert" and self.family != "bert":
       raise ValueError(f"model.architecture={self.architecture!r} is an encoder layout (BERT "
@@ -263,15 +280,15 @@ class ModelConfig:
     if (self.architecture == "deberta") != (self.position_embedding == "relative"):
       raise ValueError("DeBERTa's disentangled attention is its layout: model.architecture="
                        "deberta goes with model.position_embedding=relative and only with it")
-    if self.architecture != "bert" and self.pooler:
+    if self.architecture in ("electra", "deberta") and self.pooler:
       raise ValueError(f"model.architecture={self.architecture} has no pooler (its heads read "
                        "[CLS]'s final state): set model.pooler=False")
     if self.embedding_size < 0:
       raise ValueError(f"model.embedding_size must be >= 0 (0: hidden_size), got "
                        f"{self.embedding_size!r}")
     if self.embedding_size and self.architecture == "bert":
-      raise ValueError("model.embedding_size needs model.architecture=electra or deberta (the "
-                       "layouts with an embedding projection)")
+      raise ValueError("model.embedding_size needs model.architecture=electra, deberta or "
+                       "albert (the layouts with an embedding projection)")
     terms = self.relative_attention_terms.split("|")
     if not terms or any(t not in ("c2p", "p2c") for t in terms) or len(set(terms)) != len(terms):
       raise ValueError(f"model.relative_attention_terms must be c2p|p2c, c2p or p2c, got "
@@ -286,7 +303,7 @@ class ModelConfig:
     if any(getattr(self, k) < 0 for k in gen):
       raise ValueError(f"model.{', '.join(gen)} must be >= 0")
     if self.generator_hidden_size:
-      if self.architecture == "bert":
+      if self.architecture in ("bert", "albert"):
         raise ValueError("a generator (model.generator_hidden_size) needs model.architecture="
                          "electra or deberta")
       heads = self.generator_num_heads or self.num_heads
@@ -296,6 +313,31 @@ class ModelConfig:
     if self.architecture == "deberta" and self.embedding_width != self.hidden_size:
       raise ValueError("model.embedding_size: DeBERTa's MLM head multiplies hidden states by the "
                        "word table, so the table's width must be hidden_size")
+
+  def _check_albert(self) -> None:
+    if self.layer_sharing not in ("none", "all", "attention", "ffn"):
+      raise ValueError(f"model.layer_sharing must be none, all, attention or ffn, got "
+                       f"{self.layer_sharing!r}")
+    if self.layer_sharing != "none" and self.family != "bert":
+      raise ValueError(f"model.layer_sharing={self.layer_sharing} is an encoder option (BERT "
+                       f"family), not for a {self.family} model")
+    if self.span_boundary_positions < 0:
+      raise ValueError(f"model.span_boundary_positions must be >= 0 (0: no span-boundary "
+                       f"head), got {self.span_boundary_positions!r}")
+    if self.span_boundary_positions and (self.family != "bert" or self.has_generator
+                                         or self.embedding_width != self.hidden_size):
+      raise ValueError("model.span_boundary_positions: the span-boundary head predicts through "
+                       "the MLM decoder of a BERT-family encoder of one width, without a "
+                       "generator")
+    if self.architecture == "albert" and not self.pooler:
+      raise ValueError("model.architecture=albert has BERT's tanh pooler (its sentence-order "
+                       "head reads it): set model.pooler=True")
+
+  @property
+  def projects_embeddings(self) -> bool:
+    """Whether the embedding output is projected to the hidden size: ALBERT's always (its
+    embedding_hidden_mapping_in), ELECTRA's and DeBERTa's where the widths differ."""
+    return self.architecture == "albert" or self.embedding_width != self.hidden_size
 
   @property
   def embedding_width(self) -> int:

@@ -63,9 +63,17 @@ def encoder_path(names: tuple[str, ...]) -> tuple[str, ...] | None:
   return None
 
 
+# Where a layer stack with cross-layer sharing (ALBERT's `model.layer_sharing`) keeps the
+# parameters its layers hold in common (bertjax/models/layers.py), beside the per-layer `layers`
+# / `layers_{i}`: a name of its own, so that the scanned <-> per-layer conversions
+# (bertjax/models/params.py) leave it whole.
+SHARED_LAYER = "shared_layer"
+
+
 def layer_count(params: Any) -> int:
-  """Layers of the encoder's stack: the leading axis of a scanned stack, else the number of
-  `layer_i` subtrees."""
+  """Layers of the encoder's stack that have parameters of their own: the leading axis of a
+  scanned stack, else the number of `layer_i` subtrees (0 for a fully shared stack, whose one
+  `shared_layer` every layer uses)."""
   unscanned = set()
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
     inner = encoder_path(names_of(path))
@@ -82,6 +90,10 @@ def frozen_rows(params: Any, freeze: str) -> Any:
   True for the frozen layers of a scanned layer stack."""
   kind, k = parse_freeze(freeze)
   num_layers = layer_count(params)
+  if kind == "bottom" and k and _has_shared_layer(params):
+    raise ValueError(f"optimizer.freeze=bottom:{k}: the encoder's layers share parameters "
+                     "(model.layer_sharing), which the layers above K use too; freeze the "
+                     "whole encoder (optimizer.freeze=encoder) or the embeddings")
   if kind == "bottom" and k > num_layers:
     raise ValueError(f"optimizer.freeze=bottom:{k} but the model has {num_layers} layers")
 
@@ -95,8 +107,8 @@ def frozen_rows(params: Any, freeze: str) -> Any:
     if (kind == "encoder" or inner[0] in EMBEDDINGS
         or (inner[0] == "encoder" and inner[1] in RELATIVE_TABLES)):
       return True
-    if kind != "bottom" or inner[0] not in ("encoder", "decoder"):
-      return False
+    if kind != "bottom" or inner[0] not in ("encoder", "decoder") or inner[1] == SHARED_LAYER:
+      return False  # a shared layer is refused above unless K is 0
     if inner[1] == "layers":  # scanned: the leading axis is the layer
       if k >= num_layers:
         return True
@@ -106,6 +118,14 @@ def frozen_rows(params: Any, freeze: str) -> Any:
       return rows.reshape((num_layers,) + (1,) * (len(np.shape(leaf)) - 1))
     return int(inner[1].split("_")[1]) < k
   return jax.tree_util.tree_map_with_path(rule, params)
+
+
+def _has_shared_layer(params: Any) -> bool:
+  for path, _ in jax.tree_util.tree_leaves_with_path(params):
+    inner = encoder_path(names_of(path))
+    if inner and len(inner) > 1 and inner[0] == "encoder" and inner[1] == SHARED_LAYER:
+      return True
+  return False
 
 
 def parameter_groups(params: Any, freeze: str = "none") -> Any:

@@ -1,5 +1,5 @@
 """Transformer building blocks shared by BERT and GPT: `Dense`, `Embed`, `SelfAttention`, `Mlp`,
-`Adapter`, `Block`, `LayerStack`.
+`Adapter`, `Block`, `LayerStack` (cross-layer sharing: bertjax/models/sharing.py).
 
 Parameters carry logical axis names and the main activations logical sharding constraints; a
 rules table in the config maps them to mesh axes (bertjax/parallel/sharding.py; the names:
@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from bertjax.models import attention, positions, precision, relative
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.groups import SHARED_LAYER
 from bertjax.models.lora import lora_delta, lora_updates
 
 Array = jax.Array
@@ -451,7 +452,8 @@ _REMAT_POLICIES: dict[str, Any] = {
 
 
 class LayerStack(nn.Module):
-  """`num_layers` blocks, scanned (one compiled body, flat compile time) or unrolled."""
+  """`num_layers` blocks, scanned (one compiled body, flat compile time) or unrolled; with
+  `layer_sharing="all"` one Block, `shared_layer`, for all (partly: models/sharing.py)."""
 
   config: ModelConfig
 
@@ -467,19 +469,22 @@ class LayerStack(nn.Module):
     if cfg.remat_policy != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
+    shared = cfg.layer_sharing == "all"
     if cfg.scan_layers:
-      # The KV cache scans like the parameters: one slice per layer on a leading axis.
-      # The relative positions are every layer's: broadcast, not scanned.
-      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
-                      split_rngs={"params": True, "dropout": True},
+      # The KV cache scans like the parameters (a slice per layer); the relative positions and
+      # shared parameters are broadcast (a loop constant: the scan's transpose sums its grads).
+      stack = nn.scan(block, variable_axes={"cache": 0} if shared else {"params": 0, "cache": 0},
+                      variable_broadcast="params" if shared else False,
+                      split_rngs={"params": not shared, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, deterministic, decode, name="layers")(
+      x_BLD, _ = stack(cfg, deterministic, decode, name=SHARED_LAYER if shared else "layers")(
           x_BLD, mask, positions_BL, jnp.arange(cfg.num_layers), rel)
-    else:
-      for i in range(cfg.num_layers):
-        x_BLD, _ = block(cfg, deterministic, decode, name=f"layers_{i}")(
-            x_BLD, mask, positions_BL, i, rel)
+      return x_BLD
+    one = block(cfg, deterministic, decode, name=SHARED_LAYER) if shared else None
+    for i in range(cfg.num_layers):
+      layer = one or block(cfg, deterministic, decode, name=f"layers_{i}")
+      x_BLD, _ = layer(x_BLD, mask, positions_BL, i, rel)
     return x_BLD
 
   def _relative_positions(self, length: int, positions_BL: Array | None

@@ -190,7 +190,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   config = workload.config
   trainer = Trainer(config, mesh)
   total = int(config.num_train_steps)
-  checkpoints = TrainCheckpoints(workdir, config, workload.checkpoint_items)
+  checkpoints = TrainCheckpoints(workdir, config, workload.checkpoint_items,
+                                trainer.teacher.load if trainer.teacher else None)
   try:
     if checkpoints.latest_step() is not None:
       _check_resume(config, checkpoints)

@@ -19,8 +19,9 @@ from bertjax.training import plot
 # The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
 # replaced-token detection: the generator's MLM and the discriminator's; GPT: the LM loss,
 # accuracy and perplexity).
-HEADLINE_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "disc_loss",
-                 "disc_accuracy", "lm_loss", "lm_accuracy", "perplexity")
+HEADLINE_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "sbo_loss", "disc_loss",
+                 "disc_accuracy", "soft_loss", "cos_loss", "lm_loss", "lm_accuracy",
+                 "perplexity")
 # Plotting takes at most about this fraction of the run: frequent evals skip redraws.
 _PLOT_TIME_FRACTION = 0.05
 

@@ -23,13 +23,14 @@ import optax
 from bertjax.finetune.labeled import IGNORE
 from bertjax.models import precision
 from bertjax.models.config import ModelConfig
+from bertjax.models.spanbert import SpanBertForPreTraining
 
 Array = jax.Array
 Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
-PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "rtd", "causal_lm")
+PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "mlm_sbo", "rtd", "causal_lm")
 FINETUNING = ("classification", "regression", "token_classification", "question_answering")
 OBJECTIVES = PRETRAINING + FINETUNING
 
@@ -117,7 +118,7 @@ def _chunked_lm_loss_bwd(config, chunk, residuals, cotangents):
 _chunked_lm_loss.defvjp(_chunked_lm_loss_fwd, _chunked_lm_loss_bwd)
 
 
-def _weighted_nll(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array]:
+def weighted_nll(logits: Array, targets: Array, weights: Array) -> tuple[Array, Array]:
   """Sum of weighted negative log-likelihoods and of weighted correct predictions."""
   nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -148,12 +149,12 @@ class BertPretraining:
         document_ids_BL=batch.get("document_ids"), positions_BL=batch.get("positions"),
         rngs={"dropout": rng} if rng is not None else {})
     weights = batch["masked_lm_weights"].astype(jnp.float32)
-    mlm_nll, mlm_correct = _weighted_nll(out.mlm_logits, batch["masked_lm_ids"], weights)
+    mlm_nll, mlm_correct = weighted_nll(out.mlm_logits, batch["masked_lm_ids"], weights)
     metrics = {"mlm_loss": mlm_nll / norm["mlm"], "mlm_accuracy": mlm_correct / norm["mlm"]}
     loss = metrics["mlm_loss"]
     if self.sentence_task:
       ones = jnp.ones_like(batch["next_sentence_labels"], jnp.float32)
-      nsp_nll, nsp_correct = _weighted_nll(out.nsp_logits, batch["next_sentence_labels"], ones)
+      nsp_nll, nsp_correct = weighted_nll(out.nsp_logits, batch["next_sentence_labels"], ones)
       metrics["nsp_loss"] = nsp_nll / norm["sentences"]
       metrics["nsp_accuracy"] = nsp_correct / norm["sentences"]
       loss = loss + metrics["nsp_loss"]
@@ -196,7 +197,7 @@ class ReplacedTokenDetection:
     gen_logits = self.model.apply(
         {"params": params}, input_ids, types, attention_mask, positions, deterministic,
         method="generate", rngs={} if deterministic else {"dropout": generator_key})
-    mlm_nll, mlm_correct = _weighted_nll(gen_logits, batch["masked_lm_ids"], weights)
+    mlm_nll, mlm_correct = weighted_nll(gen_logits, batch["masked_lm_ids"], weights)
 
     predicted = weights > 0
     at_positions = jnp.take_along_axis(input_ids, positions, axis=1)
@@ -218,6 +219,47 @@ class ReplacedTokenDetection:
                "disc_accuracy": disc_correct / norm["tokens"],
                "replaced_fraction": (replaced_BL * real_BL).sum() / norm["tokens"]}
     return metrics["mlm_loss"] + self.discriminator_weight * metrics["disc_loss"], metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanBoundaryPretraining:
+  """loss = MLM + SBO, each Σ w·NLL / Σ w over the masked positions (SpanBERT's criterion
+  `span_bert_loss` with `--pair-loss-weight 1.0`: both losses per target, summed).
+
+  MLM's weights are `masked_lm_weights`; SBO's the same where the position has an SBO target
+  (`span_offsets` 1 .. the head's `max_span_length`; 0: its span touches the sequence's edge or
+  the position lies deeper in its span than the head has rows). Both predict the original
+  token, `masked_lm_ids`. No sentence task (SpanBERT drops NSP).
+  """
+
+  model: nn.Module
+
+  def _sbo_weights(self, batch: Batch) -> Array:
+    offsets = batch["span_offsets"]
+    has_target = (offsets >= 1) & (offsets <= self.model.max_span_length)
+    return batch["masked_lm_weights"].astype(jnp.float32) * has_target
+
+  def normalizers(self, batch: Batch) -> dict[str, Array]:
+    return {"mlm": jnp.maximum(batch["masked_lm_weights"].sum(), 1e-5),
+            "sbo": jnp.maximum(self._sbo_weights(batch).sum(), 1e-5)}
+
+  def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
+               rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    out = self.model.apply(
+        {"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+        batch["masked_lm_positions"], deterministic=rng is None,
+        document_ids_BL=batch.get("document_ids"), positions_BL=batch.get("positions"),
+        span_left_positions_BP=batch["span_left_positions"],
+        span_right_positions_BP=batch["span_right_positions"],
+        span_offsets_BP=batch["span_offsets"],
+        rngs={"dropout": rng} if rng is not None else {})
+    targets = batch["masked_lm_ids"]
+    mlm_nll, mlm_correct = weighted_nll(out.mlm_logits, targets,
+                                         batch["masked_lm_weights"].astype(jnp.float32))
+    sbo_nll, sbo_correct = weighted_nll(out.sbo_logits, targets, self._sbo_weights(batch))
+    metrics = {"mlm_loss": mlm_nll / norm["mlm"], "mlm_accuracy": mlm_correct / norm["mlm"],
+               "sbo_loss": sbo_nll / norm["sbo"], "sbo_accuracy": sbo_correct / norm["sbo"]}
+    return metrics["mlm_loss"] + metrics["sbo_loss"], metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +287,7 @@ class CausalLM:
     else:
       logits = self.model.apply({"params": params}, *inputs, deterministic=rng is None,
                                 rngs=rngs)
-      nll, correct = _weighted_nll(logits, batch["target_ids"], weights)
+      nll, correct = weighted_nll(logits, batch["target_ids"], weights)
     loss = nll / norm["tokens"]
     return loss, {"lm_loss": loss, "lm_accuracy": correct / norm["tokens"]}
 
@@ -308,12 +350,15 @@ class Finetuning:
 
 
 def build_objective(name: str, model: nn.Module, discriminator_weight: float = 50.0
-                    ) -> BertPretraining | ReplacedTokenDetection | CausalLM | Finetuning:
+                    ) -> (BertPretraining | SpanBoundaryPretraining | ReplacedTokenDetection
+                          | CausalLM | Finetuning):
   """`mlm_nsp` (BERT), `mlm` (RoBERTa: no sentence task), `mlm_sop` (ALBERT's sentence-order
-  prediction: the same 2-way head, labels say whether the segments were swapped), `rtd`
+  prediction: the same 2-way head, labels say whether the segments were swapped), `mlm_sbo`
+  (SpanBERT: MLM plus the span-boundary objective), `rtd`
   (ELECTRA, DeBERTa-v3: a generator and its discriminator, `discriminator_weight` λ),
   `causal_lm` (GPT); `classification`, `regression`, `token_classification`,
-  `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks)."""
+  `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks).
+  Knowledge distillation builds on these (bertjax.training.distillation.objective)."""
   family = model.config.family
   if name == "causal_lm":
     if family != "gpt":
@@ -324,6 +369,11 @@ def build_objective(name: str, model: nn.Module, discriminator_weight: float = 5
       raise ValueError("objective rtd needs an encoder with a generator "
                        "(model.generator_hidden_size > 0)")
     return ReplacedTokenDetection(model, discriminator_weight)
+  if name == "mlm_sbo":
+    if not isinstance(model, SpanBertForPreTraining):
+      raise ValueError("objective mlm_sbo needs SpanBERT's span-boundary head "
+                       "(model.span_boundary_positions > 0; SpanBERT: 10)")
+    return SpanBoundaryPretraining(model)
   if name in ("mlm_nsp", "mlm", "mlm_sop"):
     if family != "bert":
       raise ValueError(f"objective {name} needs a BERT model (model.family='bert')")

@@ -27,7 +27,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from bertjax.models.groups import frozen_rows, parameter_groups, parse_freeze
+from bertjax.models.groups import frozen_rows, names_of, parameter_groups, parse_freeze
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,36 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
-def _zero_frozen(freeze: str) -> optax.GradientTransformation:
+# The position tables a distillation run may freeze (distillation.freeze_position_embeddings:
+# DistilBERT's, GPT-2's `wpe`), by their path in the parameter tree.
+POSITION_TABLES = (("bert", "position_embeddings"), ("wpe",))
+
+
+def _is_position_table(path) -> bool:
+  names = names_of(path)
+  return any(names[:len(table)] == table for table in POSITION_TABLES)
+
+
+def _frozen(params: Any, freeze: str, freeze_positions: bool) -> Any:
+  """`frozen_rows` of `optimizer.freeze`, with the position tables frozen whole as well where
+  `freeze_positions` says so."""
+  rows = frozen_rows(params, freeze)
+  if not freeze_positions:
+    return rows
+  return jax.tree_util.tree_map_with_path(
+      lambda path, f: True if _is_position_table(path) else f, rows)
+
+
+def _groups(params: Any, freeze: str, freeze_positions: bool) -> Any:
+  """`parameter_groups`, with the position tables "frozen" where `freeze_positions` says so."""
+  groups = parameter_groups(params, freeze)
+  if not freeze_positions:
+    return groups
+  return jax.tree_util.tree_map_with_path(
+      lambda path, g: "frozen" if _is_position_table(path) else g, groups)
+
+
+def _zero_frozen(freeze: str, freeze_positions: bool = False) -> optax.GradientTransformation:
   """Zeroes the gradient/update of frozen parameters (rows of a scanned stack included)."""
   def keep(u, f):
     if isinstance(f, np.ndarray):
@@ -56,7 +85,7 @@ def _zero_frozen(freeze: str) -> optax.GradientTransformation:
 
   def update(updates, state, params=None):
     del params
-    return jax.tree.map(keep, updates, frozen_rows(updates, freeze)), state
+    return jax.tree.map(keep, updates, _frozen(updates, freeze, freeze_positions)), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
@@ -102,14 +131,17 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
 
 def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
                     restart: ml_collections.ConfigDict | None = None,
+                    freeze_positions: bool = False,
                     ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The full update rule (clipping, then the optimizer) and its learning-rate schedule
   (`restart`: see `learning_rate_schedule`).
 
   With `opt.freeze` or `opt.head_learning_rate` set, the parameters are split into groups
   (`parameter_groups`): frozen ones get a zero update and no optimizer state, the head its own
-  schedule (the encoder's warmup and decay, to its own peak). Otherwise the optimizer state
-  is the single optimizer's, as checkpoints of earlier runs hold it."""
+  schedule (the encoder's warmup and decay, to its own peak). `freeze_positions` (a
+  distillation run's distillation.freeze_position_embeddings) freezes the position tables the
+  same way. Otherwise the optimizer state is the single optimizer's, as checkpoints of earlier
+  runs hold it."""
   schedule = learning_rate_schedule(opt, num_train_steps, restart)
   freeze = str(opt.get("freeze", "none"))
   parse_freeze(freeze)
@@ -120,7 +152,7 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
     head_schedule = learning_rate_schedule(head_opt, num_train_steps, restart)
   else:
     head_schedule = schedule
-  grouped = freeze != "none" or head_schedule is not schedule
+  grouped = freeze != "none" or head_schedule is not schedule or freeze_positions
   clip = ([optax.clip_by_global_norm(float(opt.clip_norm))]
           if opt.clip_norm and float(opt.clip_norm) > 0 else [])
   if not grouped:
@@ -128,11 +160,12 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   update = optax.multi_transform(
       {"frozen": optax.set_to_zero(), "encoder": _core(opt, schedule),
        "head": _core(opt, head_schedule)},
-      lambda params: parameter_groups(params, freeze))
+      lambda params: _groups(params, freeze, freeze_positions))
   # Frozen gradients are zeroed before clipping (they take no part in the global norm) and the
   # updates again after: decoupled weight decay moves a parameter with zero gradient, and the
   # frozen rows of a scanned stack share their leaf (and optimizer) with trained rows.
-  return optax.chain(_zero_frozen(freeze), *clip, update, _zero_frozen(freeze)), schedule
+  zero = _zero_frozen(freeze, freeze_positions)
+  return optax.chain(zero, *clip, update, zero), schedule
 
 
 def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule

@@ -32,7 +32,7 @@ from bertjax.models.electra import discriminator_params
 from bertjax.models.groups import encoder_path, is_added
 from bertjax.models.params import shape_mismatches
 from bertjax.parallel import sharding
-from bertjax.training import objectives, optim
+from bertjax.training import distillation, objectives, optim
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ class TrainState:
   opt_state: Any
   # Raw key data (uint32), so checkpoints hold a plain array.
   rng: jax.Array
+  # A distillation run's frozen teacher (bertjax.training.distillation), None otherwise: passed
+  # through the step unchanged, outside the gradient and the optimizer; not checkpointed (read
+  # again from its source on restore) and not exported.
+  teacher: Any = None
 
 
 def _trailing_names(path) -> tuple[str, ...]:
@@ -96,14 +100,18 @@ def _split_micro_batches(x: jax.Array, k: int) -> jax.Array:
   return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
 
 
-def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.BertPretraining |
-               objectives.CausalLM, optimizer: optax.GradientTransformation,
-               schedule: optax.Schedule, accum_steps: int, rules) -> tuple[TrainState, dict]:
-  """One optimizer update on the global batch (pure; jitted by `Trainer`)."""
+def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
+               optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+               accum_steps: int, rules) -> tuple[TrainState, dict]:
+  """One optimizer update on the global batch (pure; jitted by `Trainer`). A distillation
+  teacher (`state.teacher`) is read by the loss, differentiated by nothing and returned as
+  it came."""
   with nn.logical_axis_rules(rules):
     norm = loss_fn.normalizers(batch)
     key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    objective = (loss_fn if state.teacher is None
+                 else functools.partial(loss_fn, teacher=state.teacher))
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
     if accum_steps == 1:
       (loss, metrics), grads = grad_fn(state.params, batch, norm, key)
     else:
@@ -126,12 +134,13 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.BertPretr
              "learning_rate": schedule(state.step)}
   if "lm_loss" in metrics:
     metrics["perplexity"] = jnp.exp(metrics["lm_loss"])
-  return TrainState(state.step + 1, params, opt_state, state.rng), metrics
+  return TrainState(state.step + 1, params, opt_state, state.rng, state.teacher), metrics
 
 
-def eval_step(params: Any, batch: Batch, *, loss_fn, rules) -> dict:
+def eval_step(params: Any, batch: Batch, teacher: Any = None, *, loss_fn, rules) -> dict:
   with nn.logical_axis_rules(rules):
-    loss, metrics = loss_fn(params, batch, loss_fn.normalizers(batch), None)
+    extra = {} if teacher is None else {"teacher": teacher}
+    loss, metrics = loss_fn(params, batch, loss_fn.normalizers(batch), None, **extra)
   return {**metrics, "loss": loss}
 
 
@@ -161,21 +170,43 @@ class Trainer:
     self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
                                           platform)
     self.model = build_model(self.model_config, head_of(config))
-    self.loss_fn = objectives.build_objective(config.objective, self.model,
-                                              float(config.get("discriminator_weight", 50.0)))
+    # A distillation run's teacher: its model config read from its files here, its weights
+    # when the state is made or restored.
+    self.teacher = (distillation.teacher_of(config, self.model_config, platform)
+                    if distillation.enabled(config) else None)
+    self.loss_fn = (
+        objectives.build_objective(config.objective, self.model,
+                                   float(config.get("discriminator_weight", 50.0)))
+        if self.teacher is None else
+        distillation.objective(config.objective, self.model, self.teacher, config.distillation))
     self.optimizer, self.schedule = optim.build_optimizer(
-        config.optimizer, config.num_train_steps, config.get("phase2"))
+        config.optimizer, config.num_train_steps, config.get("phase2"),
+        freeze_positions=bool(self.teacher
+                              and config.distillation.freeze_position_embeddings))
     self.accum_steps = int(config.grad_accum_steps)
     self.state_shardings = self._state_shardings()
     self._step = None
     self._eval = None
     self._predict = None
+    # The teacher's parameters of the latest state this trainer made or stepped (evaluation
+    # reads them; the step donates the state, so each step's output replaces them).
+    self._teacher_params = None
+    if self.teacher is not None:
+      log.info("%s", distillation.describe(self.teacher))
 
   def _init_fn(self, rng: jax.Array) -> TrainState:
+    """A new state without its teacher (a teacher is loaded, never initialised)."""
     param_rng, dropout_rng = jax.random.split(rng)
     params = nn.meta.unbox(init_params(self.model, param_rng))
     return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params),
                       jax.random.key_data(dropout_rng))
+
+  def _abstract(self) -> TrainState:
+    """The state's shapes and dtypes, the teacher's included."""
+    abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
+    if self.teacher is None:
+      return abstract
+    return abstract.replace(teacher=self.teacher.abstract())
 
   def _state_shardings(self) -> TrainState:
     boxed = jax.eval_shape(lambda r: init_params(self.model, r), jax.random.key(0))
@@ -184,18 +215,36 @@ class Trainer:
     replicated = NamedSharding(self.mesh, PartitionSpec())
     opt_sh = optimizer_state_shardings(abstract.opt_state, param_sh, abstract.params,
                                        self.mesh)
-    return TrainState(replicated, param_sh, opt_sh, replicated)
+    # The teacher is sharded by the same logical-axis rules as the student.
+    teacher_sh = (None if self.teacher is None else
+                  sharding.shardings_for(self.teacher.boxed_abstract(), self.mesh, self.rules))
+    return TrainState(replicated, param_sh, opt_sh, replicated, teacher_sh)
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and shardings of the state, allocating nothing (restore targets)."""
-    abstract = jax.eval_shape(self._init_fn, jax.random.key(0))
-    return sharding.abstract_with(abstract, self.state_shardings)
+    return sharding.abstract_with(self._abstract(), self.state_shardings)
 
   def init_state(self, seed: int) -> TrainState:
-    """The initial state, created directly in its shardings."""
+    """The initial state, created directly in its shardings; a distillation run's with its
+    teacher's weights (and, with distillation.init_from_teacher, the student made from them)."""
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      return jax.jit(self._init_fn, out_shardings=self.state_shardings,
-                     compiler_options=init_compiler_options())(jax.random.key(seed))
+      state = jax.jit(self._init_fn, out_shardings=self.state_shardings.replace(teacher=None),
+                      compiler_options=init_compiler_options())(jax.random.key(seed))
+    if self.teacher is None:
+      return state
+    state = state.replace(teacher=self.teacher.load(self.abstract_state().teacher))
+    settings = self.config.distillation
+    if settings.init_from_teacher:
+      with jax.set_mesh(self.mesh):
+        params, kept = distillation.student_from_teacher(
+            state.params, state.teacher, self.model_config, self.teacher.config,
+            str(settings.teacher_layers), self.state_shardings.params)
+      state = state.replace(params=params)
+      log.info("initialised the student from the teacher's layers %s%s",
+               settings.teacher_layers,
+               f"; kept their initialisation: {', '.join(kept)}" if kept else "")
+    self._teacher_params = state.teacher
+    return state
 
   def data_sharding(self) -> NamedSharding:
     """How dimension 0 (rows) of every batch field is laid out over the mesh."""
@@ -215,7 +264,8 @@ class Trainer:
     self._step = jax.jit(step, in_shardings=(self.state_shardings, self.batch_shardings),
                          out_shardings=(self.state_shardings, None), donate_argnums=(0,))
     self._eval = jax.jit(functools.partial(eval_step, loss_fn=self.loss_fn, rules=self.rules),
-                         in_shardings=(self.state_shardings.params, self.batch_shardings))
+                         in_shardings=(self.state_shardings.params, self.batch_shardings,
+                                       self.state_shardings.teacher))
     if hasattr(self.loss_fn, "predict"):
       self._predict = jax.jit(
           functools.partial(predict_step, loss_fn=self.loss_fn, rules=self.rules),
@@ -224,11 +274,18 @@ class Trainer:
 
   def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
     with jax.set_mesh(self.mesh):
-      return self._step(state, batch)
+      state, metrics = self._step(state, batch)
+    self._teacher_params = state.teacher
+    return state, metrics
 
   def evaluate(self, params: Any, batch: Batch) -> dict:
+    """The objective's metrics on `batch` (a distillation run's against the teacher of the
+    latest state this trainer made or stepped)."""
+    if self.teacher is not None and self._teacher_params is None:
+      raise ValueError("evaluating a distillation run needs its teacher: make the state "
+                       "(init_state) or run a step first")
     with jax.set_mesh(self.mesh):
-      return self._eval(params, batch)
+      return self._eval(params, batch, self._teacher_params)
 
   def predict(self, params: Any, batch: Batch) -> jax.Array:
     with jax.set_mesh(self.mesh):
