@@ -191,11 +191,13 @@ def test_the_real_corpus_trains_the_same_on_any_process_count(wiki, tmp_path, ob
   for name in ("2x4", "4x2"):
     _assert_same_training(tmp_path / "1x8", tmp_path / name)
   # Step 1 (the same weights on the same global batch) differs at most by the order in which
-  # the collectives sum the per-device loss: within one float32 rounding of the loss.
+  # the collectives sum the 8 per-device partial losses: a few float32 roundings of the loss
+  # (1 ulp on one machine, 2 on another, for the same code and batch: the CPU's codegen moves
+  # the partial sums' roundings). A wrong row or mask moves it by far more.
   losses = {name: train_helpers.step_losses(tmp_path / name) for name in runs}
   ulp = float(np.spacing(np.float32(losses["1x8"][1])))
   for name in ("2x4", "4x2"):
-    assert abs(losses[name][1] - losses["1x8"][1]) <= ulp, (name, losses[name][1])
+    assert abs(losses[name][1] - losses["1x8"][1]) <= 4 * ulp, (name, losses[name][1])
 
   # Killed (every process at once, as a lost slice) after a random step, resumed on 2.
   workdir = tmp_path / "killed"

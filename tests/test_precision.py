@@ -142,7 +142,9 @@ def _loss_and_grads(cfg, params, batch):
   return jax.jit(jax.value_and_grad(lambda p: obj(p, batch, norm, None), has_aux=True))(params)
 
 
-@pytest.mark.parametrize("dtype,mode,tolerance", [("float32", "auto", 1e-6),
+# float32: the chunked and the whole products sum in other orders; the gradients differ by
+# ~1e-6 of their largest entry (1.08e-6 seen on one CPU), bounded at 3e-6.
+@pytest.mark.parametrize("dtype,mode,tolerance", [("float32", "auto", 3e-6),
                                                    ("bfloat16", "float32", 1e-2),
                                                    ("bfloat16", "compute", 3e-2)])
 @pytest.mark.slow

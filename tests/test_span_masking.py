@@ -385,6 +385,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+@pytest.mark.slow
 def test_objective_loss_equals_a_hand_computation():
   """loss = Σ w·NLL_mlm / Σ w + Σ w'·NLL_sbo / Σ w', where w' drops the slots without an SBO
   target (offset 0) and those deeper than the head's rows; accuracies likewise."""
@@ -435,6 +436,7 @@ def test_objective_loss_equals_a_hand_computation():
   assert float(jnp.abs(grads["sbo"]["dense1"]["kernel"]).sum()) > 0
 
 
+@pytest.mark.slow
 def test_sharded_training_steps_match_one_device_layout():
   """mlm_sbo trains the same on a (2, 2, 2) data/fsdp/tensor mesh, with 1 or 2 micro-batches,
   as on pure data parallelism: losses and gradient norms of 3 steps (the SBO head's pinned
