@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from bertjax.hf import bert
-from bertjax.hf.entries import Entry, HFConversionError, fused_qkv, norm, same, transposed
+from bertjax.hf.entries import Entry, HFConversionError, norm, same, transposed
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the heads: its tensors' name prefix.
@@ -60,27 +60,17 @@ def _groups(cfg: ModelConfig, prefix: str) -> list[tuple[tuple[str, ...], str]]:
           for i in range(cfg.num_layers)]
 
 
+# AlbertLayer's tensors, under each stored layer's prefix (`_groups`): BERT's layer under
+# other names.
+LAYER_NAMES = bert.LayerNames(layer="", qkv="attention.{}", out="attention.dense",
+                              attention_norm="attention.LayerNorm", wi="ffn", wo="ffn_output",
+                              mlp_norm="full_layer_layer_norm")
+
+
 def layer_entries(cfg: ModelConfig, prefix: str = PREFIX) -> list[Entry]:
-  """AlbertLayer's tensors: attention.{query,key,value,dense,LayerNorm}, ffn, ffn_output,
-  full_layer_layer_norm (BERT's layer under other names)."""
-  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-  entries = []
-  for ours, hf in _groups(cfg, prefix):
-    att = f"{hf}attention."
-    entries += [
-        *fused_qkv(ours + ("attention", "qkv"), tuple(f"{att}{t}" for t in ("query", "key",
-                                                                              "value")), d, n, h),
-        Entry(ours + ("attention", "out", "kernel"), (f"{att}dense.weight",),
-              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
-        same(ours + ("attention", "out", "bias"), f"{att}dense.bias"),
-        *norm(ours + ("attention_norm",), f"{att}LayerNorm"),
-        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}ffn.weight"),
-        same(ours + ("mlp", "wi", "bias"), f"{hf}ffn.bias"),
-        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}ffn_output.weight"),
-        same(ours + ("mlp", "wo", "bias"), f"{hf}ffn_output.bias"),
-        *norm(ours + ("mlp_norm",), f"{hf}full_layer_layer_norm"),
-    ]
-  return entries
+  """The stored layers (the shared one, or one per layer) and their AlbertLayer tensors."""
+  return [entry for ours, hf in _groups(cfg, prefix)
+          for entry in bert.block_entries(cfg, ours, hf, LAYER_NAMES)]
 
 
 def entries(cfg: ModelConfig, prefix: str = PREFIX) -> list[Entry]:

@@ -12,9 +12,7 @@ import dataclasses
 
 from typing import Any
 
-import numpy as np
-
-from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, fused_qkv, norm, same, transposed
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the heads: its tensors' name prefix.
@@ -72,34 +70,33 @@ class LayerNames:
   mlp_norm: str = "output.LayerNorm"
 
 
+def block_entries(cfg: ModelConfig, ours: tuple[str, ...], hf: str,
+                  names: LayerNames = LayerNames(), projection: str = "{}") -> list[Entry]:
+  """One encoder layer: our subtree `ours` <-> their tensors under `hf` (the layer's prefix),
+  named by `names`; `projection` names the query/key/value projections within `names.qkv`."""
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  qkv = tuple(hf + names.qkv.format(projection.format(t)) for t in names.qkv_names)
+  return [
+      *fused_qkv(ours + ("attention", "qkv"), qkv, d, n, h),
+      Entry(ours + ("attention", "out", "kernel"), (f"{hf}{names.out}.weight",),
+            lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
+      same(ours + ("attention", "out", "bias"), f"{hf}{names.out}.bias"),
+      *norm(ours + ("attention_norm",), f"{hf}{names.attention_norm}"),
+      transposed(ours + ("mlp", "wi", "kernel"), f"{hf}{names.wi}.weight"),
+      same(ours + ("mlp", "wi", "bias"), f"{hf}{names.wi}.bias"),
+      transposed(ours + ("mlp", "wo", "kernel"), f"{hf}{names.wo}.weight"),
+      same(ours + ("mlp", "wo", "bias"), f"{hf}{names.wo}.bias"),
+      *norm(ours + ("mlp_norm",), f"{hf}{names.mlp_norm}"),
+  ]
+
+
 def layer_entries(cfg: ModelConfig, prefix: str, projection: str = "{}",
                   names: LayerNames = LayerNames()) -> list[Entry]:
-  """The encoder's layers: BERT's, and ELECTRA's, DeBERTa's and DistilBERT's alike; `projection`
-  names the query/key/value projections within `names.qkv` (DeBERTa: "{}_proj")."""
-  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-  entries = []
-  for i in range(cfg.num_layers):
-    ours = ("bert", "encoder", f"layers_{i}")
-    hf = prefix + names.layer.format(i)
-    qkv = tuple(hf + names.qkv.format(projection.format(t)) for t in names.qkv_names)
-    entries += [
-        Entry(ours + ("attention", "qkv", "kernel"), tuple(f"{q}.weight" for q in qkv),
-              lambda q, k, v: np.stack([q.T, k.T, v.T], axis=1).reshape(d, 3, n, h),
-              lambda x: tuple(x.reshape(d, 3, d)[:, t].T for t in range(3))),
-        Entry(ours + ("attention", "qkv", "bias"), tuple(f"{q}.bias" for q in qkv),
-              lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
-              lambda x: tuple(x.reshape(3, d))),
-        Entry(ours + ("attention", "out", "kernel"), (f"{hf}{names.out}.weight",),
-              lambda w: w.T.reshape(n, h, d), lambda x: (x.reshape(d, d).T,)),
-        same(ours + ("attention", "out", "bias"), f"{hf}{names.out}.bias"),
-        *norm(ours + ("attention_norm",), f"{hf}{names.attention_norm}"),
-        transposed(ours + ("mlp", "wi", "kernel"), f"{hf}{names.wi}.weight"),
-        same(ours + ("mlp", "wi", "bias"), f"{hf}{names.wi}.bias"),
-        transposed(ours + ("mlp", "wo", "kernel"), f"{hf}{names.wo}.weight"),
-        same(ours + ("mlp", "wo", "bias"), f"{hf}{names.wo}.bias"),
-        *norm(ours + ("mlp_norm",), f"{hf}{names.mlp_norm}"),
-    ]
-  return entries
+  """The encoder's layers (`layers_{i}` <-> `{prefix}` + `names.layer`): BERT's, and
+  ELECTRA's, DeBERTa's and DistilBERT's alike (DeBERTa's `projection`: "{}_proj")."""
+  return [entry for i in range(cfg.num_layers)
+          for entry in block_entries(cfg, ("bert", "encoder", f"layers_{i}"),
+                                     prefix + names.layer.format(i), names, projection)]
 
 
 def classifier_entries(cfg: ModelConfig, head: str) -> list[Entry]:
