@@ -131,7 +131,7 @@ _COMPILE_STEPS = textwrap.dedent("""
       with jax.set_mesh(trainer.mesh):
         step.lower(state, batch).compile()
         if lookup == "gather":
-          trainer._eval.lower(state.params, batch).compile()
+          trainer._eval.lower(state.params, batch, state.teacher).compile()
       print("compiled", family, lookup, flush=True)
 """)
 
