@@ -377,7 +377,7 @@ def test_sbo_head_shapes_parameters_and_its_formula():
   want = y @ p["bert"]["word_embeddings"]["embedding"].T + p["mlm_bias"]
   np.testing.assert_allclose(out.sbo_logits, want, atol=2e-5, rtol=1e-5)
   # Without span inputs (initialisation) the head still runs, on one dummy slot.
-  assert model.apply({"params": params}, ids).sbo_logits.shape == (2, 1, 64)
+  assert jax.jit(model.apply)({"params": params}, ids).sbo_logits.shape == (2, 1, 64)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -393,7 +393,7 @@ def test_objective_loss_equals_a_hand_computation():
   from bertjax.models import init_params
   from bertjax.training.objectives import SpanBoundaryPretraining
   model = _tiny_model(max_span_length=3)
-  params = nn.meta.unbox(init_params(model, jax.random.key(0)))
+  params = nn.meta.unbox(jax.jit(lambda r: init_params(model, r))(jax.random.key(0)))
   objective = SpanBoundaryPretraining(model)
   batch = {
       "input_ids": np.asarray(jax.random.randint(jax.random.key(2), (2, 12), 5, 64), np.int32),
@@ -409,11 +409,13 @@ def test_objective_loss_equals_a_hand_computation():
       "span_offsets": np.array([[1, 2, 3, 4], [0, 0, 0, 0]], np.int32),
   }
   schema.check(batch, "mlm_sbo")
-  loss, metrics = objective(params, batch, objective.normalizers(batch), None)
-  out = model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
-                    batch["attention_mask"], batch["masked_lm_positions"], True, None, None,
-                    batch["span_left_positions"], batch["span_right_positions"],
-                    batch["span_offsets"])
+  # Jitted: op-by-op dispatch over 8 simulated devices is what made this test slow.
+  loss, metrics = jax.jit(lambda p, b: objective(p, b, objective.normalizers(b), None))(
+      params, batch)
+  out = jax.jit(lambda p, b: model.apply(
+      {"params": p}, b["input_ids"], b["token_type_ids"], b["attention_mask"],
+      b["masked_lm_positions"], True, None, None, b["span_left_positions"],
+      b["span_right_positions"], b["span_offsets"]))(params, batch)
   ids = batch["masked_lm_ids"]
 
   def nll(logits):
@@ -432,7 +434,8 @@ def test_objective_loss_equals_a_hand_computation():
   correct = np.argmax(np.asarray(out.mlm_logits), -1) == ids
   assert float(metrics["mlm_accuracy"]) == pytest.approx((w * correct).sum() / 5)
   assert set(metrics) == {"mlm_loss", "mlm_accuracy", "sbo_loss", "sbo_accuracy"}
-  grads = jax.grad(lambda p: objective(p, batch, objective.normalizers(batch), None)[0])(params)
+  grads = jax.jit(jax.grad(
+      lambda p: objective(p, batch, objective.normalizers(batch), None)[0]))(params)
   assert float(jnp.abs(grads["sbo"]["dense1"]["kernel"]).sum()) > 0
 
 
