@@ -13,11 +13,12 @@ import warnings
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
-# Collective timeouts sized for 2 cores (tests/xla_env.py says why); inherited by every process
-# a test starts.
-from xla_env import COLLECTIVE_TIMEOUTS  # noqa: E402
-if "collective_call_terminate" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " " + COLLECTIVE_TIMEOUTS
+# Collective timeouts sized for 2 cores and a cheap CPU compile (tests/xla_env.py says why);
+# inherited by every process a test starts.
+from xla_env import TEST_FLAGS, xla_flags  # noqa: E402
+for _flag in TEST_FLAGS.split():
+  if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No implicit rank promotion: `[B] + [B, L]` raises instead of broadcasting silently (a
 # dropped axis then fails loudly). Set in the environment too, so that the bertjax processes
@@ -93,7 +94,7 @@ def gcs(tmp_path_factory):
         f"{url}/storage/v1/b?project=test", data=json.dumps({"name": BUCKET}).encode(),
         headers={"Content-Type": "application/json"}, method="POST")).read()
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+           "XLA_FLAGS": xla_flags(8),
            # The emulator instead of storage.googleapis.com, for each client library:
            "STORAGE_EMULATOR_HOST": url,  # gcsfs (etils.epath) and google-cloud-storage
            "FSSPEC_GCS_TOKEN": "anon",
