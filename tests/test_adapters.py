@@ -131,6 +131,7 @@ def test_trainable_report_for_bertjax_info():
 
 # --- the additions at initialisation ------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "gpt"])
 def test_fresh_additions_give_the_base_model(family):
   """LoRA's B = 0 and the adapters' zero up-projection: a fresh model equals its base exactly.

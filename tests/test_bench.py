@@ -142,6 +142,7 @@ def test_bf16_matmul_peak_is_timed_in_its_fastest_form(monkeypatch):
   assert set(seen) == {("float32", "float32")}
 
 
+@pytest.mark.slow
 def test_decode_bench_reports_each_cache_size(capsys):
   from bertjax import cli
   assert cli.main(["bench", "--config", "gpt_tiny", "--decode", "24,40", "--new-tokens", "8",

@@ -148,6 +148,7 @@ def _shard_bytes(built) -> dict[str, bytes]:
           for p in sorted(built.glob("*/*.array_record"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_index", [True, False])
 def test_a_multistream_dump_is_shared_out_by_bytes(tmp_path, vocab, with_index):
   """The embedded sample as a genuine multistream dump (10 pages per bz2 stream, index or

@@ -135,6 +135,7 @@ def _hand_loss(s_logits, t_logits, s_hidden, t_hidden, soft_w, real_w, hard_logi
           "loss": alpha_ce * soft + alpha_lm * hard + alpha_cos * cosine}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,restrict", [("bert", False), ("bert", True), ("gpt", False)])
 def test_the_loss_is_distilberts_weighted_sum(teachers, family, restrict):
   """Soft targets (T²·KL at temperature 3, over every real token or the masked ones), the hard

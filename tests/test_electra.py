@@ -149,6 +149,7 @@ def test_an_rtd_model_is_exported_as_its_two_models_not_one(tmp_path):
     hf.export_hf(params, cfg, tmp_path / "out")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["electra", "deberta"])
 def test_bertjax_export_writes_an_rtd_models_discriminator_and_generator(tmp_path, layout,
                                                                          capsys):

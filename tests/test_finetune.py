@@ -489,6 +489,7 @@ def test_same_result_on_a_3d_mesh(tmp_path):
     np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_in_a_finetune_is_the_same_update(tmp_path):
   """A fine-tune is a run of the one loop, micro-batches included: 4 micro-batches per step
   give the parameters of whole batches (dropout off; the objectives normalise over the global
@@ -508,6 +509,7 @@ def test_gradient_accumulation_in_a_finetune_is_the_same_update(tmp_path):
     np.testing.assert_allclose(tuned[0][name], tuned[1][name], atol=2e-5, err_msg=name)
 
 
+@pytest.mark.slow
 def test_a_finished_finetune_started_again_or_continued(tmp_path, capsys):
   """The same command again: the summary, nothing trained. More epochs: refused as a change of
   what the run computes (the schedule), unless asked; then it continues from its last

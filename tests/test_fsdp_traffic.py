@@ -198,6 +198,7 @@ def test_reference_has_the_models_weights(compiled_pair):
   assert ref_params == pytest.approx(ours_params, rel=0.01)
 
 
+@pytest.mark.slow
 def test_fsdp_traffic_is_within_1_25x_of_zero3(compiled_pair):
   topology, (ours, _), (ref, _) = compiled_pair
   mine, ideal = total_bytes(ours), total_bytes(ref)

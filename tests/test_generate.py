@@ -146,6 +146,7 @@ def test_beam_search_equals_transformers(gpt2, kwargs):
 # ----------------------------------------------------------------------- sampling
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_top_k_1_is_greedy():
   params, cfg = _gpt(True)
 
@@ -201,6 +202,7 @@ WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "ran", "to", "house", "bi
          "##s", "##ed", "##ing", "bird", "tree"]
 
 
+@pytest.mark.slow
 def test_fill_mask_equals_transformers_pipeline(tmp_path):
   vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
   ref = hf_models.bert(tmp_path, cls=transformers.BertForMaskedLM, vocab_size=len(vocab))

@@ -116,6 +116,7 @@ def _with_specials(tokenizer, family, ids):
   return ids
 
 
+@pytest.mark.slow
 def test_autotokenizer_ids_equal_bertjax(run, corpus):
   _, export, tokenizer, family = run
   theirs = transformers.AutoTokenizer.from_pretrained(export)

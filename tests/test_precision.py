@@ -86,6 +86,7 @@ def _layer_dots(hlo_text: str) -> list[tuple[str, list[str], str]]:
   return dots
 
 
+@pytest.mark.slow
 def test_cpu_bf16_step_gives_every_layer_product_bf16_operands(devices):
   """On CPU the bf16 step's layer matmuls, forward and backward (weight gradients
   included), read bf16 operands and write float32: the form XLA's CPU kernel runs at full

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from xla_env import TEST_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -148,8 +149,10 @@ def _workspace(tmp: Path) -> dict[str, str]:
   for name in ("configs", "launch"):
     (tmp / name).symlink_to(REPO / name)
   env = dict(os.environ)
-  # Commands that want simulated devices say so themselves (the tour's first line).
-  env.pop("XLA_FLAGS", None)
+  # Commands that want simulated devices say so themselves (the tour's first line); the
+  # suite's compile and collective-timeout flags stay (tests/xla_env.py), unless a command sets
+  # XLA_FLAGS itself.
+  env["XLA_FLAGS"] = TEST_FLAGS
   env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
   env["PYTHONUNBUFFERED"] = "1"
   return env

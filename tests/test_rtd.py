@@ -58,7 +58,8 @@ def _no_stop_gradient(self):
   return self.embedding if self.base is None else self.base.embedding + self.embedding
 
 
-@pytest.mark.parametrize("sharing", ["shared", pytest.param("gdes", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("sharing", ["shared", "gdes"])
 def test_the_generator_gets_no_gradient_from_the_discriminator_loss(sharing, monkeypatch):
   _, model, params, batch = _setup(sharing)
   objective = objectives.build_objective("rtd", model)
@@ -150,6 +151,7 @@ def test_a_sampled_token_equal_to_the_original_is_labelled_original(sample):
       1 - float(metrics["replaced_fraction"]))
 
 
+@pytest.mark.slow
 def test_the_discriminator_and_generator_come_apart_as_plain_models():
   config, model, params, _ = _setup("shared")
   disc = discriminator_params(params, config)

@@ -103,6 +103,7 @@ def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path):
   assert "stopping" in result.stderr
 
 
+@pytest.mark.slow
 def test_rerun_of_a_finished_run_does_nothing(tmp_path, caplog, capsys, monkeypatch):
   # A cached CPU peak far below what any step does: MFU stays at most 100%, the cache is raised.
   monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path / "cache"))

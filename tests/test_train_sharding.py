@@ -37,6 +37,7 @@ def test_train_steps_are_mesh_invariant(devices, reference, axes):
   _assert_same_run(history, state.params, history_ref, params_ref)
 
 
+@pytest.mark.slow
 def test_one_hot_lookup_trains_like_the_gather(devices, reference):
   """model.embed_lookup="one_hot" on a (2, 2, 2) mesh takes the same two steps as the
   unsharded gather: the rows it reads are exact, only the table gradient's sums run in
@@ -90,6 +91,7 @@ def test_gradient_accumulation_equals_large_batch(devices, family):
     np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [
     {"model.dtype": "bfloat16", "model.remat_policy": "dots", "optimizer.name": "lamb"},
     {"model.remat_policy": "full", "optimizer.name": "adafactor", "model.scan_layers": False},

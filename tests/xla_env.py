@@ -11,8 +11,8 @@ The suite compiles over a thousand tiny programs that then run for milliseconds:
 CPU time was LLVM optimising their machine code. The backend optimisation level and LLVM's
 expensive passes change only that code generation (not the HLO a test inspects, not what a
 program computes beyond float reassociation, which every tolerance already allows); runs the
-tests start compare with runs started under the same flags. docs/results/ has the measurement.
-The README's own commands run without them (tests/test_readme.py), as a user runs them.
+tests start compare with runs started under the same flags; the README's commands run under
+them too, except where a command sets XLA_FLAGS itself. docs/results/ has the measurement.
 """
 
 COLLECTIVE_TIMEOUTS = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 "
