@@ -24,6 +24,9 @@ from bertjax.models import ModelConfig, build_model, jit_init
 
 transformers = pytest.importorskip("transformers", reason="the hf extra provides the reference")
 
+# Each case trains a tokenizer and a run and exports it (end to end): the full suite's tier.
+pytestmark = pytest.mark.slow
+
 # Text the corpus sample may lack: runs of spaces, leading/trailing space, tabs, accents,
 # digits, non-Latin scripts, an empty string.
 EXTRA = ["  two  spaces  between   words ", "Café déjà vu, naïve façade: 1,234.56 km²",
@@ -116,7 +119,6 @@ def _with_specials(tokenizer, family, ids):
   return ids
 
 
-@pytest.mark.slow
 def test_autotokenizer_ids_equal_bertjax(run, corpus):
   _, export, tokenizer, family = run
   theirs = transformers.AutoTokenizer.from_pretrained(export)
@@ -180,7 +182,6 @@ def test_cased_wordpiece_stays_cased(run):
   assert theirs.tokenize("Paris") != theirs.tokenize("paris")
 
 
-@pytest.mark.slow
 def test_fill_mask_pipeline_equals_bertjax(run):
   params_dir, export, tokenizer, family = run
   if family != "bert":
