@@ -15,11 +15,14 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
                              + " --xla_force_host_platform_device_count=8").strip()
 # Collective timeouts sized for 2 cores and a cheap CPU compile (tests/xla_env.py says why);
 # inherited by every process a test starts.
-from xla_env import TEST_FLAGS, xla_flags  # noqa: E402
-for _flag in TEST_FLAGS.split():
-  if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " " + _flag
+# The accelerator tier (tests/test_accelerator.py) runs with JAX_PLATFORMS=cuda or tpu: its
+# programs compile as a user's would, without the CPU flags.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from xla_env import TEST_FLAGS, xla_flags  # noqa: E402
+if os.environ["JAX_PLATFORMS"].startswith("cpu"):
+  for _flag in TEST_FLAGS.split():
+    if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+      os.environ["XLA_FLAGS"] += " " + _flag
 # No implicit rank promotion: `[B] + [B, L]` raises instead of broadcasting silently (a
 # dropped axis then fails loudly). Set in the environment too, so that the bertjax processes
 # tests start (training runs, multi-host workers) run under the same rule.
@@ -40,6 +43,24 @@ import pytest  # noqa: E402
 # Full-precision fp32 matmuls on CPU, so parity tolerances mean what they say.
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+# How the accelerator tier is run (docs/doctor.md); a skipped accelerator test names it.
+ACCELERATOR_TIER = ("JAX_PLATFORMS=cuda python -m pytest -m accelerator -n 0 -rA "
+                    "tests/test_accelerator.py (tpu on a TPU VM)")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Accelerator tests run only where jax's backend is a GPU or TPU; elsewhere they skip with
+  the reason and the command that runs them."""
+  backend = jax.default_backend()
+  if backend in ("gpu", "tpu"):
+    return
+  skip = pytest.mark.skip(reason=f"accelerator tier: jax's backend here is {backend}, not a "
+                          f"GPU or TPU; run it on one with {ACCELERATOR_TIER}")
+  for item in items:
+    if item.get_closest_marker("accelerator"):
+      item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -171,3 +171,47 @@ def test_profile_splits_op_time_by_purpose(tmp_path, devices):
   assert sum(v["share"] for v in shares.values()) == pytest.approx(1.0)
   assert profile["op_seconds_per_step"] > 0 and profile["matmul_flops_per_second"] > 0
   assert profile["trace"].startswith(str(tmp_path))
+
+
+# An XLA:GPU optimized-HLO gemm: the dot became a cuBLAS call whose result is a tuple with its
+# workspace, the dimension numbers in the backend config.
+_GPU_GEMM_HLO = """HloModule jit_f, entry_computation_layout={(bf16[64,256]{1,0}, bf16[256,32]{1,0})->bf16[64,32]{1,0}}
+
+ENTRY %main (p0: bf16[64,256], p1: bf16[256,32]) -> bf16[64,32] {
+  %p0 = bf16[64,256]{1,0} parameter(0)
+  %p1 = bf16[256,32]{1,0} parameter(1)
+  %custom-call.1 = (bf16[64,32]{1,0}, s8[4194304]{0}) custom-call(bf16[64,256]{1,0} %p0, bf16[256,32]{1,0} %p1), custom_call_target="__cublas$gemm", backend_config={"operation_queue_id":"0","gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"alpha_imag":0,"epilogue":"DEFAULT"}}
+  ROOT %get-tuple-element = bf16[64,32]{1,0} get-tuple-element((bf16[64,32]{1,0}, s8[4194304]{0}) %custom-call.1), index=0
+}
+"""
+
+
+def test_cublas_gemm_calls_count_as_matmul_flops():
+  """On a GPU most dots compile to cuBLAS custom calls: they count (2 x 64 x 32 x 256); the
+  accelerator tier checks a whole step's count against the formula on the GPU."""
+  from bertjax.tools import hlo
+  assert hlo.analyze_hlo(_GPU_GEMM_HLO).matmul_flops == 2 * 64 * 32 * 256
+  other = _GPU_GEMM_HLO.replace("__cublas$gemm", "__cudnn$norm")
+  assert hlo.analyze_hlo(other).matmul_flops == 0
+
+
+@pytest.mark.slow
+def test_the_gpu_table_runs_reduced_on_cpu(tmp_path, capsys):
+  """`bench --table gpu --reduced`: every row's code path (its config, a child process, ours
+  against transformers) at toy size, the table and the JSON; no timing is asserted."""
+  from bertjax import cli
+  from bertjax.tools import bench_table
+  path = tmp_path / "table.json"
+  assert cli.main(["bench", "--table", "gpu", "--reduced", "--no-torch-compile", "--steps", "1",
+                   "--pairs", "1", "--json", str(path)]) == 0
+  records = json.loads(path.read_text())
+  names = [row.name for row in bench_table.TABLES["gpu"]]
+  assert [r["row"] for r in records] == names
+  out = capsys.readouterr().out
+  for record in records:
+    assert record["config"]["dtype"] == "bfloat16" and record["ours"]["step_seconds_median"] > 0
+    assert "bf16 autocast" in record["hf"]["model"] and len(record["pairs_ratio"]) == 1
+    assert f"| {record['row']} |" in out
+  assert records[0]["overrides"]["max_predictions"] == "8"  # BERT: predictions fit 64 tokens
+  assert cli.main(["bench", "--table", "gpu", "--rows", "GPT-2 tiny"]) == 2
+  assert "GPT-2 medium s1024" in capsys.readouterr().err

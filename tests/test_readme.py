@@ -93,6 +93,7 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^bertjax data bench "),
     Rule(r"^bertjax bench .*--compare hf", "--steps 1 --pairs 1 " + _FEWER_LAYERS),
     Rule(r"^bertjax bench .*--decode ", "--new-tokens 2 " + _FEWER_LAYERS),
+    Rule(r"^bertjax doctor ", "--steps 2"),
     Rule(r"^bertjax import ~/", env=(("HOME", "{home}"),), setup=_tiny_hf_bert),
     Rule(r"^bertjax export --workdir \S+ --step ", "--step 4"),
     Rule(r"^bertjax export "),

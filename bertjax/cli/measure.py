@@ -1,5 +1,5 @@
 """The commands that measure without training for real: `info` (parameter counts), `compile`
-(a TPU slice's compiled step, on this machine), `bench` and `checkpoint-bench`. They import
+(a TPU slice's compiled step, on this machine), `bench`, `checkpoint-bench` and `doctor`. They import
 bertjax.tools inside the handlers, so the CLI loads no tooling until one of them runs."""
 
 from __future__ import annotations
@@ -122,6 +122,25 @@ def _compile_fit(args: argparse.Namespace, overrides: Overrides) -> int:
 
 def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.tools import bench
+  if args.table:
+    from bertjax.tools import bench_table
+    rows = tuple(r for r in args.rows.split(",") if r)
+    known = {r.name for r in bench_table.TABLES.get(args.table, ())}
+    if args.table not in bench_table.TABLES or set(rows) - known:
+      print(f"error: unknown table {args.table!r} or rows {sorted(set(rows) - known)}; tables: "
+            + "; ".join(f"{t}: {', '.join(r.name for r in rs)}"
+                        for t, rs in bench_table.TABLES.items()), file=sys.stderr)
+      return EXIT_USAGE
+    records = bench_table.run_table(
+        args.table, reduced=args.reduced, steps=args.steps, pairs=args.pairs,
+        torch_compile=args.torch_compile, rows=rows, json_path=args.json, log=lambda line: print(line, file=sys.stderr, flush=True))
+    print(bench_table.format_table(records))
+    if args.json:
+      print(f"records written to {args.json}")
+    return EXIT_FAILED if any("error" in r for r in records) else 0
+  if not args.config:
+    print("error: bench needs --config (or --table)", file=sys.stderr)
+    return EXIT_USAGE
   config = config_lib.load_config(args.config, overrides)
   if args.decode:
     from bertjax.tools import decode_bench
@@ -150,6 +169,28 @@ def cmd_checkpoint_bench(args: argparse.Namespace, overrides: Overrides) -> int:
   for line in run_checkpoint_bench(config, blocks=args.blocks, workdir=args.workdir):
     print(line, flush=True)
   return 0
+
+
+def cmd_doctor(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.parallel import distributed
+  from bertjax.tools import doctor
+  config = config_lib.load_config(args.config, overrides)
+  checks = tuple(c for c in args.checks.split(",") if c) if args.checks else doctor.CHECKS
+  unknown = set(checks) - set(doctor.CHECKS)
+  if unknown:
+    print(f"error: unknown check(s) {', '.join(sorted(unknown))}; checks: "
+          f"{', '.join(doctor.CHECKS)}", file=sys.stderr)
+    return EXIT_USAGE
+  distributed.initialize(config.distributed)
+  import jax
+  prefix = f"[host {jax.process_index()}] " if jax.process_count() > 1 else ""
+  workdir = args.workdir or doctor.default_workdir()
+  found = doctor.run_doctor(config, workdir, checks=checks, steps=args.steps,
+                            projected_mfu=args.mfu,
+                            report=lambda c: print(prefix + c.line(), flush=True))
+  path = doctor.write_report(found, args.json or f"{workdir}/doctor.json", args.config)
+  print(f"{prefix}doctor: {doctor.summary(found)}; report {path}")
+  return EXIT_FAILED if any(c.status == "fail" for c in found) else 0
 
 
 def register(add: Add) -> None:
@@ -194,6 +235,35 @@ def register(add: Add) -> None:
                  "the fastest projected setting that fits, and print its overrides (one "
                  "compile per setting tried)")
 
+  p = add("doctor", "check this machine or slice before paying for a run",
+          "Runs, on every host of the run (one process each, as `bertjax train` runs): the "
+          "environment and the mesh's per-host row layout; the platform's fused attention "
+          "kernels against the XLA core (forward and gradients; padding, causal, packed and "
+          "local-window masks; on CPU the splash kernel in interpret mode and the cuDNN call "
+          "through XLA, said so); bf16 products against float32 and the matmul peaks; "
+          "all-reduce, all-gather and reduce-scatter over each mesh axis, checked value by "
+          "value and timed against the data sheet's interconnect; a few steps of the config "
+          "(its runlocal shape where it does not fit) with MFU against the data sheet, the "
+          "--mfu that calibrates `bertjax compile`; checkpoint write/read to the workdir; "
+          "the loader's batches/s against the step's. One line per check (pass, warn, fail, "
+          "skip), a JSON report, exit status 1 when a check fails. Guide: docs/doctor.md.",
+          "examples:\n  bertjax doctor --config configs/bert_base.py\n"
+          "  bertjax doctor --config configs/gpt2.py:size=medium --workdir gs://b/doctor\n"
+          "  python launch/local.py --processes 2 --devices 4 -- bertjax doctor "
+          "--config configs/gpt_tiny.py\n\n" + OVERRIDES_EPILOG, cmd_doctor)
+  p.add_argument("--config", default="modernbert.py:size=tiny",
+                 help="config file or name under configs/ (the README's main job)")
+  p.add_argument("--workdir", default="",
+                 help="where the checkpoint check writes (local or gs://) and the loader "
+                 "check looks for WORKDIR/data/dataset; default a cache directory")
+  p.add_argument("--json", default="", help="the report (default WORKDIR/doctor.json)")
+  p.add_argument("--checks", default="",
+                 help="comma-separated subset of: environment, attention, products, "
+                 "collectives, speed, checkpoint, loader (default all)")
+  p.add_argument("--steps", type=int, default=5, help="timed train steps (5)")
+  p.add_argument("--mfu", type=float, default=0.5,
+                 help="the MFU `bertjax compile` projects at, to compare with (0.5)")
+
   p = add("checkpoint-bench", "measure what asynchronous checkpointing costs",
           "Trains the config in alternating blocks of checkpoint.every steps, one starting with "
           "a save and one without, and prints the relative cost of saving (same process, so "
@@ -221,7 +291,7 @@ def register(add: Add) -> None:
           "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
           "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n\n"
           + OVERRIDES_EPILOG, cmd_bench)
-  p.add_argument("--config", required=True, help="config file or name under configs/")
+  p.add_argument("--config", default="", help="config file or name under configs/")
   p.add_argument("--compare", choices=["hf"], default="",
                  help="also run the Hugging Face transformers (PyTorch) reference")
   p.add_argument("--best", action="store_true",
@@ -238,5 +308,14 @@ def register(add: Add) -> None:
                       "optimizer...)")
   p.add_argument("--decode", default="",
                  help="GPT generation instead: comma-separated cache sizes, e.g. 128,512,1024")
+  p.add_argument("--table", default="",
+                 help="run a benchmark table instead of one config: gpu (BERT-large s512, "
+                 "GPT-2 medium and XL s1024, bf16, against transformers; docs/performance.md)")
+  p.add_argument("--reduced", action="store_true",
+                 help="with --table: every row at toy size (the code path, on a CPU)")
+  p.add_argument("--rows", default="", help="with --table: only these rows (comma-separated "
+                 "names as the table prints them)")
+  p.add_argument("--torch-compile", dest="torch_compile", action=argparse.BooleanOptionalAction,
+                 default=True, help="with --table: the reference through torch.compile (on)")
   p.add_argument("--new-tokens", dest="new_tokens", type=int, default=32,
                  help="--decode: new tokens per timed generation (32)")

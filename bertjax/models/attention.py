@@ -257,6 +257,10 @@ def cudnn_attention(config: ModelConfig, q_BLNH: Array, k_BSNH: Array, v_BSNH: A
   dense = mask.dense_B1LS
   if window:
     dense = dense & window_band(q_BLNH.shape[1], window)
+  # cuDNN takes the mask as a bias of the scores' shape: BERT's padding mask [B, 1, 1, S]
+  # broadcast over the queries is refused on the GPU ("Bias must have same seq length as
+  # QKV"; XLA's implementation broadcasts it).
+  dense = jnp.broadcast_to(dense, (dense.shape[0], 1, q_BLNH.shape[1], k_BSNH.shape[1]))
   dtype = config.compute_dtype
   out_BLNH = jax.nn.dot_product_attention(
       q_BLNH.astype(dtype), k_BSNH.astype(dtype), v_BSNH.astype(dtype),

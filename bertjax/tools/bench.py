@@ -77,8 +77,8 @@ class OurStep:
 
   def run(self, steps: int) -> list[float]:
     def one():
-      self.state, metrics = self.compiled(self.state, self.batch)
-      jax.block_until_ready(metrics["loss"])
+      self.state, self.metrics = self.compiled(self.state, self.batch)
+      jax.block_until_ready(self.metrics["loss"])
     return _step_times(one, steps)
 
   def compiled_flops(self) -> tuple[float, float | None]:
@@ -171,14 +171,15 @@ def _block_times(run: Callable[[int], list[float]], steps: int) -> list[float]:
 
 def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: int = 3,
                   compare: str | None = None, best: bool = False, peak_size: int = 2048,
-                  profile_dir: str | None = None,
+                  profile_dir: str | None = None, reference_compile: bool = False,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
   """Benchmarks `config`'s train step (and the reference, alternately); returns the record.
 
   `best`: both ours and the reference run in each precision (`PRECISIONS`: float32, and
   bfloat16 — ours with model.dtype=bfloat16, the reference under `torch.autocast`), and the
   fastest of ours is compared with the fastest of the reference, pair by pair.
-  `profile_dir`: also profile our step (the config's dtype) there after the timed steps."""
+  `profile_dir`: also profile our step (the config's dtype) there after the timed steps.
+  `reference_compile`: the reference through `torch.compile`."""
   from bertjax.config import model_config
   model = model_config(config)
   b, l = int(config.batch_size), int(config.seq_length)
@@ -215,7 +216,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   if compare == "hf":
     for dtype in dtypes:
       log(f"building the Hugging Face reference ({bench_hf.PRECISION_NAMES[dtype]})")
-      references[dtype] = bench_hf.ReferenceStep(config, batch, precision=dtype)
+      references[dtype] = bench_hf.ReferenceStep(config, batch, precision=dtype,
+                                                 compile=reference_compile)
       first_torch_peaks[dtype] = bench_hf.measure_matmul_peak(peak_size, dtype)
   elif compare is not None:
     raise ValueError(f"compare must be 'hf' or None, got {compare!r}")

@@ -103,6 +103,24 @@ def _dot_flops(ins: _Instr, shapes: dict[str, str]) -> float:
   return 2.0 * math.prod(_dims(ins.shape)) * k
 
 
+# XLA:GPU rewrites dots into cuBLAS calls: custom-call(lhs, rhs[, bias]),
+# custom_call_target="__cublas$gemm" (or "__cublas$lt$matmul..."), the dot's dimension numbers
+# in the backend config as JSON lists of strings, and a tuple (result, workspace) as its shape.
+_GEMM_TARGET = re.compile(r'custom_call_target="__cublas\$(?:gemm|lt\$matmul)')
+_GEMM_LHS_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def _gemm_flops(ins: _Instr, shapes: dict[str, str]) -> float:
+  """A cuBLAS gemm custom call's FLOPs: 2 x the result's elements x the contracted size."""
+  lhs = _dims(shapes.get(ins.operands[0], "")) if ins.operands else ()
+  contracting = _GEMM_LHS_CONTRACTING.search(ins.attrs)
+  if not lhs or not contracting:
+    return 0.0
+  k = math.prod(lhs[int(d.strip().strip('"'))] for d in contracting.group(1).split(",")
+                if d.strip().strip('"'))
+  return 2.0 * math.prod(_dims(ins.shape)) * k
+
+
 def _conv_flops(ins: _Instr, shapes: dict[str, str]) -> float:
   """XLA's HloCostAnalysis::GetConvolutionFlops: 2 x FMAs over valid window positions."""
   lhs, rhs, out = (_dims(shapes.get(ins.operands[0], "")), _dims(shapes.get(ins.operands[1], "")),
@@ -322,6 +340,8 @@ def analyze_hlo(text: str) -> HloStats:
         stats.matmul_flops += _dot_flops(ins, shapes)
       elif op == "convolution":
         stats.matmul_flops += _conv_flops(ins, shapes)
+      elif op == "custom-call" and _GEMM_TARGET.search(ins.attrs):
+        stats.matmul_flops += _gemm_flops(ins, shapes)
       kind = op.removesuffix("-done")
       if op == "fusion" and _REDUCE_SCATTER_FUSION.search(ins.attrs):
         # libtpu's fused reduce-scatter: an all-reduce whose result is sliced to this device's
