@@ -187,3 +187,23 @@ def test_dots_remat_with_splash_keeps_no_score_shaped_tensor(capsys):
   # (head-major output [.., 4, 256, 16] and log-sum-exp [.., 4, 256]).
   assert "3,4,16]" in kept["splash"] and "f32[2,2,4,256,16]" in kept["splash"], kept["splash"]
   assert "f32[2,2,4,256]" in kept["splash"], kept["splash"]
+
+
+def test_the_cudnn_call_gets_a_mask_of_the_scores_shape(monkeypatch):
+  """cuDNN takes the mask as a score bias of shape [B, 1, L, S] and refuses BERT's [B, 1, 1, S]
+  padding mask (seen on an H100: "Bias must have same seq length as QKV"); XLA's
+  implementation broadcast it, so only the shape handed over can be checked here."""
+  shapes = []
+  real = jax.nn.dot_product_attention
+
+  def recording(q, k, v, mask=None, **kwargs):
+    shapes.append(None if mask is None else mask.shape)
+    return real(q, k, v, mask=mask, **{**kwargs, "implementation": "xla"})
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
+  mask, _ = _masks(32)["bert_padding"]
+  assert mask.dense_B1LS.shape == (2, 1, 1, 32)
+  q = jax.random.normal(jax.random.key(0), (2, 32, 4, 16))
+  attention.cudnn_attention(CFG, q, q, q, mask)
+  attention.cudnn_attention(CFG, q, q, q, _masks(32)["gpt_causal"][0])  # causal only: none
+  assert shapes == [(2, 1, 32, 32), None]

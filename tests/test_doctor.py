@@ -212,3 +212,31 @@ def test_collective_expectations_are_the_host_arithmetic():
   np.testing.assert_array_equal(gathered[1, 2], np.concatenate([values[0, 2], values[1, 2]]))
   scattered = device_checks._expected("reduce-scatter", values, 1)
   np.testing.assert_array_equal(scattered[1, 2], values[1].sum(axis=0)[4:6])
+
+
+def test_interconnect_figures_come_from_the_data_sheets():
+  class Device:
+    def __init__(self, kind):
+      self.device_kind = kind
+  sheet = device_checks.interconnect_bandwidth
+  assert sheet(Device("NVIDIA H100 80GB HBM3")) == 900e9
+  assert sheet(Device("TPU v4")) == 600e9  # bertjax.tools.topology's v4 figure, one device
+  assert sheet(Device("TPU v5 lite")) == 400e9 and sheet(Device("TPU v5p")) == 1200e9
+  assert sheet(Device("TPU v6 lite")) == 800e9
+  assert sheet(Device("cpu")) is None and sheet(Device("TPU v3")) is None
+
+
+def test_a_step_that_does_not_fit_is_measured_at_its_runlocal_shape(monkeypatch, tmp_path):
+  real = bench.OurStep.__init__
+
+  def out_of_memory_when_large(self, config, batch):
+    if int(config.model.num_layers) > 2:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9.1GiB")
+    real(self, config, batch)
+
+  monkeypatch.setattr(bench.OurStep, "__init__", out_of_memory_when_large)
+  config = _config(**{"model.num_layers": 4})
+  (speed,) = _run(config, tmp_path, "speed")
+  assert speed.status in ("pass", "warn")
+  assert "did not fit" in speed.detail and "runlocal shape" in speed.detail
+  assert speed.detail.startswith("gpt 2x128")  # runlocal's two layers
