@@ -18,18 +18,19 @@ Pre-training (App. A, Table 3): 1.719T tokens at 1,024 tokens per sequence, pack
 in rows with no attention across them: data.bert_instances=packed), 30% MLM masking (80/10/10),
 no NSP; StableAdamW β (0.9, 0.98), ε 1e-6, fully decoupled weight decay 1e-5 per step at
 the peak rate (not on biases or norms; optimizer.weight_decay here is that over the peak
-learning rate, since optax's adamw multiplies by the rate), no gradient clipping; linear warmup then constant (the trapezoidal schedule's decay comes at the
-end of context extension); RoPE base 10,000 in every layer in this phase; dropout 0.1 on the
-attention output only. Then context extension (`:size=base,stage=extension`): 8,192 tokens,
-batch 576 (large 616), constant lr 3e-4 (large 5e-5), global layers' RoPE base 160,000, 250B
-tokens, then 50B with a 1-sqrt decay.
+learning rate, since the update multiplies it by the rate), no gradient clipping; linear
+warmup then constant (the trapezoidal schedule's decay comes at the end of context
+extension); RoPE base 10,000 in every layer in this phase; dropout 0.1 on the attention output
+only. Then context extension (`:size=base,stage=extension`): 8,192 tokens, batch 576 (large
+616), lr 3e-4 (large 5e-5), global layers' RoPE base 160,000, 250B tokens at that rate, then
+50B with a 1-sqrt decay to 0 (optimizer.schedule="wsd", decay_fraction 50/300).
 
-What differs here, stated rather than hidden: AdamW with global-norm clipping off stands in for
-StableAdamW (whose per-parameter update clipping optax does not ship); the batch-size ramp
-(768 -> 4,608 over 50B tokens) is not done; large's 5e-4 -> 5e-5 restart after 900B tokens
-and the final 50B-token decay are left to a second run; the attention-output dropout is
+StableAdamW is `optimizer.name="stable_adamw"` (bertjax.training.optim: AdamW with per-tensor
+update clipping; tiny keeps AdamW, the README main job's recipe). What differs here, stated
+rather than hidden: the batch-size ramp (768 -> 4,608 over 50B tokens) is not done; large's
+5e-4 -> 5e-5 restart after 900B tokens is left to a second run; the attention-output dropout is
 bertjax's hidden_dropout, which also drops out the embeddings and the MLP's output (both 0 in
-the paper); steps are tokens / (batch x 1,024).
+the paper); steps are tokens / (batch x sequence length).
 
   bertjax compile --config configs/modernbert.py:size=base --topology v5p-64
   bertjax compile --config configs/modernbert.py:size=large --topology v5p-128
@@ -56,7 +57,9 @@ VARIANTS = tuple(f"size={size}" for size in SIZES) + ("size=base,stage=extension
 # Table 3's weight decay, per step at the peak learning rate (large: 1e-6 after its restart).
 PAPER_WEIGHT_DECAY = {"base": 1e-5, "large": 1e-5}
 PRETRAIN_TOKENS = 1_719_000_000_000
-EXTENSION_TOKENS = 250_000_000_000
+# Context extension: 250B tokens at the constant rate, then 50B decaying (1-sqrt).
+EXTENSION_TOKENS = 300_000_000_000
+EXTENSION_DECAY_TOKENS = 50_000_000_000
 
 
 def modernbert_model(layers: int, width: int, heads: int, glu: int, vocab: int):
@@ -96,8 +99,8 @@ def get_config(arg=None):
   config.max_predictions = 308  # 30% of 1,024
   config.num_train_steps = PRETRAIN_TOKENS // (batch * 1024)
   # StableAdamW's decay is fully decoupled (1e-5 of the weights per step at the peak, scaled
-  # by the schedule); optax's adamw multiplies its rate by the learning rate: divide it out.
-  config.optimizer.update(dict(name="adamw", learning_rate=lr,
+  # by the schedule); the update multiplies its rate by the learning rate: divide it out.
+  config.optimizer.update(dict(name="stable_adamw", learning_rate=lr,
                                warmup_steps=warmup_tokens // (batch * 1024),
                                schedule="constant", b1=0.9, b2=0.98, eps=1e-6,
                                weight_decay=PAPER_WEIGHT_DECAY[arg.size] / lr, clip_norm=0.0))
@@ -111,7 +114,9 @@ def get_config(arg=None):
     extension_lr = {"base": 3e-4, "large": 5e-5}[arg.size]
     config.optimizer.update(dict(learning_rate=extension_lr, warmup_steps=0,
                                  weight_decay={"base": 1e-5, "large": 1e-6}[arg.size]
-                                 / extension_lr))
+                                 / extension_lr, schedule="wsd", decay_shape="1-sqrt",
+                                 decay_fraction=EXTENSION_DECAY_TOKENS / EXTENSION_TOKENS,
+                                 end_lr_fraction=0.0))
   config.checkpoint.every = 5_000
   # A step as written does not fit the slice; these settings make it (docs/reproducing.md).
   common.memory_saving(config, grad_accum_steps=micro)

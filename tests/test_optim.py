@@ -59,7 +59,7 @@ def test_decay_mask_excludes_layernorm_and_biases():
       assert not value, name
 
 
-@pytest.mark.parametrize("name", ["adamw", "lamb"])
+@pytest.mark.parametrize("name", ["adamw", "stable_adamw", "lamb"])
 def test_weight_decay_reaches_kernels_only(name):
   """With zero gradients, only decayed parameters move: by exactly lr * wd * value (AdamW)."""
   params = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
@@ -72,7 +72,7 @@ def test_weight_decay_reaches_kernels_only(name):
   new = optax.apply_updates(params, updates)
   assert np.all(np.asarray(new["dense"]["bias"]) == 1.0)
   assert np.all(np.asarray(new["norm"]["scale"]) == 1.0)
-  if name == "adamw":
+  if name in ("adamw", "stable_adamw"):
     np.testing.assert_allclose(np.asarray(new["dense"]["kernel"]), 1 - 0.1 * 0.5, rtol=1e-6)
   else:
     assert np.all(np.asarray(new["dense"]["kernel"]) < 1.0)
@@ -97,3 +97,73 @@ def test_adafactor_builds_and_steps():
   params = {"dense": {"kernel": jnp.ones((256, 128)), "bias": jnp.ones(128)}}
   updates, _ = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params), params)
   assert float(jnp.abs(updates["dense"]["kernel"]).sum()) > 0
+
+
+@pytest.mark.parametrize("shape, halfway", [("linear", 0.5), ("cosine", 0.5),
+                                            ("1-sqrt", 1 - 0.5 ** 0.5)])
+def test_warmup_stable_decay(shape, halfway):
+  """10 warmup steps, then 100: constant for 80, the last 20 (decay_fraction 0.2) down to
+  the floor (10% of the peak) along the shape."""
+  schedule = optim.learning_rate_schedule(
+      _opt(learning_rate=1e-3, warmup_steps=10, schedule="wsd", decay_fraction=0.2,
+           decay_shape=shape, end_lr_fraction=0.1), 110)
+  floor = 1e-4
+  assert float(schedule(5)) == pytest.approx(0.5e-3)
+  assert float(schedule(10)) == pytest.approx(1e-3)
+  assert float(schedule(90)) == pytest.approx(1e-3)  # the end of the stable part
+  assert float(schedule(100)) == pytest.approx(floor + (1e-3 - floor) * halfway, rel=1e-5)
+  assert float(schedule(110)) == pytest.approx(floor, rel=1e-5)
+  assert float(schedule(200)) == pytest.approx(floor, rel=1e-5)
+
+
+def test_a_wsd_shape_or_fraction_out_of_range_is_refused():
+  with pytest.raises(ValueError, match="decay_shape must be one of linear, cosine, 1-sqrt"):
+    optim.learning_rate_schedule(_opt(schedule="wsd", decay_shape="sqrt"), 100)
+  with pytest.raises(ValueError, match="decay_fraction must be in"):
+    optim.learning_rate_schedule(_opt(schedule="wsd", decay_fraction=0.0), 100)
+
+
+def _stable_adamw_reference(gradients, lr, b1, b2, eps):
+  """Wortsman et al. 2023, Alg. 2 for one tensor, in numpy (float64), no weight decay."""
+  m = v = np.zeros_like(gradients[0], np.float64)
+  steps = []
+  for t, g in enumerate(gradients, start=1):
+    g = np.asarray(g, np.float64)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+    rms = np.sqrt(np.mean(g * g / np.maximum(v_hat, eps * eps)))
+    steps.append(-lr / max(1.0, rms) * m_hat / (np.sqrt(v_hat) + eps))
+  return steps
+
+
+def _run(tx, gradients_a, gradients_b):
+  params = {"a": jnp.zeros((4, 3)), "b": jnp.zeros(5)}
+  state, steps = tx.init(params), []
+  for a, b in zip(gradients_a, gradients_b):
+    updates, state = tx.update({"a": jnp.asarray(a), "b": jnp.asarray(b)}, state, params)
+    steps.append({k: np.asarray(v) for k, v in updates.items()})
+  return steps
+
+
+def test_stable_adamw_clips_each_tensors_step_as_the_paper_does():
+  """Both tensors' steps equal a numpy transcription of the algorithm; a gradient spike in one
+  tensor shrinks that tensor's step below AdamW's and leaves the other tensor's unchanged."""
+  rng = np.random.RandomState(0)
+  quiet = [rng.normal(size=(4, 3)).astype(np.float32) * 1e-2 for _ in range(6)]
+  spiky = [x.copy() for x in quiet]
+  spiky[4] = spiky[4] * 300.0
+  other = [rng.normal(size=5).astype(np.float32) for _ in range(6)]
+  hyper = dict(learning_rate=1e-2, warmup_steps=0, schedule="constant", weight_decay=0.0,
+               clip_norm=0.0, b1=0.9, b2=0.98, eps=1e-6)
+  tx, _ = optim.build_optimizer(_opt(name="stable_adamw", **hyper), 10)
+  ours, calm = _run(tx, spiky, other), _run(tx, quiet, other)
+  for name, gradients in (("a", spiky), ("b", other)):
+    reference = _stable_adamw_reference(gradients, 1e-2, 0.9, 0.98, 1e-6)
+    for got, want in zip(ours, reference):
+      np.testing.assert_allclose(got[name], want, rtol=2e-5, atol=1e-9)
+  for spiked, unspiked in zip(ours, calm):
+    np.testing.assert_array_equal(spiked["b"], unspiked["b"])
+  adamw, _ = optim.build_optimizer(_opt(name="adamw", **hyper), 10)
+  plain = _run(adamw, spiky, other)
+  assert np.abs(ours[4]["a"]).max() < 0.5 * np.abs(plain[4]["a"]).max()

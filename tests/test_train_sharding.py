@@ -60,10 +60,12 @@ def _assert_same_run(history, params, history_ref, params_ref) -> None:
                                err_msg=jax.tree_util.keystr(path))
 
 
-def test_fsdp_shards_weights_and_adam_moments(devices):
-  config = train_helpers.tiny_config("gpt", sharding_rules="fsdp")
+@pytest.mark.parametrize("name", ["adamw", "stable_adamw"])
+def test_fsdp_shards_weights_and_adam_moments(devices, name):
+  config = train_helpers.tiny_config("gpt", sharding_rules="fsdp", **{"optimizer.name": name})
   trainer, state, _ = train_helpers.run_steps(config, (1, 8, 1))
-  mu = state.opt_state[1][0].mu  # chain(clip, adamw): adamw's ScaleByAdamState
+  # chain(clip, adamw): adamw's ScaleByAdamState; chain(clip, stable_adamw): StableAdamState.
+  mu = state.opt_state[1][0].mu
   nu = state.opt_state[1][0].nu
   for tree in (state.params, mu, nu):
     large = [(p, x) for p, x in jax.tree_util.tree_leaves_with_path(tree) if x.ndim >= 2
@@ -156,3 +158,13 @@ def test_embedding_lookup_needs_no_involuntary_rematerialization():
             if "Involuntary full rematerialization" in line]
   assert not remats, f"{len(remats)} involuntary rematerializations:\n" + "\n".join(
       line[:600] for line in remats[:3])
+
+
+@pytest.mark.slow
+def test_stable_adamw_steps_the_same_sharded(devices):
+  """StableAdamW's per-tensor RMS is a mean over a sharded tensor: on a (2, 2, 2) mesh with
+  FSDP the two steps equal the single-device ones."""
+  config = train_helpers.tiny_config("gpt", **{"optimizer.name": "stable_adamw"})
+  _, state_ref, history_ref = train_helpers.run_steps(config, (1, 1, 1), steps=2)
+  _, state, history = train_helpers.run_steps(config, (2, 2, 2), steps=2)
+  _assert_same_run(history, state.params, history_ref, jax.device_get(state_ref.params))

@@ -61,14 +61,21 @@ def model_config(config: ConfigDict) -> ModelConfig:
 def optimizer_group() -> ConfigDict:
   """The `optimizer` group; defaults are BERT's (Devlin et al. 2019, App. A.2)."""
   return ConfigDict({
-      # adamw | lamb | adafactor
+      # adamw | stable_adamw (AdamW with per-tensor update clipping, ModernBERT) | lamb |
+      # adafactor
       "name": "adamw",
       # Peak learning rate, reached at the end of warmup.
       "learning_rate": 1e-4,
       # Linear warmup from 0, in steps.
       "warmup_steps": 10_000,
-      # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant.
+      # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant, or
+      # wsd (warmup-stable-decay: constant, then the last decay_fraction of the steps down to
+      # end_lr_fraction·peak, shaped by decay_shape).
       "schedule": "linear",
+      # wsd: the fraction of the steps after warmup that decay (ModernBERT: 50B of 300B).
+      "decay_fraction": 0.1,
+      # wsd: linear | cosine | 1-sqrt (ModernBERT's; Hägele et al. 2024).
+      "decay_shape": "1-sqrt",
       # Exponent of the linear schedule's decay (1: linear; NVIDIA's LAMB BERT: 0.5).
       "power": 1.0,
       # Final learning rate as a fraction of the peak (BERT: 0; GPT-3: 0.1).

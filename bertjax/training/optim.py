@@ -2,8 +2,14 @@
 
 - AdamW with BERT's conventions (eps 1e-6, decoupled weight decay 0.01, no decay on LayerNorm
   parameters and biases), LAMB (You et al. 2020, large-batch BERT), Adafactor.
+- StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale
+  vision-language models", Alg. 2; ModernBERT's optimizer): AdamW whose step for each tensor is
+  divided by max(1, RMS(g² / v̂)^½), AdaFactor's update clipping per tensor instead of a global
+  gradient-norm clip.
 - Schedules: linear warmup + linear decay to zero (BERT), linear warmup + cosine decay to a
-  floor and constant after (GPT-2/3), or constant after warmup.
+  floor and constant after (GPT-2/3), constant after warmup, or warmup-stable-decay
+  (trapezoidal: constant, then the last `decay_fraction` of the steps down to the floor,
+  linear, cosine or 1-sqrt; Hägele et al. 2024, ModernBERT).
 - Global-norm gradient clipping.
 - Parameter groups (pre-training and fine-tuning alike): `freeze` gives parts of the encoder
   no update (the embeddings, the bottom K layers, or all of it, or — "base" — every parameter
@@ -19,7 +25,7 @@ decides, from the parameter's leaf name; bertjax.models.groups tells which param
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -123,10 +129,79 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
     decay_fn = optax.cosine_decay_schedule(peak, remaining, alpha=float(opt.end_lr_fraction))
   elif opt.schedule == "constant":
     decay_fn = optax.constant_schedule(peak)
+  elif opt.schedule == "wsd":
+    decay_fn = _stable_then_decay(peak, peak * float(opt.end_lr_fraction), remaining,
+                                  float(opt.decay_fraction), str(opt.decay_shape))
   else:
-    raise ValueError(f"optimizer.schedule must be linear, cosine or constant, got "
+    raise ValueError(f"optimizer.schedule must be linear, cosine, constant or wsd, got "
                      f"{opt.schedule!r}")
   return optax.join_schedules([warmup_fn, decay_fn], [warmup])
+
+
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+
+
+def _stable_then_decay(peak: float, end: float, steps: int, decay_fraction: float,
+                       shape: str) -> optax.Schedule:
+  """`steps` steps at `peak`, the last `decay_fraction` of them decaying to `end`: linearly,
+  along a half cosine, or as 1 - sqrt(fraction of the decay done) (ModernBERT's "1-sqrt")."""
+  if shape not in DECAY_SHAPES:
+    raise ValueError(f"optimizer.decay_shape must be one of {', '.join(DECAY_SHAPES)}, got "
+                     f"{shape!r}")
+  if not 0.0 < decay_fraction <= 1.0:
+    raise ValueError(f"optimizer.decay_fraction must be in (0, 1], got {decay_fraction}")
+  decay = max(int(round(decay_fraction * steps)), 1)
+  stable = steps - decay
+
+  def schedule(count):
+    done = jnp.clip((count - stable) / decay, 0.0, 1.0)
+    if shape == "linear":
+      left = 1.0 - done
+    elif shape == "cosine":
+      left = 0.5 * (1.0 + jnp.cos(jnp.pi * done))
+    else:
+      left = 1.0 - jnp.sqrt(done)
+    return end + (peak - end) * left
+  return schedule
+
+
+class StableAdamState(NamedTuple):
+  count: jax.Array
+  mu: Any
+  nu: Any
+
+
+def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """Adam's bias-corrected direction m̂ / (√v̂ + ε), each tensor's divided by
+  max(1, √mean(g² / max(v̂, ε²))) (Wortsman et al. 2023, Alg. 2): a tensor whose gradient
+  outgrew its second-moment estimate (a loss spike's first step) takes a smaller step, in
+  place of clipping the global gradient norm."""
+  def init(params):
+    return StableAdamState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
+                           jax.tree.map(jnp.zeros_like, params))
+
+  def update(grads, state, params=None):
+    del params
+    count = optax.safe_int32_increment(state.count)
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
+    first = 1 - b1 ** count.astype(jnp.float32)
+    second = 1 - b2 ** count.astype(jnp.float32)
+
+    def step(g, m, v):
+      v_hat = v / second
+      rms = jnp.sqrt(jnp.mean(g * g / jnp.maximum(v_hat, eps * eps)))
+      return (m / first) / (jnp.sqrt(v_hat) + eps) / jnp.maximum(1.0, rms)
+    return jax.tree.map(step, grads, mu, nu), StableAdamState(count, mu, nu)
+  return optax.GradientTransformation(init, update)
+
+
+def stable_adamw(schedule: optax.Schedule, b1: float, b2: float, eps: float,
+                 weight_decay: float, mask: Any) -> optax.GradientTransformation:
+  """StableAdamW with decoupled weight decay scaled by the learning rate, as optax's adamw."""
+  return optax.chain(scale_by_stable_adam(b1, b2, eps),
+                     optax.add_decayed_weights(weight_decay, mask),
+                     optax.scale_by_learning_rate(schedule))
 
 
 def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
@@ -177,7 +252,11 @@ def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule
   if opt.name == "lamb":
     return optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
                       mask=decay_mask)
+  if opt.name == "stable_adamw":
+    return stable_adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
+                        mask=decay_mask)
   if opt.name == "adafactor":
     return optax.adafactor(schedule, weight_decay_rate=wd or None,
                            weight_decay_mask=decay_mask if wd else None)
-  raise ValueError(f"optimizer.name must be adamw, lamb or adafactor, got {opt.name!r}")
+  raise ValueError(f"optimizer.name must be adamw, stable_adamw, lamb or adafactor, got "
+                   f"{opt.name!r}")
