@@ -87,6 +87,9 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          # Masking schemes (token: google-research/bert's).
          "config.data.masking": "token", "config.data.ngram_max": 3,
          "config.data.span_geometric_p": 0.2, "config.data.span_max_length": 10,
+         # Weights & Biases, off: wandb.project is empty.
+         "config.wandb.project": "", "config.wandb.entity": "", "config.wandb.name": "",
+         "config.wandb.mode": "online", "config.wandb.tags": "",
          # Knowledge distillation, off: distillation.teacher is empty.
          **{f"config.distillation.{key}": value for key, value in distillation_group().items()}}
 

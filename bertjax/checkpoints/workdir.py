@@ -40,6 +40,7 @@ STALE_S = 150.0
 # Keys (or groups, with a trailing dot) a resumed run may change freely: they decide how the run
 # is carried out, not what it computes. `num_train_steps` also sets the schedule's length.
 HARMLESS = ("log_every", "eval_every", "eval_steps", "checkpoint.", "profile.", "distributed.",
+            "wandb.",
             "mesh.", "dcn_mesh.", "sharding_rules", "restore_step", "num_train_steps",
             "grad_accum_steps", "reference_params", "init_from", "seed", "resume_with_changes",
             "data.num_workers", "data.prefetch", "data.build_workers", "model.remat_policy",

@@ -337,6 +337,20 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # Write in the background while training continues.
       "async_save": True,
   })
+  # Weights & Biases beside metrics.jsonl and TensorBoard (bertjax.training.tracking); off
+  # while project is empty. A resumed run continues the same W&B run (id in WORKDIR/wandb.json).
+  config.wandb = ConfigDict({
+      # W&B project; empty: no W&B.
+      "project": "",
+      # Team or user the run belongs to (empty: the logged-in account's default).
+      "entity": "",
+      # Run name (empty: the workdir's name).
+      "name": "",
+      # online | offline (files under WORKDIR/wandb, `wandb sync` later) | disabled.
+      "mode": "online",
+      # Comma-separated tags.
+      "tags": "",
+  })
   # Resume from this checkpoint step instead of the latest (-1: latest).
   config.restore_step = -1
   # Resume even though the config differs from the checkpoint's in what the run computes (the

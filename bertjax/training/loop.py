@@ -227,7 +227,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True,
                         file=sys.stderr) if is_main and report.isatty() else None)
   writer = MetricsWriter(workdir, total, enabled=is_main,
-                         stream=_TqdmStream(report) if progress else report)
+                         stream=_TqdmStream(report) if progress else report, config=config)
   # Log records too go above the progress bar while it is drawn, not into it.
   quiet_bar = contextlib.ExitStack()
   if progress:

@@ -56,7 +56,8 @@ class MetricsWriter:
   """metrics.jsonl + TensorBoard events in `workdir`, and a console line per log interval."""
 
   def __init__(self, workdir: paths.PathLike, total_steps: int, enabled: bool = True,
-               stream=None) -> None:
+               stream=None, config: Any = None) -> None:
+    """`config`: the run's, whose `wandb` group (bertjax.training.tracking) adds W&B."""
     self.enabled = enabled
     self.total_steps = total_steps
     self.stream = stream or sys.stdout
@@ -74,6 +75,10 @@ class MetricsWriter:
       self._jsonl = open(self._mirror.local / "metrics.jsonl", "a", encoding="utf-8")
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(str(self._mirror.local / "tensorboard"))
+    self._tracker = None
+    if enabled and config is not None:
+      from bertjax.training import tracking
+      self._tracker = tracking.tracker(config, workdir, str(self._mirror.local))
 
   def write(self, step: int, metrics: Mapping[str, Any], prefix: str = "train") -> None:
     if not self.enabled:
@@ -85,6 +90,8 @@ class MetricsWriter:
     for key, value in metrics.items():
       self._tb.add_scalar(f"{prefix}/{key}", float(value), step)
     self._tb.flush()
+    if self._tracker:
+      self._tracker.log(step, metrics, prefix)
     self._mirror.sync()
     self.stream.write(self._console_line(step, metrics, prefix) + "\n")
     self.stream.flush()
@@ -129,6 +136,8 @@ class MetricsWriter:
       self._jsonl.close()
     if self._tb:
       self._tb.close()
+    if self._tracker:
+      self._tracker.close()
     if self._mirror:
       self._mirror.close()
 
