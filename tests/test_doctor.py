@@ -67,18 +67,29 @@ def test_doctor_on_one_device_prints_every_check(tmp_path):
   assert record["failed"] == [] and "doctor:" in lines[-1]
 
 
-def test_doctor_on_eight_devices_checks_every_mesh_axis(devices, tmp_path):
-  config = _config(**{"mesh.fsdp": 2, "mesh.tensor": 2})
-  checks = doctor.run_doctor(config, str(tmp_path), checks=("environment", "collectives",
-                                                            "speed", "loader"), steps=2)
-  statuses = _status(checks)
+@pytest.mark.slow
+def test_doctor_on_eight_devices_checks_every_mesh_axis(devices, tmp_path, capsys):
+  """The command in this process (8 simulated devices, a 2x2x2 mesh): every check, its line
+  and the JSON."""
+  report = tmp_path / "doctor.json"
+  assert cli.main(["doctor", "--config", "gpt_tiny", "--workdir", str(tmp_path), "--json",
+                   str(report), "--steps", "2", *SYNTHETIC, "--config.mesh.fsdp=2",
+                   "--config.mesh.tensor=2"]) == 0
+  out = capsys.readouterr().out
+  record = json.loads(report.read_text())
+  statuses = {c["name"]: c["status"] for c in record["checks"]}
   assert [n for n in statuses if n.startswith("collectives/")] == [
       f"collectives/{axis}/{kind}" for axis in ("data", "fsdp", "tensor")
       for kind in ("all-reduce", "all-gather", "reduce-scatter")]
+  assert {"environment", "products/bf16_accumulation", "products/matmul_peak", "speed",
+          "checkpoint", "loader", "attention/splash/packed",
+          "attention/cudnn/packed"} <= set(statuses)
   assert set(statuses.values()) == {"pass"}, statuses
-  environment = checks[0]
-  assert environment.values["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert "row sets disjoint and complete" in environment.detail
+  for check in record["checks"]:
+    assert f"{check['status'].upper():<5} {check['name']}" in out and check["figure"] in out
+  environment = record["checks"][0]
+  assert environment["values"]["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert "row sets disjoint and complete" in environment["detail"]
 
 
 def _run(config, tmp_path, *names, steps=2):
@@ -186,8 +197,7 @@ def test_doctor_in_two_processes_checks_the_collectives_across_them(tmp_path):
   result = subprocess.run(
       [sys.executable, "launch/local.py", "--processes", "2", "--devices", "4", "--",
        sys.executable, "-m", "bertjax", "doctor", "--config", "gpt_tiny", "--workdir",
-       str(tmp_path), "--json", str(report), "--steps", "2", "--checks",
-       "environment,collectives,speed,checkpoint,loader", *SYNTHETIC], cwd=ROOT,
+       str(tmp_path), "--json", str(report), "--steps", "2", *SYNTHETIC], cwd=ROOT,
       env=_doctor_env(4), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   records = [json.loads(report.read_text()),
@@ -197,7 +207,8 @@ def test_doctor_in_two_processes_checks_the_collectives_across_them(tmp_path):
     statuses = _status([doctor.Check(**c) for c in record["checks"]])
     assert set(statuses.values()) == {"pass"}, statuses
     assert {"collectives/data/all-reduce", "collectives/data/all-gather",
-            "collectives/data/reduce-scatter"} <= set(statuses)
+            "collectives/data/reduce-scatter", "attention/splash/padding",
+            "products/bf16_accumulation", "speed", "checkpoint", "loader"} <= set(statuses)
     environment = record["checks"][0]
     assert "hosts: 2 x 4 devices; each loads 8 of 16 rows" in environment["detail"]
   assert "[host 1] doctor: " in result.stdout and "[host 0] doctor: " in result.stdout

@@ -39,6 +39,7 @@ def _config(**changes):
                                               "wandb.project": "bertjax-tests", **changes})
 
 
+@pytest.mark.slow
 def test_a_run_logs_its_records_and_config_and_a_resume_continues_the_same_run(
     tmp_path, monkeypatch):
   fake = FakeWandb()
@@ -62,6 +63,7 @@ def test_a_run_logs_its_records_and_config_and_a_resume_continues_the_same_run(
   assert [step for step, _ in fake.logs] == [1, 2, 3, 4, 3, 4]
 
 
+@pytest.mark.slow
 def test_a_real_offline_run_writes_its_files_in_the_workdir(tmp_path, monkeypatch):
   pytest.importorskip("wandb")
   monkeypatch.setenv("WANDB_SILENT", "true")
