@@ -70,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
               "JAX_PLATFORMS", "XLA_FLAGS")
       print(" ".join(f"{k}='{env[k]}'" for k in keys) + " " + " ".join(command))
     return 0
-  procs = []
+  procs, pumps = [], []
   for i in range(args.processes):
     proc = subprocess.Popen(command, env=process_env(i, args.processes, args.devices, port),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    threading.Thread(target=_pump, args=(i, proc.stdout), daemon=True).start()
+    pumps.append(threading.Thread(target=_pump, args=(i, proc.stdout), daemon=True))
+    pumps[-1].start()
     procs.append(proc)
   first_failure, failed_at, reported = 0, None, set()
 
@@ -98,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         if p.poll() is None:
           p.terminate()
     time.sleep(0.2)
+  # Every line the processes wrote is passed on before the launcher exits (the pumps end at
+  # their pipes' end; a grandchild still holding a pipe open gets a few seconds).
+  for pump in pumps:
+    pump.join(timeout=10)
   # A process killed by a signal: the shell's convention, 128 + the signal number.
   return 128 - first_failure if first_failure < 0 else first_failure
 

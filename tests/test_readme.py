@@ -93,7 +93,8 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^bertjax data bench "),
     Rule(r"^bertjax bench .*--compare hf", "--steps 1 --pairs 1 " + _FEWER_LAYERS),
     Rule(r"^bertjax bench .*--decode ", "--new-tokens 2 " + _FEWER_LAYERS),
-    Rule(r"^bertjax doctor ", "--steps 2"),
+    # The kernel and product checks have their own tests (tests/test_doctor.py).
+    Rule(r"^bertjax doctor ", "--steps 2 --checks environment,speed,checkpoint,loader"),
     Rule(r"^bertjax import ~/", env=(("HOME", "{home}"),), setup=_tiny_hf_bert),
     Rule(r"^bertjax export --workdir \S+ --step ", "--step 4"),
     Rule(r"^bertjax export "),
