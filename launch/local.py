@@ -42,10 +42,16 @@ def process_env(index: int, processes: int, devices: int, port: int) -> dict[str
   return env
 
 
+# One writer at a time: the pumps share sys.stdout, whose text layer is not thread-safe (two
+# threads writing at once can drop or merge lines under load).
+_OUTPUT = threading.Lock()
+
+
 def _pump(index: int, stream) -> None:
   for line in iter(stream.readline, ""):
-    sys.stdout.write(f"[p{index}] {line}")
-    sys.stdout.flush()
+    with _OUTPUT:
+      sys.stdout.write(f"[p{index}] {line}")
+      sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
