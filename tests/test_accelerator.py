@@ -31,13 +31,15 @@ TESTS = Path(__file__).parent
 TWIN = "tests/{}::{}"
 
 
+# gpt_tiny on synthetic data, bf16, no dropout (deterministic), 8 steps, a checkpoint at 4.
+GPT_TINY = {"data.source": "synthetic_markov", "model.dtype": "bfloat16",
+            "model.hidden_dropout": "0.0", "model.attention_dropout": "0.0",
+            "num_train_steps": "8", "log_every": "1", "eval_every": "0",
+            "checkpoint.every": "4"}
+
+
 def _gpt_tiny(**changes):
-  """gpt_tiny on synthetic data, bf16, no dropout (deterministic), 8 steps."""
-  overrides = {"data.source": "synthetic_markov", "model.dtype": "bfloat16",
-               "model.hidden_dropout": "0.0", "model.attention_dropout": "0.0",
-               "num_train_steps": "8", "log_every": "1", "eval_every": "0",
-               "checkpoint.every": "4", **changes}
-  return config_lib.load_config("gpt_tiny", list(overrides.items()))
+  return config_lib.load_config("gpt_tiny", list({**GPT_TINY, **changes}.items()))
 
 
 @pytest.mark.accelerator(twin=TWIN.format(
@@ -88,14 +90,10 @@ DETERMINISTIC = "--xla_gpu_deterministic_ops=true"
 
 
 def _train(workdir: Path) -> None:
-  overrides = {"data.source": "synthetic_markov", "model.dtype": "bfloat16",
-               "model.hidden_dropout": "0.0", "model.attention_dropout": "0.0",
-               "num_train_steps": "8", "log_every": "1", "eval_every": "0",
-               "checkpoint.every": "4"}
   env = {**os.environ, "XLA_FLAGS": DETERMINISTIC}
   result = subprocess.run(
       [sys.executable, "-m", "bertjax", "train", "--config", "gpt_tiny", "--workdir",
-       str(workdir), *(f"--config.{k}={v}" for k, v in overrides.items())], env=env,
+       str(workdir), *(f"--config.{k}={v}" for k, v in GPT_TINY.items())], env=env,
       capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
 

@@ -133,7 +133,7 @@ def _xla_core(cfg: ModelConfig, mask: attention.AttentionMask, window: int
   return core
 
 
-def _attention_case(name: str, kernel: Callable[..., jax.Array], cfg: ModelConfig,
+def _attention_case(kernel: Callable[..., jax.Array], cfg: ModelConfig,
                     inputs: tuple[jax.Array, ...], mask: attention.AttentionMask,
                     used: np.ndarray, window: int) -> dict[str, float]:
   """The kernel's errors against the float32 XLA core, and the tolerances."""
@@ -179,7 +179,7 @@ def attention_checks(config: ml_collections.ConfigDict, length: int | None = Non
     for kind, (mask, used, window) in _attention_cases(length).items():
       weights = jax.random.normal(keys[3], q.shape) * used[:, :, None, None]
       try:
-        values = _attention_case(name, kernel, cfg, (q, k, v, weights), mask, used, window)
+        values = _attention_case(kernel, cfg, (q, k, v, weights), mask, used, window)
       except Exception as e:  # noqa: BLE001 - a kernel that does not run is this check's finding
         checks.append(Check(f"attention/{name}/{kind}", "fail",
                             f"did not run: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
