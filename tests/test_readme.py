@@ -46,6 +46,10 @@ _TRAIN = ("--config.num_train_steps=4 --config.optimizer.warmup_steps=1 "
 
 # Commands whose cost is compiling or running a base-size model: the same program, 2 layers.
 _FEWER_LAYERS = "--config.model.num_layers=2"
+# Benchmarks, whose cost is also running the model (and its PyTorch twin) on this CPU: the
+# same program, 2 layers of BERT-Tiny's width.
+_SMALLER = ("--config.model.num_layers=2 --config.model.hidden_size=128 "
+            "--config.model.num_heads=2 --config.model.mlp_dim=512")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +95,8 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^bertjax tokenizer train "),
     Rule(r"^bertjax data build "),
     Rule(r"^bertjax data bench "),
-    Rule(r"^bertjax bench .*--compare hf", "--steps 1 --pairs 1 " + _FEWER_LAYERS),
-    Rule(r"^bertjax bench .*--decode ", "--new-tokens 2 " + _FEWER_LAYERS),
+    Rule(r"^bertjax bench .*--compare hf", "--steps 1 --pairs 1 " + _SMALLER),
+    Rule(r"^bertjax bench .*--decode ", "--new-tokens 2 " + _SMALLER),
     # The kernel and product checks have their own tests (tests/test_doctor.py).
     Rule(r"^bertjax doctor ", "--steps 2 --checks environment,speed,checkpoint,loader"),
     Rule(r"^bertjax import ~/", env=(("HOME", "{home}"),), setup=_tiny_hf_bert),
@@ -192,6 +196,14 @@ def test_readme_commands_run(tmp_path):
                        output), output[-3000:]
       png = (tmp_path / "runs" / "modernbert_tiny" / "metrics.png").read_bytes()
       assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    # The multi-process line builds its data on first use: process 0 trains the tokenizer and
+    # builds the embedded sample into the shared workdir, the other process waits for it.
+    if line.startswith("python launch/local.py "):
+      output = result.stdout + result.stderr
+      workdir = tmp_path / re.search(r"--workdir (\S+)", line).group(1)
+      assert (workdir / "data" / "dataset" / "dataset.json").is_file()
+      assert (workdir / "params" / "model.json").is_file()
+      assert "[p1]" in output and "process 1 of 2" in output, output[-3000:]
     # The tour's `data build` runs with its defaults: they hold out an eval split.
     if line.startswith("bertjax data build --source embedded ") and "--eval-fraction" not in line:
       from bertjax.data.records import BuiltDataset

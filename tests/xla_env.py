@@ -1,5 +1,5 @@
 """XLA flags of every test process: simulated host devices, collective timeouts sized for a
-2-core machine, and a cheap CPU compile.
+2-core machine, one thread per device, and a cheap CPU compile.
 
 XLA:CPU aborts the whole process (SIGABRT, exit 134) when the devices of one program do not all
 reach a collective within `xla_cpu_collective_call_terminate_timeout_seconds` (40 s by default).
@@ -7,18 +7,31 @@ With 8 simulated devices sharing 2 cores, a loaded CI machine can starve one dev
 long in an otherwise healthy step (CI run of 2026-11-25: aborted inside a 2x2x2 RTD step that
 takes ~35 s alone). A longer limit keeps the abort for a real deadlock, where it belongs.
 
+Eigen's intra-op thread pool is off (`xla_cpu_multi_thread_eigen=false`): each simulated
+device computes on its own thread. The CI run of 2026-11-26 aborted in the same 2x2x2 RTD step
+under the 300 s limit (the abort's own message was not in the log; the step takes ~20 s alone,
+~40 s with three busy loops beside it): stuck, not slow. XLA:CPU programs whose devices share
+the Eigen pool have been reported to wedge in it (PyAutoLabs/PyAutoFit#1530, where this flag
+removed the hangs), and with 8 devices on 2 cores the pool adds no parallelism. Tests time the
+same or faster without it (docs/results/).
+
 The suite compiles over a thousand tiny programs that then run for milliseconds: most of its
-CPU time was LLVM optimising their machine code. The backend optimisation level and LLVM's
-expensive passes change only that code generation: the optimised HLO of the tiny BERT and GPT
-train steps is the same text either way, and every test passes under them. Runs the tests start
-compare with runs started under the same flags; the README's commands run under them too,
+CPU time was XLA compiling them. The cheap compile: the backend optimisation level and LLVM's
+expensive passes off (they change only the machine code: the optimised HLO of the tiny BERT and
+GPT train steps is the same text either way); XLA:CPU's older elemental fusion emitters instead
+of the MLIR fusion emitters (`xla_cpu_use_fusion_emitters=false`); one LLVM module per program
+instead of several compiled on threads this machine does not have
+(`xla_cpu_parallel_codegen_split_count=1`). Every test passes under them; tests that compare
+runs compare runs started under the same flags; the README's commands run under them too,
 except where a command sets XLA_FLAGS itself. The measurements are in docs/results/.
 """
 
 COLLECTIVE_TIMEOUTS = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=60 "
                        "--xla_cpu_collective_call_terminate_timeout_seconds=300")
-CHEAP_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-TEST_FLAGS = f"{COLLECTIVE_TIMEOUTS} {CHEAP_COMPILE}"
+ONE_THREAD_PER_DEVICE = "--xla_cpu_multi_thread_eigen=false"
+CHEAP_COMPILE = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                 "--xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
+TEST_FLAGS = f"{COLLECTIVE_TIMEOUTS} {ONE_THREAD_PER_DEVICE} {CHEAP_COMPILE}"
 
 
 def xla_flags(devices: int) -> str:
