@@ -137,20 +137,30 @@ def _restored_step(workdir: Path) -> int:
   return int(text.split("resumed from ")[1].split(" step ")[1].split()[0])
 
 
-@pytest.mark.parametrize("family", ["gpt", "bert-corpus-2-workers", "electra"])
+# A GPT batch ramp (bertjax.config.ramp) over the first 15 of 24 steps: batch 4 for steps 1-8,
+# 8 for 9-12, 12 for 13-15, then 16; the first kill comes at step 3-7, inside the ramp.
+GPT_BATCH_RAMP = GPT_SYNTHETIC + ["--config.batch_ramp.start_batch_size=4",
+                                  "--config.batch_ramp.increment=4",
+                                  "--config.batch_ramp.samples=96"]
+
+
+@pytest.mark.parametrize("family", ["gpt-batch-ramp", "bert-corpus-2-workers", "electra"])
 @pytest.mark.slow
 def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
   """Killed three times (SIGKILL, the whole process group): at a random step; right after the
   resumed run restored and trained one step; while an asynchronous save written after that
   run's restore is in flight. Every metric every run logs after its restore, and the final
   parameters, equal the uninterrupted run's bit for bit."""
-  args = ({"gpt": GPT_SYNTHETIC, "electra": ELECTRA_SYNTHETIC}.get(family)
+  args = ({"gpt-batch-ramp": GPT_BATCH_RAMP, "electra": ELECTRA_SYNTHETIC}.get(family)
           or _bert_corpus_args(corpus, workers=2)) + [
       "--config.checkpoint.every=2"]
   steps = 24
   _run(tmp_path / "straight", steps, args)
   reference = {r["step"]: r for r in _records(tmp_path / "straight") if r["split"] == "train"}
   assert sorted(reference) == list(range(1, steps + 1))
+  if family == "gpt-batch-ramp":
+    assert [reference[s]["batch_size"] for s in (1, 8, 9, 12, 13, 15, 16, 24)] == [
+        4, 4, 8, 8, 12, 12, 16, 16]
 
   workdir = tmp_path / "killed"
   rng = random.Random(family)

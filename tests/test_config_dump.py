@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bertjax.config import config_files, file_variants, load_config, model_config
-from bertjax.config.schema import FINETUNE_KEYS, distillation_group
+from bertjax.config.schema import FINETUNE_KEYS, batch_ramp_group, distillation_group
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
 # Golden key (the per-size file names the dump was written under) -> how that config is named
@@ -90,6 +90,8 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          # Weights & Biases, off: wandb.project is empty.
          "config.wandb.project": "", "config.wandb.entity": "", "config.wandb.name": "",
          "config.wandb.mode": "online", "config.wandb.tags": "",
+         # Batch-size ramp, off: start_batch_size is 0.
+         **{f"config.batch_ramp.{key}": value for key, value in batch_ramp_group().items()},
          # Knowledge distillation, off: distillation.teacher is empty.
          **{f"config.distillation.{key}": value for key, value in distillation_group().items()}}
 

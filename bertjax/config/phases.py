@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from bertjax.config import ramp
+
 # Keys of `phase2` that replace the top-level key of the same name (0 keeps phase 1's value).
 SWITCHED_KEYS = ("seq_length", "batch_size", "max_predictions", "grad_accum_steps")
 
@@ -47,7 +49,8 @@ def config_at(config: ml_collections.ConfigDict, step: int) -> ml_collections.Co
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Errors naming the key for a phase 2 that cannot run."""
+  """Errors naming the key for a phase 2 (or a batch ramp) that cannot run."""
+  ramp.validate(config)
   start, total = int(config.phase2.start_step), int(config.num_train_steps)
   if start < 0 or (start and start >= total):
     raise ValueError(f"phase2.start_step={start} must be in 1..num_train_steps-1={total - 1} "

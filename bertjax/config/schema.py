@@ -121,6 +121,19 @@ def phase2_group() -> ConfigDict:
   })
 
 
+def batch_ramp_group() -> ConfigDict:
+  """The `batch_ramp` group: a batch that grows with the samples consumed (GPT-3, ModernBERT;
+  bertjax.config.ramp), as Megatron-LM's --rampup-batch-size; off while start_batch_size is 0."""
+  return ConfigDict({
+      # First batch (sequences); 0: no ramp, every step trains on batch_size.
+      "start_batch_size": 0,
+      # Sequences added at each stage; each distinct batch is compiled once.
+      "increment": 0,
+      # Sequences consumed over which the batch grows to batch_size (tokens / seq_length).
+      "samples": 0,
+  })
+
+
 def distillation_group() -> ConfigDict:
   """The `distillation` group: knowledge distillation (Hinton et al. 2015) of a frozen teacher
   into the run's model, the student (DistilBERT, Sanh et al. 2019; distilgpt2), in the same
@@ -256,6 +269,8 @@ FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
              "question_answering (BERT) | completion (GPT); empty: pre-training"),
     "train": ("", "training examples (.tsv, .csv, .jsonl; SQuAD .json)"),
     "dev": ("", "dev examples, scored after every epoch (or every eval_every steps)"),
+    "second_dev": ("", "labelled tasks: a second dev set scored beside dev at every evaluation "
+                   "(MNLI's dev_mismatched); reported as second_<metric>, never selects"),
     "text_a": ("sentence", "input column (a name, or a 0-based number without a header row)"),
     "text_b": ("", "second input column of sentence pairs (empty: single sentences)"),
     "label": ("label", "label column"),
@@ -319,6 +334,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # A second phase with another sequence length / batch / schedule (BERT's 128 -> 512), run
   # in the same run from phase2.start_step on (bertjax.config.phases).
   config.phase2 = phase2_group()
+  # A batch that grows from a small one to batch_size over the first samples
+  # (bertjax.config.ramp); the learning-rate schedule then counts full batches of samples.
+  config.batch_ramp = batch_ramp_group()
   # Optimizer and learning-rate schedule (bertjax.training.optim).
   config.optimizer = optimizer_group()
   # Input data.

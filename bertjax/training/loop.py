@@ -30,7 +30,7 @@ from bertjax import paths
 from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoints,
                                              restore_or_initialize)
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
-from bertjax.config import phases
+from bertjax.config import phases, ramp
 from bertjax.data import schema
 from bertjax.parallel import distributed, sharding
 from bertjax.training import flops, hooks, plot
@@ -87,30 +87,61 @@ class _TqdmStream:
 class _PhaseData:
   """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
   (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is
-  jitted again for its batch shape at its first batch (`compiled`)."""
+  jitted again for its batch shape at its first batch (`compiled`). With a batch ramp
+  (bertjax.config.ramp) the iterator delivers the ramp's unit batches for the whole run and
+  each stage takes as many of them per step as it needs (`set_stage`)."""
 
   def __init__(self, workload: Workload, trainer: Trainer, step: int) -> None:
     config = workload.config
     self.index = phases.phase_of(config, step)
-    self.config = phases.config_at(config, step)
+    self.base_config = phases.config_at(config, step)
+    self.ramp = ramp.from_config(self.base_config)
+    self.trainer = trainer
+    self.stage = -1
+    self.set_stage(step)
+    if self.ramp is None:
+      self.batches = workload.batches(self.config, self.rows)
+    else:
+      unit = self.base_config.copy_and_resolve_references()
+      unit.batch_size = self.ramp.unit
+      self.batches = workload.batches(
+          unit, distributed.local_rows(trainer.data_sharding(), self.ramp.unit))
+    # Finite epochs: a row stream that runs out ends the run for every process at once.
+    self.finite = (self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
+                   and not self.config.finetune.task)
+
+  def set_stage(self, step: int) -> bool:
+    """Takes the batch of the ramp stage that step `step` (0-based) trains in; whether it
+    changed (the step then compiles again at its next batch)."""
+    stage = self.ramp.stage_index(step) if self.ramp else 0
+    if stage == self.stage:
+      return False
+    self.stage = stage
+    self.config = self.base_config
+    if self.ramp is not None:
+      self.config = self.base_config.copy_and_resolve_references()
+      self.config.batch_size = self.ramp.stages[stage].batch_size
+      micro = int(self.base_config.batch_size) // int(self.base_config.grad_accum_steps)
+      self.config.grad_accum_steps = ramp.accum_steps(
+          int(self.config.batch_size), micro, sharding.batch_ways(self.trainer.mesh,
+                                                                  self.trainer.rules))
     self.batch_size = int(self.config.batch_size)
     self.seq_length = int(self.config.seq_length)
     self.accum_steps = int(self.config.grad_accum_steps)
+    self.units = self.batch_size // self.ramp.unit if self.ramp else 1
+    trainer = self.trainer
     sharding.check_batch(self.batch_size, self.accum_steps, trainer.mesh, trainer.rules)
     # This host's rows of every global batch follow from the batch sharding (on a TPU slice
     # they interleave with other hosts' rows); the data of a row is the same wherever loaded.
     self.layout = distributed.row_layout(trainer.data_sharding(), self.batch_size)
     self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
-    self.batches = workload.batches(self.config, self.rows)
-    # Finite epochs: a row stream that runs out ends the run for every process at once.
-    self.finite = (self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
-                   and not self.config.finetune.task)
     objective = self.config.objective
     self.flops_per_step = flops.train_flops_per_step(
         trainer.model_config, self.batch_size, self.seq_length,
         None if objective == "causal_lm" else
         int(self.config.max_predictions) if schema.is_masked_lm(objective) else 0)
     self.compiled = False
+    return True
 
   def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return distributed.global_batch(local, trainer.batch_shardings, self.rows, self.batch_size)
@@ -118,19 +149,29 @@ class _PhaseData:
   def next_batch(self) -> dict[str, np.ndarray] | None:
     """This host's rows of the next batch, or None when the data has run out on any host
     (finite epochs; every process gets the same answer at the same step)."""
+    parts = []
     try:
-      local, exhausted = next(self.batches), False
+      for _ in range(self.units):
+        parts.append(next(self.batches))
+      exhausted = False
     except StopIteration:
-      local, exhausted = None, True
+      exhausted = True
+      if parts:  # a ramp stage's step needs every unit: the rows of a partial step are dropped
+        log.info("the data ran out inside a step of %d units: the %d unit batch(es) taken are "
+                 "not trained on", self.units, len(parts))
     if self.finite:
       exhausted = distributed.any_process(exhausted)
     elif exhausted:
       raise RuntimeError("the training data ended although data.num_epochs=0 (repeat forever)")
-    return None if exhausted else local
+    if exhausted:
+      return None
+    return parts[0] if self.units == 1 else ramp.interleave(parts)
 
   def describe(self) -> str:
+    ramp_stage = (f", ramp stage {self.stage + 1} of {len(self.ramp.stages)}" if self.ramp
+                  else "")
     return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
-            f"{self.accum_steps} micro-batch(es)")
+            f"{self.accum_steps} micro-batch(es){ramp_stage}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLike,
@@ -222,6 +263,9 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     log.info("%s; model FLOPs/step %.3g; %s", phase.describe(), phase.flops_per_step,
              peak.describe())
     log.info("%s", phase.layout.summary())
+    if phase.ramp is not None:
+      log.info("batch ramp, %d stages (each compiles once):\n  %s", len(phase.ramp.stages),
+               "\n  ".join(phase.ramp.table(phase.seq_length)))
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True,
@@ -272,6 +316,12 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       if step < total and phases.phase_of(config, step) != phase.index:
         # Switch before any save: a checkpoint of this step holds the new phase's position.
         phase = _switch_phase(workload, trainer, phase, step, train_metrics, is_main)
+      elif step < total and phase.ramp and phase.ramp.stage_index(step) != phase.stage:
+        train_metrics.read_pending()  # the last record of the old stage's batch
+        phase.set_stage(step)
+        if is_main:
+          log.info("step %d: the batch ramp's next stage: %s; model FLOPs/step %.3g", step,
+                   phase.describe(), phase.flops_per_step)
       preempted = preemption.requested(step)
       if (preempted or workload.stopped
           or checkpoints.due(step, total, workload.evaluated_at(step))):
@@ -331,6 +381,9 @@ def _restore_or_initialize(workload: Workload, trainer: Trainer, checkpoints: Tr
     phase = _PhaseData(workload, trainer, int(state.step))
     state, restored = checkpoints.restore(trainer.abstract_state(), phase.batches,
                                           int(state.step))
+  # A ramp's unit stream is one across stages: a fallback to an earlier stage needs only its
+  # batch.
+  phase.set_stage(int(state.step))
   if restored is not None:
     workload.restore(checkpoints, restored, trainer)
   return state, phase

@@ -25,6 +25,7 @@ decides, from the parameter's leaf name; bertjax.models.groups tells which param
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -33,6 +34,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from bertjax.config import ramp
 from bertjax.models.groups import frozen_rows, names_of, parameter_groups, parse_freeze
 
 log = logging.getLogger(__name__)
@@ -206,10 +208,12 @@ def stable_adamw(schedule: optax.Schedule, b1: float, b2: float, eps: float,
 
 def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
                     restart: ml_collections.ConfigDict | None = None,
-                    freeze_positions: bool = False,
+                    freeze_positions: bool = False, batch_ramp: ramp.BatchRamp | None = None,
                     ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The full update rule (clipping, then the optimizer) and its learning-rate schedule
-  (`restart`: see `learning_rate_schedule`).
+  (`restart`: see `learning_rate_schedule`). With a `batch_ramp` the schedule counts the
+  samples consumed in full batches (`ramp.BatchRamp.full_batch_steps`), so warmup_steps and
+  decay_steps keep their meaning in tokens while the early steps are small.
 
   With `opt.freeze` or `opt.head_learning_rate` set, the parameters are split into groups
   (`parameter_groups`): frozen ones get a zero update and no optimizer state, the head its own
@@ -217,14 +221,18 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   distillation run's distillation.freeze_position_embeddings) freezes the position tables the
   same way. Otherwise the optimizer state is the single optimizer's, as checkpoints of earlier
   runs hold it."""
-  schedule = learning_rate_schedule(opt, num_train_steps, restart)
+  schedule_steps = num_train_steps
+  if batch_ramp is not None:
+    schedule_steps = math.ceil(batch_ramp.samples_before(num_train_steps)
+                               / batch_ramp.stages[-1].batch_size)
+  schedule = _keyed(learning_rate_schedule(opt, schedule_steps, restart), batch_ramp)
   freeze = str(opt.get("freeze", "none"))
   parse_freeze(freeze)
   head_lr = float(opt.get("head_learning_rate", 0.0) or 0.0)
   if head_lr and head_lr != float(opt.learning_rate):
     head_opt = opt.copy_and_resolve_references()
     head_opt.learning_rate = head_lr
-    head_schedule = learning_rate_schedule(head_opt, num_train_steps, restart)
+    head_schedule = _keyed(learning_rate_schedule(head_opt, schedule_steps, restart), batch_ramp)
   else:
     head_schedule = schedule
   grouped = freeze != "none" or head_schedule is not schedule or freeze_positions
@@ -241,6 +249,13 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   # frozen rows of a scanned stack share their leaf (and optimizer) with trained rows.
   zero = _zero_frozen(freeze, freeze_positions)
   return optax.chain(zero, *clip, update, zero), schedule
+
+
+def _keyed(schedule: optax.Schedule, batch_ramp: ramp.BatchRamp | None) -> optax.Schedule:
+  """`schedule` read at the samples consumed in full batches (itself without a ramp)."""
+  if batch_ramp is None:
+    return schedule
+  return lambda count: schedule(batch_ramp.full_batch_steps(count))
 
 
 def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from bertjax import paths
 from bertjax.checkpoints.params import (abstract_params_of, load_model_config, load_params)
 from bertjax.checkpoints.weights import FINETUNE_FILE, load_weights
-from bertjax.config import model_config
+from bertjax.config import model_config, ramp
 from bertjax.data import schema
 from bertjax.finetune.registry import TASKS
 from bertjax.models import attention, build_model, init_compiler_options, init_params, precision
@@ -182,7 +182,8 @@ class Trainer:
     self.optimizer, self.schedule = optim.build_optimizer(
         config.optimizer, config.num_train_steps, config.get("phase2"),
         freeze_positions=bool(self.teacher
-                              and config.distillation.freeze_position_embeddings))
+                              and config.distillation.freeze_position_embeddings),
+        batch_ramp=ramp.from_config(config))
     self.accum_steps = int(config.grad_accum_steps)
     self.state_shardings = self._state_shardings()
     self._step = None
