@@ -92,6 +92,8 @@ RULES: tuple[Rule, ...] = (
     Rule(r"^bertjax init "),
     Rule(r"^bertjax data task "),
     Rule(r"^bertjax finetune ", "--epochs 1"),
+    Rule(r"^bertjax data glue "),
+    Rule(r"^bertjax eval glue ", "--tasks mnli --seeds 0,1 --epochs 1"),
     Rule(r"^bertjax tokenizer train "),
     Rule(r"^bertjax data build "),
     Rule(r"^bertjax data bench "),

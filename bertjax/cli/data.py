@@ -38,6 +38,16 @@ def cmd_data_task(args: argparse.Namespace, overrides: Overrides) -> int:
   return 0
 
 
+def cmd_data_glue(args: argparse.Namespace, overrides: Overrides) -> int:
+  import json
+
+  from bertjax.finetune.glue_task import make_glue_tasks
+  summary = make_glue_tasks(args.source, args.out, train_size=args.train_size,
+                            dev_size=args.dev_size, seed=args.seed)
+  print(json.dumps(summary, indent=2))
+  return 0
+
+
 def cmd_data_qa_task(args: argparse.Namespace, overrides: Overrides) -> int:
   import json
 
@@ -135,6 +145,25 @@ def register(add: Add) -> None:
   p.add_argument("--dev-per-article", dest="dev_per_article", type=int, default=100,
                  help="dev sentences per article (100)")
   p.add_argument("--seed", type=int, default=0, help="shuffle seed (0)")
+
+  p = data_sub.add_parser(
+      "glue", help="GLUE's nine tasks in GLUE's files, made from a corpus",
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Writes OUT/CoLA/train.tsv, OUT/MNLI/dev_matched.tsv, ... in each GLUE "
+      "task's own format (columns, header, labels), with tasks built from a corpus's sentences "
+      "(shuffled words, consecutive sentences, same article, ...: bertjax.finetune.glue_task), "
+      "split by article, seeded: what `bertjax eval glue` runs on without GLUE's download. "
+      "Scores on them compare runs, not papers.",
+      epilog="example:\n  bertjax data glue --out runs/glue && bertjax eval glue --init-from "
+      "runs/modernbert_tiny/params --data runs/glue --out runs/glue_eval")
+  p.set_defaults(fn=cmd_data_glue)
+  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--train-size", dest="train_size", type=int, default=400,
+                 help="training examples per task (400)")
+  p.add_argument("--dev-size", dest="dev_size", type=int, default=200,
+                 help="dev examples per task and dev file (200)")
+  p.add_argument("--seed", type=int, default=0, help="seed (0)")
 
   p = data_sub.add_parser(
       "qa-task", help="a SQuAD-format question-answering set from a corpus",

@@ -138,10 +138,21 @@ def labelled(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   dev = labeled.encode(dev_examples, tokenizer, seq_length, label_names, ft.task)
   train.pop("word_index", None)
   dev.pop("word_index", None)
+  second = None
+  if ft.get("second_dev"):
+    second_examples = labeled.read_examples(paths.local_copy(ft.second_dev), ft.task, columns,
+                                            header=bool(ft.header))
+    second = labeled.encode(second_examples, tokenizer, seq_length, label_names, ft.task)
+    second.pop("word_index", None)
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
     preds = predict_rows(trainer, params, dev, eval_batch_size(config))
-    return scores.task_scores(ft.task, dev["labels"], preds, label_names)
+    result = scores.task_scores(ft.task, dev["labels"], preds, label_names)
+    if second is not None:
+      preds = predict_rows(trainer, params, second, eval_batch_size(config))
+      result.update({f"second_{name}": value for name, value in scores.task_scores(
+          ft.task, second["labels"], preds, label_names).items()})
+    return result
 
   return TaskData(train, len(train_examples), len(dev_examples), evaluate,
                   {"num_labels": num_labels},
