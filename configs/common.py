@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from bertjax.config import ramp
+
 
 def tiny_cpu_training(config: ConfigDict, batch_size: int) -> ConfigDict:
   """The training settings of the tiny CPU configs (minutes on 2 cores): 300 steps of
@@ -73,19 +75,26 @@ def memory_saving(config: ConfigDict, grad_accum_steps: int | None = None,
   return config
 
 
-def gpt3_training(config: ConfigDict, batch_tokens: int, learning_rate: float) -> ConfigDict:
+def gpt3_training(config: ConfigDict, batch_tokens: int, learning_rate: float,
+                  ramp_start: int) -> ConfigDict:
   """Brown et al. (2020, Table 2.1 and App. B): context 2048, `batch_tokens` per step, 300B
   tokens in all, Adam β (0.9, 0.95) ε 1e-8, clip 1.0, weight decay 0.1, linear warmup over the
-  first 375M tokens, cosine decay to 10% of the peak over 260B tokens, constant after. (The
-  paper's batch-size ramp over the first 4-12B tokens is not reproduced: the full batch is
-  used from the start.) The paper states no dropout; none is used (common for LLM pre-training
-  on this many tokens), which also lets `model.attention=auto` pick the fused attention
-  kernel on TPU and GPU (the kernels have no attention dropout)."""
+  first 375M tokens, cosine decay to 10% of the peak over 260B tokens, constant after; the
+  batch grows linearly from a small value over the first 4-12B tokens "depending on the model
+  size" (bertjax.config.ramp): here from `ramp_start` sequences in steps of `ramp_start` over
+  the first 4B tokens (the paper gives no size-by-size table; Megatron-LM's GPT-3 175B example
+  ramps over 12B), the schedule's warmup and decay counted in tokens. The paper states no
+  dropout; none is used (common for LLM pre-training on this many tokens), which also lets
+  `model.attention=auto` pick the fused attention kernel on TPU and GPU (the kernels have no
+  attention dropout)."""
   config.model.hidden_dropout = 0.0
   config.model.attention_dropout = 0.0
   config.seq_length = 2048
   config.batch_size = batch_tokens // 2048
-  config.num_train_steps = -(-300_000_000_000 // batch_tokens)
+  config.batch_ramp.update(dict(start_batch_size=ramp_start, increment=ramp_start,
+                                samples=4_000_000_000 // 2048))
+  config.num_train_steps = ramp.steps_for_samples(
+      ramp.from_config(config), -(-300_000_000_000 // 2048), config.batch_size)
   config.optimizer.update(dict(
       name="adamw", learning_rate=learning_rate, warmup_steps=round(375e6 / batch_tokens),
       schedule="cosine", decay_steps=round(260e9 / batch_tokens), end_lr_fraction=0.1,

@@ -27,8 +27,10 @@ only. Then context extension (`:size=base,stage=extension`): 8,192 tokens, batch
 
 StableAdamW is `optimizer.name="stable_adamw"` (bertjax.training.optim: AdamW with per-tensor
 update clipping; tiny keeps AdamW, the README main job's recipe). What differs here, stated
-rather than hidden: the batch-size ramp (768 -> 4,608 over 50B tokens) is not done; large's
-5e-4 -> 5e-5 restart after 900B tokens is left to a second run; the attention-output dropout is
+rather than hidden: base's batch-size ramp (768 -> 4,608 over 50B tokens) grows in 6 stages of
+768 (bertjax.config.ramp; the schedule's warmup counts tokens) and large trains at its full
+batch from the start (its ramp is not among the figures cited here); large's 5e-4 -> 5e-5
+restart after 900B tokens is left to a second run; the attention-output dropout is
 bertjax's hidden_dropout, which also drops out the embeddings and the MLP's output (both 0 in
 the paper); steps are tokens / (batch x sequence length).
 
@@ -40,7 +42,7 @@ the paper); steps are tokens / (batch x sequence length).
 """
 
 import common
-from bertjax.config import base_config, bert_model, choose, parse_arg
+from bertjax.config import base_config, bert_model, choose, parse_arg, ramp
 
 # size: (layers, width, heads, GLU half-width, batch, peak lr, warmup tokens, the paper's
 #        parameter count, micro-batches that make a step fit the slice in the docstring).
@@ -54,6 +56,10 @@ STAGES = ("pretrain", "extension")
 # Every config this file makes (the tests load each).
 VARIANTS = tuple(f"size={size}" for size in SIZES) + ("size=base,stage=extension",
                                                       "size=large,stage=extension")
+# The batch-size warmup of pre-training: (first batch and increment in sequences, tokens over
+# which the batch grows to its full size). Base: 768 -> 4,608 over 50B tokens; large's is not
+# among the figures this file cites, and large trains at its full batch from the start.
+RAMPS = {"base": (768, 50_000_000_000)}
 # Table 3's weight decay, per step at the peak learning rate (large: 1e-6 after its restart).
 PAPER_WEIGHT_DECAY = {"base": 1e-5, "large": 1e-5}
 PRETRAIN_TOKENS = 1_719_000_000_000
@@ -98,6 +104,13 @@ def get_config(arg=None):
   config.seq_length = 1024
   config.max_predictions = 308  # 30% of 1,024
   config.num_train_steps = PRETRAIN_TOKENS // (batch * 1024)
+  if arg.size in RAMPS:
+    # The batch-size warmup (bertjax.config.ramp), keyed on tokens like the schedule.
+    start, ramp_tokens = RAMPS[arg.size]
+    config.batch_ramp.update(dict(start_batch_size=start, increment=start,
+                                  samples=ramp_tokens // 1024))
+    config.num_train_steps = ramp.steps_for_samples(
+        ramp.from_config(config), PRETRAIN_TOKENS // 1024, batch)
   # StableAdamW's decay is fully decoupled (1e-5 of the weights per step at the peak, scaled
   # by the schedule); the update multiplies its rate by the learning rate: divide it out.
   config.optimizer.update(dict(name="stable_adamw", learning_rate=lr,
@@ -107,6 +120,7 @@ def get_config(arg=None):
   if stage == "extension":
     batch = {"base": 576, "large": 616}[arg.size]
     config.batch_size = batch
+    config.batch_ramp.update(dict(start_batch_size=0, increment=0, samples=0))
     config.seq_length = 8192
     config.max_predictions = 2458  # 30% of 8,192
     config.model.rope_theta = 160_000.0

@@ -144,3 +144,30 @@ def test_a_ramp_that_cannot_run_is_a_clear_error():
   with pytest.raises(ValueError, match=r"cannot be split over the mesh's 8 data-parallel"):
     ramp.accum_steps(12, 16, ways=8)
   assert load("batch_ramp.start_batch_size=0").batch_ramp.start_batch_size == 0
+
+
+def test_the_paper_ramps_fit_their_slices():
+  """GPT-3 and ModernBERT-base ramp (their docstrings say how); every stage of each splits
+  into micro-batches no larger than the full batch's over the data-parallel devices of the
+  slice its compile report (docs/compile_reports) planned it on."""
+  from pathlib import Path
+  reports = Path(__file__).resolve().parents[1] / "docs" / "compile_reports"
+  checked = set()
+  for path in sorted(reports.glob("*.json")):
+    report = json.loads(path.read_text())
+    config = config_lib.load_config(report["config"])
+    table = ramp.from_config(config)
+    if table is None or report["overrides"]:
+      continue
+    mesh = report["report"]["mesh"]
+    ways = mesh["data"] * mesh["fsdp"]
+    micro = config.batch_size // config.grad_accum_steps
+    for stage in table.stages:
+      accum = ramp.accum_steps(stage.batch_size, micro, ways)
+      assert stage.batch_size // accum <= micro and (stage.batch_size // accum) % ways == 0
+    assert table.stages[-1].batch_size == config.batch_size
+    checked.add(report["config"])
+  assert checked == {f"gpt3:size={s}" for s in ("125m", "350m", "760m", "1p3b", "2p7b",
+                                                "6p7b", "13b")} | {"modernbert:size=base"}
+  # GPT-3 125M starts at the paper's 32K tokens (16 sequences of 2,048).
+  assert config_lib.load_config("gpt3:size=125m").batch_ramp.start_batch_size * 2048 == 32_768

@@ -50,12 +50,25 @@ def compiled_settings(config) -> dict:
           "mesh": {k: int(v) for k, v in config.mesh.items()}}
 
 
+def full_batch_steps(config) -> int:
+  """The run's length in steps of the compiled (full) batch: num_train_steps, or with a batch
+  ramp (bertjax.config.ramp) the samples its steps consume over the full batch, rounded: the
+  smaller early steps cost about their share of a full one, and the projected time counts
+  tokens."""
+  from bertjax.config import ramp
+  batch_ramp = ramp.from_config(config)
+  total = int(config.num_train_steps)
+  if batch_ramp is None:
+    return total
+  return round(batch_ramp.samples_before(total) / int(config.batch_size))
+
+
 def phase_config(name: str, step: int | None, overrides=()):
   """The config a report compiled and the steps it trains: (config, steps of that phase)."""
   from bertjax import config as config_lib
   from bertjax.config import phases
   config = config_lib.load_config(name, list(overrides))
-  total, start = int(config.num_train_steps), int(config.phase2.start_step)
+  total, start = full_batch_steps(config), int(config.phase2.start_step)
   if step is None or phases.phase_of(config, step) == 0:
     steps = start if phases.num_phases(config) == 2 else total
   else:
@@ -72,7 +85,7 @@ def record(name: str, topology: str, step: int | None = None, overrides=()) -> P
   out.parent.mkdir(parents=True, exist_ok=True)
   data = {"config": name, "topology": topology, "step": step,
           "overrides": [list(kv) for kv in overrides], "train_steps": steps,
-          "num_train_steps": int(config.num_train_steps),
+          "num_train_steps": full_batch_steps(config),
           "settings": compiled_settings(config),
           "date": datetime.date.today().isoformat(),
           "jax": importlib.metadata.version("jax"),
@@ -183,7 +196,7 @@ def test_every_report_matches_its_config():
   for r in reports:
     config, steps = phase_config(r["config"], r["step"], [tuple(kv) for kv in r["overrides"]])
     name = f"{r['config']} on {r['topology']}" + (f" at step {r['step']}" if r["step"] else "")
-    assert ((compiled_settings(config), steps, int(config.num_train_steps))
+    assert ((compiled_settings(config), steps, full_batch_steps(config))
             == (r["settings"], r["train_steps"], r["num_train_steps"])), (
         f"the compile report of {name} is stale: `python tests/test_compile_reports.py "
         f"--compile {r['config']} {r['topology']}"

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from bertjax import cli, config as config_lib
+from bertjax.config import ramp
 from bertjax.models import abstract_params, build_model
 from bertjax.models.params import count_params
 
@@ -56,9 +57,14 @@ def test_runlocal_keeps_the_recipe_at_laptop_scale(name):
   assert (local.batch_size, local.num_train_steps, local.reference_params) == (16, 200, 0)
   assert local.data.sources == "embedded" and not local.data.dataset and not local.data.tokenizer
   assert local.mesh.to_dict() == {"data": -1, "fsdp": 1, "tensor": 1}
-  # The schedule's shape: warmup, decay end and phase switch at the same fractions of the run.
+  # The schedule's shape: warmup, decay end and phase switch at the same fractions of the run
+  # (a ramped run's schedule counts full batches; runlocal drops the ramp).
+  batch_ramp = ramp.from_config(paper)
+  total = (round(batch_ramp.samples_before(paper.num_train_steps) / paper.batch_size)
+           if batch_ramp else paper.num_train_steps)
+  assert not ramp.enabled(local)
   for key in ("optimizer.warmup_steps", "optimizer.decay_steps", "phase2.start_step"):
-    want = _fraction(_get(paper, key), paper.num_train_steps)
+    want = _fraction(_get(paper, key), total)
     assert _get(local, key) == (0 if not want else max(1, round(want * 200))), key
   if paper.model.generator_hidden_size:  # the generator in the same proportions
     pm = paper.model

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from bertjax.config import ramp
+
 ConfigDict = ml_collections.ConfigDict
 
 # The variant every config has, applied by the loader after get_config.
@@ -33,12 +35,16 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   scaled to 128, predictions per sequence alike), batch 16, 200 steps, peak learning rate 1e-3
   (the tiny configs'; a paper's is tuned for its size), logs every 10 steps, an eval and a
   checkpoint every 100. CPU settings: float32, no remat, no loss chunking, one micro-batch,
-  data parallelism over the local devices, no profile, no paper parameter count.
+  data parallelism over the local devices, no profile, no paper parameter count. Dropped: a
+  batch-size ramp (a batch of 16 has no room to grow in stages the local devices can split).
   """
   if config.finetune.task:
     raise ValueError(f"{RUNLOCAL} shrinks a pre-training recipe; a fine-tuning config runs at "
                      "the scale of its weights and task")
   steps = int(config.num_train_steps)
+  batch_ramp = ramp.from_config(config)
+  if batch_ramp is not None:  # the schedule counts full batches (bertjax.config.ramp)
+    steps = round(batch_ramp.samples_before(steps) / int(config.batch_size))
 
   def scaled(value: int) -> int:  # a step count at the same fraction of the shorter run
     return 0 if not value else max(1, round(int(value) * _LOCAL_STEPS / steps))
@@ -59,6 +65,8 @@ def runlocal(config: ConfigDict) -> ConfigDict:
     p2.batch_size = max(1, round(int(p2.batch_size) * _LOCAL_BATCH / int(config.batch_size)))
   config.batch_size = _LOCAL_BATCH
   config.grad_accum_steps = 1
+  if "batch_ramp" in config:
+    config.batch_ramp.update(dict(start_batch_size=0, increment=0, samples=0))
   p2.grad_accum_steps = 0
   lr = config.optimizer.learning_rate
   if p2.learning_rate:
