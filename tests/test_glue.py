@@ -1,6 +1,7 @@
-"""`bertjax data glue` and `bertjax eval glue` (bertjax.finetune.glue, glue_task): the nine tasks
-in GLUE's own file formats, each task's metrics against hand computations, the selection rules,
-and the suite end to end on three tasks with two seeds (resumed, then re-ruled)."""
+"""`bertjax data glue` and `bertjax eval glue|squad` (bertjax.finetune.suites, glue_task): the
+nine GLUE tasks in GLUE's own file formats, each task's metrics against hand computations, the
+selection rules, GLUE end to end on two tasks with two seeds (resumed, then re-ruled), and
+SQuAD v1.1 and v2.0 by their file names."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from bertjax import cli
-from bertjax.finetune import glue, labeled, scores
+from bertjax.finetune import labeled, scores, suites
 from bertjax.finetune.glue_task import make_glue_tasks
 
 
@@ -33,12 +34,12 @@ def test_the_suite_writes_every_task_in_glues_format(glue_dir):
   """Each task's files sit where GLUE puts them and read through the task's own columns (CoLA
   without a header: label in column 1, sentence in 3), with GLUE's label spellings."""
   assert [p.name for p in sorted(glue_dir.iterdir()) if p.is_dir()] == sorted(
-      t.directory for t in glue.TASKS.values())
+      t.directory for t in suites.GLUE.values())
   cola = (glue_dir / "CoLA" / "train.tsv").read_text().splitlines()[0].split("\t")
   assert len(cola) == 4 and cola[0] == "gj04" and cola[1] in ("0", "1")  # no header row
   assert (glue_dir / "MRPC" / "train.tsv").read_text().startswith(
       "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n")
-  for task in glue.TASKS.values():
+  for task in suites.GLUE.values():
     columns = labeled.Columns(task.text_a, task.text_b or None, task.label, "tokens", "tags")
     for split, path in task.files(glue_dir).items():
       examples = labeled.read_examples(path, task.kind, columns, header=task.header)
@@ -66,9 +67,9 @@ def _f1(t, p):
   return 2 * tp / (2 * tp + np.sum((t == 0) & (p == 1)) + np.sum((t == 1) & (p == 0)))
 
 
-@pytest.mark.parametrize("name", list(glue.TASKS))
+@pytest.mark.parametrize("name", list(suites.GLUE))
 def test_each_tasks_metrics_equal_a_hand_computation(name):
-  task = glue.TASKS[name]
+  task = suites.GLUE[name]
   rng = np.random.default_rng(len(name))
   if task.kind == "regression":
     gold = rng.uniform(0, 5, 50)
@@ -90,20 +91,20 @@ def test_each_tasks_metrics_equal_a_hand_computation(name):
 
 
 def test_the_rules_combine_each_metric_over_the_seeds():
-  mrpc, mnli = glue.TASKS["mrpc"], glue.TASKS["mnli"]
+  mrpc, mnli = suites.GLUE["mrpc"], suites.GLUE["mnli"]
   seeds = {0: {"f1": 0.8, "accuracy": 0.7}, 1: {"f1": 0.9, "accuracy": 0.6},
            2: {"f1": 0.85, "accuracy": 0.75}}
-  median = glue.task_result(mrpc, seeds, "median")
+  median = suites.task_result(mrpc, seeds, "median")
   assert median["scores"] == {"f1": 0.85, "accuracy": 0.7}  # each metric on its own
   assert median["task_score"] == pytest.approx(0.775)
-  assert glue.task_result(mrpc, seeds, "best")["scores"] == {"f1": 0.9, "accuracy": 0.75}
-  assert glue.task_result(mrpc, seeds, "mean")["scores"]["f1"] == pytest.approx(0.85)
+  assert suites.task_result(mrpc, seeds, "best")["scores"] == {"f1": 0.9, "accuracy": 0.75}
+  assert suites.task_result(mrpc, seeds, "mean")["scores"]["f1"] == pytest.approx(0.85)
   two = {0: {"accuracy": 0.5, "second_accuracy": 0.4}, 1: {"accuracy": 0.7,
                                                           "second_accuracy": 0.6}}
-  result = glue.task_result(mnli, two, "median")  # even count: the mean of the middle two
+  result = suites.task_result(mnli, two, "median")  # even count: the mean of the middle two
   assert result["scores"] == {"accuracy": pytest.approx(0.6), "second_accuracy":
                               pytest.approx(0.5)}
-  lines = glue.table([median, result])
+  lines = suites.table([median, result])
   assert any(line.startswith("mnli   mismatched accuracy") for line in lines)
   assert lines[-1].endswith(f"{statistics.fmean([0.775, 0.55]):.4f}")
 
@@ -112,26 +113,35 @@ def test_a_seeds_score_is_its_best_evaluation():
   summary = {"best_step": 20, "history": [
       {"step": 10, "dev_accuracy": 0.5, "dev_f1": 0.9},
       {"step": 20, "dev_accuracy": 0.8, "dev_f1": 0.7}, {"step": 30, "dev_accuracy": 0.6}]}
-  assert glue.seed_scores(summary) == {"accuracy": 0.8, "f1": 0.7}
+  assert suites.seed_scores(summary) == {"accuracy": 0.8, "f1": 0.7}
 
 
-@pytest.mark.slow
-def test_eval_glue_runs_the_tasks_and_seeds_and_follows_the_rule(glue_dir, tmp_path, capsys):
-  """STS-B and MNLI (regression; matched and mismatched), two seeds each, one epoch from a random tiny BERT: the table and
-  JSON hold every seed's best-epoch dev scores (what each fine-tune's own summary says) and
-  the median of them; the same command again finishes at once (the runs are done) and
-  --rule best re-rules them."""
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+  """A random 1-layer BERT (params checkpoint) and a SentencePiece of the embedded corpus."""
   from bertjax.data.prepare import corpus_sentences
   from bertjax.data.sources import parse_sources
   from bertjax.data.tokenizers import train_sentencepiece
-  spm = train_sentencepiece(corpus_sentences(parse_sources("embedded")), tmp_path / "spm",
+  root = tmp_path_factory.mktemp("tiny_bert")
+  spm = train_sentencepiece(corpus_sentences(parse_sources("embedded")), root / "spm",
                             vocab_size=400, model_type="unigram", style="bert")
-  params = tmp_path / "init"
+  params = root / "init"
   assert cli.main(["init", "--config", "bert_tiny", "--out", str(params),
                    "--config.model.vocab_size=400", "--config.model.hidden_size=32",
                    "--config.model.num_heads=2", "--config.model.mlp_dim=64",
-                   "--config.model.num_layers=1", "--config.model.max_positions=32",
-                   "--config.seq_length=32"]) == 0
+                   "--config.model.num_layers=1", "--config.model.max_positions=64",
+                   "--config.seq_length=64"]) == 0
+  return params, spm
+
+
+@pytest.mark.slow
+def test_eval_glue_runs_the_tasks_and_seeds_and_follows_the_rule(glue_dir, tiny_bert, tmp_path,
+                                                                 capsys):
+  """STS-B and MNLI (regression; matched and mismatched), two seeds each, one epoch from a
+  random tiny BERT: the table and JSON hold every seed's best-epoch dev scores (what each fine-tune's own summary says) and
+  the median of them; the same command again finishes at once (the runs are done) and
+  --rule best re-rules them."""
+  params, spm = tiny_bert
   out = tmp_path / "eval"
   command = ["eval", "glue", "--init-from", str(params), "--data", str(glue_dir), "--out",
              str(out), "--tasks", "mnli,stsb", "--seeds", "3,7", "--epochs", "1",
@@ -147,7 +157,7 @@ def test_eval_glue_runs_the_tasks_and_seeds_and_follows_the_rule(glue_dir, tmp_p
     for seed, values in task["seeds"].items():
       summary = json.loads((out / task["task"] / f"seed_{seed}" /
                             "finetune_summary.json").read_text())
-      assert summary["metric"] == glue.TASKS[task["task"]].metrics[0]
+      assert summary["metric"] == suites.GLUE[task["task"]].metrics[0]
       best = [h for h in summary["history"] if h["step"] == summary["best_step"]][0]
       for metric in task["metrics"]:
         assert values[metric] == best[f"dev_{metric}"]
@@ -169,14 +179,38 @@ def test_eval_glue_runs_the_tasks_and_seeds_and_follows_the_rule(glue_dir, tmp_p
       assert task["scores"][metric] == max(v[metric] for v in task["seeds"].values())
 
 
+@pytest.mark.slow
+def test_eval_squad_runs_v1_and_v2_by_their_file_names(tiny_bert, tmp_path, capsys):
+  """SQuAD v1.1 and v2.0 files as `bertjax data qa-task` (and SQuAD's site) name them, one seed:
+  F1 and exact match of each seed's best epoch, as its fine-tune's summary has them."""
+  from bertjax.finetune.qa_task import make_qa_task
+  params, spm = tiny_bert
+  data = tmp_path / "qa"
+  make_qa_task("embedded", data, num_train=48, num_dev=24)
+  out = tmp_path / "eval"
+  assert cli.main(["eval", "squad", "--init-from", str(params), "--data", str(data), "--out",
+                   str(out), "--seeds", "5", "--epochs", "1", "--batch-size", "16",
+                   "--seq-length", "64", "--doc-stride", "32", "--max-query-length", "16",
+                   "--learning-rate", "1e-3", "--tokenizer", str(spm)]) == 0
+  results = json.loads((out / "squad_results.json").read_text())
+  assert [t["task"] for t in results["tasks"]] == ["squad1.1", "squad2.0"]
+  for task in results["tasks"]:
+    assert task["metrics"] == ["f1", "exact_match"]
+    summary = json.loads((out / task["task"] / "seed_5" / "finetune_summary.json").read_text())
+    best = [h for h in summary["history"] if h["step"] == summary["best_step"]][0]
+    assert task["seeds"]["5"]["f1"] == best["dev_f1"] == task["scores"]["f1"]
+    assert task["scores"]["exact_match"] == best["dev_exact_match"]
+  assert "NoAns_f1" in results["tasks"][1]["seeds"]["5"]  # v2.0's unanswerable split
+
+
 def test_eval_glue_refuses_what_it_cannot_run(glue_dir, tmp_path, capsys):
   base = ["eval", "glue", "--init-from", str(tmp_path / "none"), "--out", str(tmp_path / "o")]
   assert cli.main(base + ["--data", str(glue_dir), "--text-a", "x"]) == 2
-  assert "--text-a is set by each GLUE task" in capsys.readouterr().err
+  assert "--text-a is set by each task" in capsys.readouterr().err
   assert cli.main(base + ["--data", str(glue_dir), "--tasks", "cola,squad"]) == 2
-  assert "unknown GLUE task(s) squad" in capsys.readouterr().err
+  assert "unknown glue task(s) squad" in capsys.readouterr().err
   assert cli.main(base + ["--data", str(tmp_path)]) == 2
-  assert "no GLUE task's files found (cola:" in capsys.readouterr().err
+  assert "no glue task's files found (cola:" in capsys.readouterr().err
   assert cli.main(base + ["--data", str(glue_dir), "--rule", "max"]) == 2
   assert "--rule must be one of median, best, mean" in capsys.readouterr().err
   assert cli.main(base + ["--data", str(glue_dir), "--seeds", "1,x"]) == 2

@@ -1,6 +1,7 @@
 """The fine-tuning commands: `finetune` (the friendly front of a fine-tuning run of the one
-training loop: `--recipe` presets and a flag per setting, bertjax.config.finetune), `eval glue`
-(the GLUE tasks, several seeds each, one table: bertjax.finetune.glue) and `fewshot`."""
+training loop: `--recipe` presets and a flag per setting, bertjax.config.finetune), `eval`
+(GLUE or SQuAD: a suite's tasks, several seeds each, one table: bertjax.finetune.suites) and
+`fewshot`."""
 
 from __future__ import annotations
 
@@ -46,15 +47,16 @@ def cmd_eval(args: argparse.Namespace, overrides: Overrides) -> int:
   import json
 
   from bertjax.config.finetune import SETTINGS, finetune_run_config
-  from bertjax.finetune import glue
+  from bertjax.finetune import suites
   from bertjax.training.loop import train_and_evaluate
   from bertjax.training.metrics import TrainingDiverged
   logging.getLogger("bertjax").setLevel(logging.INFO)
-  fixed = [name for name in glue.TASK_SETTINGS if getattr(args, name, None) is not None]
+  name = f"eval {args.suite}"
+  fixed = [key for key in suites.TASK_SETTINGS if getattr(args, key, None) is not None]
   if fixed:
-    raise ValueError(f"eval glue: --{fixed[0].replace('_', '-')} is set by each GLUE task")
-  if args.rule not in glue.RULES:
-    raise ValueError(f"--rule must be one of {', '.join(glue.RULES)}, got {args.rule!r}")
+    raise ValueError(f"{name}: --{fixed[0].replace('_', '-')} is set by each task")
+  if args.rule not in suites.RULES:
+    raise ValueError(f"--rule must be one of {', '.join(suites.RULES)}, got {args.rule!r}")
   try:
     seeds = [int(s) for s in args.seeds.split(",")]
   except ValueError:
@@ -62,40 +64,41 @@ def cmd_eval(args: argparse.Namespace, overrides: Overrides) -> int:
   if len(set(seeds)) != len(seeds):
     raise ValueError(f"--seeds: {args.seeds!r} repeats a seed")
   root = Path(args.data)
-  tasks, missing = glue.present(glue.parse_tasks(args.tasks), root)
+  tasks, missing = suites.present(suites.parse_tasks(args.suite, args.tasks), root)
   if not tasks:
-    raise ValueError(f"{root}: no GLUE task's files found ({'; '.join(missing)})")
+    raise ValueError(f"{root}: no {args.suite} task's files found ({'; '.join(missing)})")
   for line in missing:
-    print(f"bertjax eval glue: skipped {line}", file=sys.stderr)
-  user = {name: getattr(args, name) for name in SETTINGS if getattr(args, name, None) is not None}
+    print(f"bertjax {name}: skipped {line}", file=sys.stderr)
+  user = {key: getattr(args, key) for key in SETTINGS if getattr(args, key, None) is not None}
   out = Path(args.out)
   results = []
   for task in tasks:
     per_seed = {}
     for seed in seeds:
-      values = recipe_values("glue" if task.kind == "classification" else "sts")
+      values = recipe_values(task.recipe)
       values.update(user)
-      values.update(glue.settings(task, root, seed), init_from=args.init_from)
+      values.update(suites.settings(task, root, seed), init_from=args.init_from)
       if args.mesh:
         values["mesh"] = dict(part.split("=") for part in args.mesh.split(","))
-      print(f"bertjax eval glue: {task.name}, seed {seed}", file=sys.stderr, flush=True)
+      print(f"bertjax {name}: {task.name}, seed {seed}", file=sys.stderr, flush=True)
       try:
         summary = train_and_evaluate(finetune_run_config(values, overrides),
                                      out / task.name / f"seed_{seed}", report=sys.stderr)
       except TrainingDiverged as e:
-        print(f"bertjax eval glue: {task.name}, seed {seed}: {e}", file=sys.stderr)
+        print(f"bertjax {name}: {task.name}, seed {seed}: {e}", file=sys.stderr)
         return EXIT_FAILED
       if "best_dir" not in summary:  # preempted: saved; the same command goes on from here
         print(json.dumps({"finished": False}))
         return 0
-      per_seed[seed] = glue.seed_scores(summary)
-    results.append(glue.task_result(task, per_seed, args.rule))
-  print("\n".join(glue.table(results)))
+      per_seed[seed] = suites.seed_scores(summary)
+    results.append(suites.task_result(task, per_seed, args.rule))
+  print("\n".join(suites.table(results)))
   out.mkdir(parents=True, exist_ok=True)
-  (out / "glue_results.json").write_text(json.dumps(
-      {"data": str(root), "init_from": args.init_from, "rule": args.rule, "seeds": seeds,
-       "skipped": missing, "tasks": results}, indent=2) + "\n")
-  print(f"results: {out / 'glue_results.json'}")
+  path = out / f"{args.suite}_results.json"
+  path.write_text(json.dumps(
+      {"suite": args.suite, "data": str(root), "init_from": args.init_from, "rule": args.rule,
+       "seeds": seeds, "skipped": missing, "tasks": results}, indent=2) + "\n")
+  print(f"results: {path}")
   return 0
 
 
@@ -201,27 +204,31 @@ def register(add: Add) -> None:
   p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")
   _add_finetune_flags(p)
 
-  p = add("eval", "GLUE: fine-tune every task with several seeds, one table",
-          "Runs the GLUE tasks found under --data, in GLUE's directory layout (CoLA/train.tsv, "
-          "MNLI/dev_matched.tsv and dev_mismatched.tsv, ...: bertjax.finetune.glue), each "
-          "fine-tuned from --init-from once per seed (Devlin et al.'s recipe, regression for "
-          "STS-B; every fine-tuning flag applies to all tasks, except the columns, metric and "
-          "task kind each task sets). A seed's score is its best epoch's on dev; a task's is "
-          "the --rule over its seeds: median (RoBERTa, ELECTRA), best (BERT, ALBERT) or mean. "
-          "Prints the table (every GLUE metric: MCC, F1 and accuracy, Pearson and Spearman, "
-          "MNLI matched and mismatched) and writes OUT/glue_results.json; each fine-tune's "
-          "products are in OUT/TASK/seed_N, and the same command resumes a stopped suite.",
-          "example:\n  bertjax data glue --out runs/glue && bertjax eval glue --init-from "
+  p = add("eval", "GLUE or SQuAD: fine-tune every task with several seeds, one table",
+          "Runs the tasks of a suite found under --data, each fine-tuned from --init-from once "
+          "per seed (bertjax.finetune.suites): glue, in GLUE's directory layout (CoLA/train.tsv, "
+          "MNLI/dev_matched.tsv and dev_mismatched.tsv, ...; Devlin et al.'s recipe, regression "
+          "for STS-B); squad, train-v1.1.json / dev-v1.1.json and train-v2.0.json / "
+          "dev-v2.0.json (the squad recipe). Every fine-tuning flag applies to all tasks, except "
+          "the columns, metric and task kind each task sets. A seed's score is its best epoch's "
+          "on dev; a task's is the --rule over its seeds: median (RoBERTa, ELECTRA), best (BERT, "
+          "ALBERT) or mean. Prints the table (every metric: MCC, F1 and accuracy, Pearson and "
+          "Spearman, MNLI matched and mismatched; SQuAD F1 and exact match) and writes "
+          "OUT/SUITE_results.json; each fine-tune's products are in OUT/TASK/seed_N, and the "
+          "same command resumes a stopped suite.",
+          "examples:\n  bertjax data glue --out runs/glue && bertjax eval glue --init-from "
           "runs/modernbert_tiny/params --data runs/glue --seeds 0,1,2 --rule median "
-          "--out runs/glue_eval", cmd_eval)
-  p.add_argument("suite", choices=("glue",), help="the evaluation suite")
+          "--out runs/glue_eval\n  bertjax data qa-task --out runs/qa && bertjax eval squad "
+          "--init-from runs/modernbert_tiny/params --data runs/qa --out runs/squad_eval",
+          cmd_eval)
+  p.add_argument("suite", choices=("glue", "squad"), help="the evaluation suite")
   p.add_argument("--init-from", dest="init_from", required=True,
                  help="params checkpoint, training workdir or Hugging Face directory")
-  p.add_argument("--data", required=True, help="GLUE_DIR: one directory per task")
+  p.add_argument("--data", required=True,
+                 help="GLUE_DIR (one directory per task) or the SQuAD files' directory")
   p.add_argument("--out", required=True, help="output directory")
-  p.add_argument("--tasks", default="all", help="comma-separated GLUE tasks (all: "
-                 + ",".join(["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte",
-                             "wnli"]) + ")")
+  p.add_argument("--tasks", default="all", help="comma-separated tasks of the suite (all; "
+                 "glue: cola,sst2,mrpc,stsb,qqp,mnli,qnli,rte,wnli; squad: squad1.1,squad2.0)")
   p.add_argument("--seeds", default="0,1,2,3,4", help="fine-tuning seeds (0,1,2,3,4)")
   p.add_argument("--rule", default="median", help="median | best | mean over the seeds")
   p.add_argument("--mesh", default="", help="mesh axis sizes, e.g. data=4,fsdp=2 (data=-1)")

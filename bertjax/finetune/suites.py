@@ -1,12 +1,17 @@
-"""GLUE (Wang et al. 2019) as the papers report it: the nine tasks in GLUE's directory layout,
-their metrics, several fine-tuning seeds per task and a rule that turns the seeds' dev scores
-into the task's number (`bertjax eval glue`, bertjax.cli.evaluate, runs the fine-tunes).
+"""Evaluation suites as the papers report them (`bertjax eval glue|squad`; bertjax.cli.finetune
+runs the fine-tunes): GLUE (Wang et al. 2019), the nine tasks in GLUE's directory layout, and
+SQuAD v1.1 / v2.0 (Rajpurkar et al. 2016, 2018) by their file names; each task's metrics,
+several fine-tuning seeds per task and a rule that turns the seeds' dev scores into the task's
+number.
 
 The layout is the one GLUE's download script writes (`GLUE_DIR/CoLA/train.tsv`, ...): CoLA
 without a header row (label in column 1, sentence in column 3); MRPC's `Quality`, `#1 String`,
 `#2 String`; STS-B's `sentence1`, `sentence2`, `score`; QQP's `question1`, `question2`,
 `is_duplicate`; MNLI's `sentence1`, `sentence2`, `gold_label` with `dev_matched.tsv` and
 `dev_mismatched.tsv`; QNLI's `question`, `sentence`; SST-2, RTE and WNLI as named below.
+SQuAD: `train-v1.1.json` and `dev-v1.1.json`, `train-v2.0.json` and `dev-v2.0.json` in one
+directory (what SQuAD's site and `bertjax data qa-task` name them), scored by the official
+scripts' exact match and F1.
 
 Selection rules (`RULES`): a seed's dev score is its best evaluation's (the fine-tune keeps the
 parameters of its best epoch by the task's first metric); a task's number is the median of the
@@ -25,44 +30,51 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
-class GlueTask:
-  """One GLUE task: where its files are, which columns hold what, what it reports."""
+class SuiteTask:
+  """One task of a suite: where its files are, which columns hold what, what it reports."""
 
   name: str
   directory: str
-  kind: str  # classification | regression
+  kind: str  # classification | regression | question_answering
   text_a: str
   text_b: str
   label: str
-  # GLUE's reported metrics; the first selects the best epoch of each seed and is the rule's.
+  # The reported metrics; the first selects the best epoch of each seed and is the rule's.
   metrics: tuple[str, ...] = ("accuracy",)
   header: bool = True
   dev: str = "dev.tsv"
   second_dev: str = ""  # MNLI's mismatched dev set, scored beside the matched one
+  train: str = "train.tsv"
+  recipe: str = "glue"  # the fine-tuning recipe (bertjax.finetune.recipes) it starts from
 
   def files(self, root: Path) -> dict[str, Path]:
-    files = {"train": root / self.directory / "train.tsv",
+    files = {"train": root / self.directory / self.train,
              "dev": root / self.directory / self.dev}
     if self.second_dev:
       files["second_dev"] = root / self.directory / self.second_dev
     return files
 
 
-TASKS: dict[str, GlueTask] = {task.name: task for task in (
-    GlueTask("cola", "CoLA", "classification", "3", "", "1", ("matthews",), header=False),
-    GlueTask("sst2", "SST-2", "classification", "sentence", "", "label"),
-    GlueTask("mrpc", "MRPC", "classification", "#1 String", "#2 String", "Quality",
+GLUE: dict[str, SuiteTask] = {task.name: task for task in (
+    SuiteTask("cola", "CoLA", "classification", "3", "", "1", ("matthews",), header=False),
+    SuiteTask("sst2", "SST-2", "classification", "sentence", "", "label"),
+    SuiteTask("mrpc", "MRPC", "classification", "#1 String", "#2 String", "Quality",
              ("f1", "accuracy")),
-    GlueTask("stsb", "STS-B", "regression", "sentence1", "sentence2", "score",
-             ("pearson", "spearman")),
-    GlueTask("qqp", "QQP", "classification", "question1", "question2", "is_duplicate",
+    SuiteTask("stsb", "STS-B", "regression", "sentence1", "sentence2", "score",
+              ("pearson", "spearman"), recipe="sts"),
+    SuiteTask("qqp", "QQP", "classification", "question1", "question2", "is_duplicate",
              ("f1", "accuracy")),
-    GlueTask("mnli", "MNLI", "classification", "sentence1", "sentence2", "gold_label",
+    SuiteTask("mnli", "MNLI", "classification", "sentence1", "sentence2", "gold_label",
              dev="dev_matched.tsv", second_dev="dev_mismatched.tsv"),
-    GlueTask("qnli", "QNLI", "classification", "question", "sentence", "label"),
-    GlueTask("rte", "RTE", "classification", "sentence1", "sentence2", "label"),
-    GlueTask("wnli", "WNLI", "classification", "sentence1", "sentence2", "label"),
+    SuiteTask("qnli", "QNLI", "classification", "question", "sentence", "label"),
+    SuiteTask("rte", "RTE", "classification", "sentence1", "sentence2", "label"),
+    SuiteTask("wnli", "WNLI", "classification", "sentence1", "sentence2", "label"),
 )}
+SQUAD: dict[str, SuiteTask] = {task.name: task for task in (
+    SuiteTask(f"squad{version}", ".", "question_answering", "", "", "", ("f1", "exact_match"),
+              train=f"train-v{version}.json", dev=f"dev-v{version}.json", recipe="squad")
+    for version in ("1.1", "2.0"))}
+SUITES = {"glue": GLUE, "squad": SQUAD}
 
 RULES = {"median": statistics.median, "best": max, "mean": statistics.fmean}
 
@@ -70,17 +82,18 @@ RULES = {"median": statistics.median, "best": max, "mean": statistics.fmean}
 TASK_SETTINGS = ("task", "text_a", "text_b", "label", "header", "metric", "second_dev")
 
 
-def parse_tasks(text: str) -> list[GlueTask]:
-  """"cola,mnli" (or "all") -> the tasks, in GLUE's order."""
-  names = list(TASKS) if text in ("", "all") else [t.strip().lower() for t in text.split(",")]
-  unknown = [n for n in names if n not in TASKS]
+def parse_tasks(suite: str, text: str) -> list[SuiteTask]:
+  """"cola,mnli" (or "all") -> the suite's tasks, in the suite's order."""
+  tasks = SUITES[suite]
+  names = list(tasks) if text in ("", "all") else [t.strip().lower() for t in text.split(",")]
+  unknown = [n for n in names if n not in tasks]
   if unknown:
-    raise ValueError(f"--tasks: unknown GLUE task(s) {', '.join(unknown)}; tasks: "
-                     f"{', '.join(TASKS)}")
-  return [TASKS[n] for n in TASKS if n in names]
+    raise ValueError(f"--tasks: unknown {suite} task(s) {', '.join(unknown)}; tasks: "
+                     f"{', '.join(tasks)}")
+  return [tasks[n] for n in tasks if n in names]
 
 
-def present(tasks: Sequence[GlueTask], root: Path) -> tuple[list[GlueTask], list[str]]:
+def present(tasks: Sequence[SuiteTask], root: Path) -> tuple[list[SuiteTask], list[str]]:
   """The tasks whose files are all under `root`, and a line for each one that is missing."""
   found, missing = [], []
   for task in tasks:
@@ -92,7 +105,7 @@ def present(tasks: Sequence[GlueTask], root: Path) -> tuple[list[GlueTask], list
   return found, missing
 
 
-def settings(task: GlueTask, root: Path, seed: int) -> dict[str, Any]:
+def settings(task: SuiteTask, root: Path, seed: int) -> dict[str, Any]:
   """The fine-tuning settings (bertjax.config.finetune.SETTINGS) the task fixes for one seed."""
   files = task.files(root)
   values: dict[str, Any] = {
@@ -114,7 +127,7 @@ def seed_scores(summary: Mapping[str, Any]) -> dict[str, float]:
           if key.startswith("dev_")}
 
 
-def task_result(task: GlueTask, per_seed: Mapping[int, Mapping[str, float]],
+def task_result(task: SuiteTask, per_seed: Mapping[int, Mapping[str, float]],
                 rule: str) -> dict[str, Any]:
   """Every reported metric under `rule` over the seeds (each metric on its own: the median F1
   and the median accuracy of MRPC may come from different seeds, as the papers' tables do)."""
