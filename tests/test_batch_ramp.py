@@ -171,3 +171,47 @@ def test_the_paper_ramps_fit_their_slices():
                                                 "6p7b", "13b")} | {"modernbert:size=base"}
   # GPT-3 125M starts at the paper's 32K tokens (16 sequences of 2,048).
   assert config_lib.load_config("gpt3:size=125m").batch_ramp.start_batch_size * 2048 == 32_768
+
+
+def test_sequence_length_warmup_follows_the_same_rule_on_the_length():
+  config = train_helpers.tiny_config("gpt", seq_length=32)
+  config.seq_warmup.update(start_length=8, increment=8, samples=48)
+  warmup = ramp.seq_warmup_from_config(config)
+  assert warmup.lengths() == [8, 16, 24, 32]
+  for consumed in range(0, 100):
+    assert warmup.length_at(consumed) == _megatron_batch(consumed, 8, 8, 48, 32)
+  batch = {"input_ids": np.arange(64).reshape(2, 32), "positions": np.arange(64).reshape(2, 32)}
+  cut = ramp.cut_rows(batch, 8)
+  np.testing.assert_array_equal(cut["input_ids"], batch["input_ids"][:, :8])
+  assert cut["positions"].shape == (2, 8)
+  with pytest.raises(ValueError, match=r"seq_warmup cuts causal-LM rows; objective 'mlm_nsp'"):
+    bert = train_helpers.tiny_config("bert")
+    bert.seq_warmup.update(start_length=8, increment=8, samples=48)
+    ramp.seq_warmup_from_config(bert)
+  config.seq_warmup.increment = 5
+  with pytest.raises(ValueError, match=r"seq_warmup.increment=5 must be positive and divide"):
+    ramp.seq_warmup_from_config(config)
+
+
+@pytest.mark.slow
+def test_a_sequence_length_warmup_compiles_once_per_length(tmp_path, monkeypatch, devices):
+  """Rows of 8, 16, 24, then 32 tokens, one length per 16 sequences (one step of batch 16):
+  4 compiles in 6 steps, each record's length the rule's, evaluation on full rows."""
+  config = train_helpers.tiny_config("gpt", num_train_steps=6, seq_length=32, eval_every=3,
+                                     eval_steps=1)
+  config.seq_warmup.update(start_length=8, increment=8, samples=48)
+  lengths = []
+  original = Trainer.compile_step
+
+  def counting(self, batch, accum_steps=None):
+    lengths.append(batch["input_ids"].shape[1])
+    return original(self, batch, accum_steps)
+
+  monkeypatch.setattr(Trainer, "compile_step", counting)
+  loop.train_and_evaluate(config, tmp_path, report=io.StringIO())
+  assert lengths == [8, 16, 24, 32]
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if r["split"] == "train"]
+  assert [r["seq_length"] for r in train] == [8, 16, 24, 32, 32, 32]
+  assert [r["samples"] for r in train] == [16 * s for s in range(1, 7)]
+  assert [r["step"] for r in records if r["split"] == "eval"] == [3, 6]

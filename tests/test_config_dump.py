@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from bertjax.config import config_files, file_variants, load_config, model_config
-from bertjax.config.schema import FINETUNE_KEYS, batch_ramp_group, distillation_group
+from bertjax.config.schema import (FINETUNE_KEYS, batch_ramp_group, distillation_group,
+                                   seq_warmup_group)
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
 # Golden key (the per-size file names the dump was written under) -> how that config is named
@@ -92,6 +93,7 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          "config.wandb.mode": "online", "config.wandb.tags": "",
          # Batch-size ramp, off: start_batch_size is 0.
          **{f"config.batch_ramp.{key}": value for key, value in batch_ramp_group().items()},
+         **{f"config.seq_warmup.{key}": value for key, value in seq_warmup_group().items()},
          # Knowledge distillation, off: distillation.teacher is empty.
          **{f"config.distillation.{key}": value for key, value in distillation_group().items()}}
 

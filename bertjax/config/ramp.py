@@ -1,4 +1,5 @@
-"""Batch-size ramps keyed on the samples consumed (GPT-3, ModernBERT).
+"""Batch-size ramps and sequence-length warmup, keyed on the samples consumed (GPT-3,
+ModernBERT; Li et al. 2022).
 
 Brown et al. (2020, App. B) grow GPT-3's batch "linearly from a small value (32k tokens) to the
 full value over the first 4-12 billion tokens"; Warner et al. (2024) grow ModernBERT-base's from
@@ -146,8 +147,61 @@ def interleave(parts: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
       (-1,) + parts[0][key].shape[1:]) for key in parts[0]}
 
 
+@dataclasses.dataclass(frozen=True)
+class SeqWarmup:
+  """Sequence-length warmup (Li et al. 2022, "The Stability-Efficiency Dilemma"; DeepSpeed's
+  seqlen curriculum): causal-LM rows cut to `length_at(samples consumed)` tokens, growing from
+  `start` by `increment` each `per_increment` sequences consumed until `full` (Megatron-LM's
+  ramp rule applied to the length). The rows' later tokens are not trained on while a row is
+  cut; the data stream is the full-length one."""
+
+  start: int
+  increment: int
+  per_increment: float
+  full: int
+
+  def length_at(self, samples: int) -> int:
+    return min(self.start + int(samples / self.per_increment) * self.increment, self.full)
+
+  def lengths(self) -> list[int]:
+    return list(range(self.start, self.full, self.increment)) + [self.full]
+
+
+def seq_warmup_from_config(config: ml_collections.ConfigDict) -> SeqWarmup | None:
+  """The config's sequence-length warmup (None without one); ValueError naming the key for one
+  that cannot run."""
+  if "seq_warmup" not in config or not int(config.seq_warmup.start_length):
+    return None
+  warmup, full = config.seq_warmup, int(config.seq_length)
+  start, increment, samples = (int(warmup.start_length), int(warmup.increment),
+                               int(warmup.samples))
+  if not 0 < start < full:
+    raise ValueError(f"seq_warmup.start_length={start} must be in 1..seq_length-1={full - 1} "
+                     "(0: no warmup)")
+  if increment <= 0 or (full - start) % increment:
+    raise ValueError(f"seq_warmup.increment={increment} must be positive and divide "
+                     f"seq_length - start_length = {full - start}")
+  if config.objective != "causal_lm":
+    raise ValueError(f"seq_warmup cuts causal-LM rows; objective {config.objective!r} has "
+                     "positions that a cut row would lose (masked-LM predictions, pairs)")
+  increments = (full - start) // increment
+  if samples < increments:
+    raise ValueError(f"seq_warmup.samples={samples} must be at least the {increments} "
+                     "increments of the warmup")
+  return SeqWarmup(start, increment, samples / increments, full)
+
+
+def cut_rows(batch: dict[str, np.ndarray], length: int) -> dict[str, np.ndarray]:
+  """A causal-LM batch's rows cut to their first `length` tokens (every field is [B, L])."""
+  return {key: value[:, :length] for key, value in batch.items()}
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Errors naming the key for a ramp that cannot run with the rest of the config."""
+  warmup = seq_warmup_from_config(config)
+  if warmup is not None and int(config.phase2.start_step) > 0:
+    raise ValueError("seq_warmup and phase2 cannot be combined: a warmup keeps one data "
+                     "stream, a second phase starts another")
   ramp = from_config(config)
   if ramp is None:
     return

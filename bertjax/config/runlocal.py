@@ -36,7 +36,8 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   (the tiny configs'; a paper's is tuned for its size), logs every 10 steps, an eval and a
   checkpoint every 100. CPU settings: float32, no remat, no loss chunking, one micro-batch,
   data parallelism over the local devices, no profile, no paper parameter count. Dropped: a
-  batch-size ramp (a batch of 16 has no room to grow in stages the local devices can split).
+  batch-size ramp (a batch of 16 has no room to grow in stages the local devices can split)
+  and a sequence-length warmup.
   """
   if config.finetune.task:
     raise ValueError(f"{RUNLOCAL} shrinks a pre-training recipe; a fine-tuning config runs at "
@@ -67,6 +68,8 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   config.grad_accum_steps = 1
   if "batch_ramp" in config:
     config.batch_ramp.update(dict(start_batch_size=0, increment=0, samples=0))
+  if "seq_warmup" in config:
+    config.seq_warmup.update(dict(start_length=0, increment=0, samples=0))
   p2.grad_accum_steps = 0
   lr = config.optimizer.learning_rate
   if p2.learning_rate:

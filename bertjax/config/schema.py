@@ -134,6 +134,19 @@ def batch_ramp_group() -> ConfigDict:
   })
 
 
+def seq_warmup_group() -> ConfigDict:
+  """The `seq_warmup` group: causal-LM rows cut short at first, growing with the samples
+  consumed (Li et al. 2022; bertjax.config.ramp); off while start_length is 0."""
+  return ConfigDict({
+      # First sequence length (tokens); 0: no warmup, every row is seq_length long.
+      "start_length": 0,
+      # Tokens added at each stage; each distinct length is compiled once.
+      "increment": 0,
+      # Sequences consumed over which the length grows to seq_length.
+      "samples": 0,
+  })
+
+
 def distillation_group() -> ConfigDict:
   """The `distillation` group: knowledge distillation (Hinton et al. 2015) of a frozen teacher
   into the run's model, the student (DistilBERT, Sanh et al. 2019; distilgpt2), in the same
@@ -337,6 +350,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # A batch that grows from a small one to batch_size over the first samples
   # (bertjax.config.ramp); the learning-rate schedule then counts full batches of samples.
   config.batch_ramp = batch_ramp_group()
+  # Causal-LM rows cut short at first, growing to seq_length over the first samples
+  # (bertjax.config.ramp).
+  config.seq_warmup = seq_warmup_group()
   # Optimizer and learning-rate schedule (bertjax.training.optim).
   config.optimizer = optimizer_group()
   # Input data.

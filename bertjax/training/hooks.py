@@ -131,11 +131,11 @@ class TrainMetrics:
       values.update(step_time=step_time,
                     tokens_per_sec=info.phase.batch_size * info.phase.seq_length / step_time,
                     mfu=self.peak.mfu(info.phase.flops_per_step / step_time))
-    if getattr(info.phase, "ramp", None) is not None:
-      # A batch ramp: the step's batch and the sequences consumed through it (the schedule's
-      # table, bertjax.config.ramp).
-      values.update(batch_size=info.phase.batch_size,
-                    samples=info.phase.ramp.samples_before(info.step))
+    if getattr(info.phase, "staged", False):
+      # A batch ramp or a sequence-length warmup (bertjax.config.ramp): the step's batch and
+      # row length, and the sequences consumed through it.
+      values.update(batch_size=info.phase.batch_size, seq_length=info.phase.seq_length,
+                    samples=info.phase.samples_before(info.step))
     # The next interval starts when this step ended on the device: the write below overlaps
     # the step already queued.
     self._since, self._since_step, self._excluded = now, info.step, 0.0

@@ -87,20 +87,22 @@ class _TqdmStream:
 class _PhaseData:
   """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
   (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is
-  jitted again for its batch shape at its first batch (`compiled`). With a batch ramp
-  (bertjax.config.ramp) the iterator delivers the ramp's unit batches for the whole run and
-  each stage takes as many of them per step as it needs (`set_stage`)."""
+  jitted again for its batch shape at its first batch (`compiled`). With a batch ramp or a
+  sequence-length warmup (bertjax.config.ramp) the iterator delivers unit batches of full rows
+  for the whole run and each stage takes as many of them per step as it needs, its rows cut to
+  its length (`set_stage`)."""
 
   def __init__(self, workload: Workload, trainer: Trainer, step: int) -> None:
     config = workload.config
     self.index = phases.phase_of(config, step)
     self.base_config = phases.config_at(config, step)
     self.ramp = ramp.from_config(self.base_config)
+    self.warmup = ramp.seq_warmup_from_config(self.base_config)
     self.trainer = trainer
-    self.stage = -1
+    self.stage: tuple[int, int] | None = None
     self.set_stage(step)
     if self.ramp is None:
-      self.batches = workload.batches(self.config, self.rows)
+      self.batches = workload.batches(self.base_config, self.rows)
     else:
       unit = self.base_config.copy_and_resolve_references()
       unit.batch_size = self.ramp.unit
@@ -110,21 +112,44 @@ class _PhaseData:
     self.finite = (self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
                    and not self.config.finetune.task)
 
+  @property
+  def staged(self) -> bool:
+    return self.ramp is not None or self.warmup is not None
+
+  def samples_before(self, step: int) -> int:
+    """Sequences consumed by steps 0..step-1 (0-based)."""
+    if self.ramp is not None:
+      return self.ramp.samples_before(step)
+    return step * int(self.base_config.batch_size)
+
+  def stage_of(self, step: int) -> tuple[int, int]:
+    """(ramp stage, row length) of the step with 0-based index `step`."""
+    return (self.ramp.stage_index(step) if self.ramp else 0,
+            self.warmup.length_at(self.samples_before(step)) if self.warmup
+            else int(self.base_config.seq_length))
+
   def set_stage(self, step: int) -> bool:
-    """Takes the batch of the ramp stage that step `step` (0-based) trains in; whether it
-    changed (the step then compiles again at its next batch)."""
-    stage = self.ramp.stage_index(step) if self.ramp else 0
+    """Takes the batch and row length of the stage that step `step` (0-based) trains in;
+    whether they changed (the step then compiles again at its next batch)."""
+    stage = self.stage_of(step)
     if stage == self.stage:
       return False
     self.stage = stage
     self.config = self.base_config
-    if self.ramp is not None:
+    if self.staged:
       self.config = self.base_config.copy_and_resolve_references()
-      self.config.batch_size = self.ramp.stages[stage].batch_size
+      self.config.seq_length = stage[1]
+    if self.ramp is not None:
+      self.config.batch_size = self.ramp.stages[stage[0]].batch_size
       micro = int(self.base_config.batch_size) // int(self.base_config.grad_accum_steps)
       self.config.grad_accum_steps = ramp.accum_steps(
           int(self.config.batch_size), micro, sharding.batch_ways(self.trainer.mesh,
                                                                   self.trainer.rules))
+    # Evaluation reads full rows whatever the warmup's length.
+    self.eval_config = self.config
+    if self.warmup is not None:
+      self.eval_config = self.config.copy_and_resolve_references()
+      self.eval_config.seq_length = int(self.base_config.seq_length)
     self.batch_size = int(self.config.batch_size)
     self.seq_length = int(self.config.seq_length)
     self.accum_steps = int(self.config.grad_accum_steps)
@@ -165,13 +190,18 @@ class _PhaseData:
       raise RuntimeError("the training data ended although data.num_epochs=0 (repeat forever)")
     if exhausted:
       return None
-    return parts[0] if self.units == 1 else ramp.interleave(parts)
+    batch = parts[0] if self.units == 1 else ramp.interleave(parts)
+    if self.seq_length < int(self.base_config.seq_length):
+      batch = ramp.cut_rows(batch, self.seq_length)
+    return batch
 
   def describe(self) -> str:
-    ramp_stage = (f", ramp stage {self.stage + 1} of {len(self.ramp.stages)}" if self.ramp
-                  else "")
+    staged = (f", ramp stage {self.stage[0] + 1} of {len(self.ramp.stages)}" if self.ramp
+              else "")
+    if self.warmup is not None and self.seq_length < int(self.base_config.seq_length):
+      staged += f", rows cut to {self.seq_length} of {self.base_config.seq_length} tokens"
     return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
-            f"{self.accum_steps} micro-batch(es){ramp_stage}")
+            f"{self.accum_steps} micro-batch(es){staged}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLike,
@@ -265,7 +295,11 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     log.info("%s", phase.layout.summary())
     if phase.ramp is not None:
       log.info("batch ramp, %d stages (each compiles once):\n  %s", len(phase.ramp.stages),
-               "\n  ".join(phase.ramp.table(phase.seq_length)))
+               "\n  ".join(phase.ramp.table(int(phase.base_config.seq_length))))
+    if phase.warmup is not None:
+      log.info("sequence-length warmup: rows of %s tokens (each length compiles once), one "
+               "more step of the increment every %.0f sequences", phase.warmup.lengths(),
+               phase.warmup.per_increment)
 
   # A progress bar only where a person watches; log files get the periodic lines alone.
   progress = (tqdm.tqdm(total=total, initial=int(state.step), unit="step", dynamic_ncols=True,
@@ -316,11 +350,11 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       if step < total and phases.phase_of(config, step) != phase.index:
         # Switch before any save: a checkpoint of this step holds the new phase's position.
         phase = _switch_phase(workload, trainer, phase, step, train_metrics, is_main)
-      elif step < total and phase.ramp and phase.ramp.stage_index(step) != phase.stage:
+      elif step < total and phase.staged and phase.stage_of(step) != phase.stage:
         train_metrics.read_pending()  # the last record of the old stage's batch
         phase.set_stage(step)
         if is_main:
-          log.info("step %d: the batch ramp's next stage: %s; model FLOPs/step %.3g", step,
+          log.info("step %d: next stage: %s; model FLOPs/step %.3g", step,
                    phase.describe(), phase.flops_per_step)
       preempted = preemption.requested(step)
       if (preempted or workload.stopped

@@ -72,7 +72,7 @@ class Pretraining:
       jax.block_until_ready(info.metrics)
       eval_start = time.perf_counter()
       phase = info.phase
-      eval_batches = make_batches(phase.config, "eval", phase.rows, self.dataset)
+      eval_batches = make_batches(phase.eval_config, "eval", phase.rows, self.dataset)
       try:
         batches = (phase.global_batch(trainer, next(eval_batches)) for _ in iter(int, 1))
         writer.write(info.step, evaluate(trainer, info.state, batches,
