@@ -2,6 +2,7 @@
 prompts are built as documented, demonstrations never include the query and follow the seed,
 and a GPT trained on the task's pattern is scored right (and wrong with the labels swapped)."""
 
+import json
 import random
 
 import jax
@@ -181,3 +182,56 @@ def test_unknown_label_names_file_and_line(random_params, tmp_path):
   path.write_text("sentence\tlabel\nabca\t0\nwxyz\t2\n")
   with pytest.raises(CorpusError, match=f"^{path}:3: label '2' has no verbalisation"):
     fewshot.evaluate_fewshot(random_params, CFG, TOK, path, verbalisations=VERBAL)
+
+
+# --- multiple choice ----------------------------------------------------------------------
+
+
+def _questions(n, seed):
+  """The pattern as multiple choice: the right answer among "left" / "right" / "up"."""
+  rng = random.Random(seed)
+  out = []
+  for _ in range(n):
+    text, label = _example(rng)
+    choices = ["up", "left", "right"]
+    rng.shuffle(choices)
+    out.append(fewshot.Choice(text, tuple(choices), choices.index(VERBAL[label])))
+  return out
+
+
+def test_multiple_choice_picks_the_most_likely_choice(random_params):
+  """At k=0 each question's prediction is the argmax of its choices' summed log-probabilities
+  after the bare query, scored pair by pair here; at k=2 two demonstrations precede it."""
+  questions = _questions(12, seed=3)
+  result = fewshot.evaluate_multiple_choice(random_params, CFG, TOK, questions, ks=(0, 2))
+  template = fewshot.Template()
+  correct = 0
+  for q in questions:
+    pairs = [fewshot.split_encode(TOK, template.prompt(q.query, []), template.candidate(c))
+             for c in q.choices]
+    scores = fewshot.score_continuations(random_params, CFG, pairs, pad_id=TOK.pad_id)
+    correct += int(np.argmax(scores)) == q.gold
+  assert result["by_k"][0]["correct"] == correct and result["by_k"][0]["n"] == 12
+  assert result["by_k"][2]["demonstrations"] == 2.0
+  assert result["chance_baseline"] == pytest.approx(1 / 3)
+
+
+def test_multiple_choice_is_right_where_the_model_learned_the_pattern(trained_params, tmp_path):
+  path = tmp_path / "mc.jsonl"
+  path.write_text("".join(json.dumps({"query": q.query, "choices": list(q.choices),
+                                      "gold": q.gold}) + "\n" for q in _questions(40, seed=4)))
+  assert fewshot.is_multiple_choice(path)
+  result = fewshot.evaluate_multiple_choice(trained_params, CFG, TOK,
+                                            fewshot.read_multiple_choice(path), ks=(2,))
+  assert result["by_k"][2]["accuracy"] >= 0.9, result
+
+
+def test_multiple_choice_errors_name_file_and_line(tmp_path):
+  path = tmp_path / "bad.jsonl"
+  path.write_text('{"query": "a", "choices": ["x", "y"], "gold": 0}\n'
+                  '{"query": "b", "choices": ["x", "y"], "gold": 2}\n')
+  with pytest.raises(CorpusError, match=r"bad.jsonl:2: gold 2 is not an index into its 2"):
+    fewshot.read_multiple_choice(path)
+  path.write_text('{"query": "a", "choices": ["x"], "gold": 0}\n')
+  with pytest.raises(CorpusError, match=r"bad.jsonl:1: expected \"query\""):
+    fewshot.read_multiple_choice(path)

@@ -146,6 +146,24 @@ def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
   if not all(k.strip().isdigit() for k in args.k.split(",")):
     raise ValueError(f"--k: expected demonstration counts like 0,1,4,8, got {args.k!r}")
   ks = [int(k) for k in args.k.split(",")]
+  if fewshot.is_multiple_choice(args.data):
+    if verbal or args.sampling != "random":
+      raise ValueError("--verbalise and --sampling balanced are for labelled sets; "
+                       f"{args.data} is multiple choice")
+    result = fewshot.evaluate_multiple_choice(
+        weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"),
+        fewshot.read_multiple_choice(args.data),
+        pool=fewshot.read_multiple_choice(args.pool) if args.pool else None, ks=ks,
+        seed=args.seed)
+    print(f"{'k':>3}  {'accuracy':>8}  {'length-norm':>11}  {'demos used':>10}  n")
+    for k, row in result["by_k"].items():
+      print(f"{k:>3}  {row['accuracy']:>8.4f}  {row['accuracy_length_normalised']:>11.4f}  "
+            f"{row['demonstrations']:>10.2f}  {row['n']}")
+    print(f"chance {result['chance_baseline']:.4f}")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    return 0
   result = fewshot.evaluate_fewshot(
       weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"), args.data,
       pool=args.pool, ks=ks, verbalisations=verbal, sampling=args.sampling, seed=args.seed,
@@ -239,15 +257,19 @@ def register(add: Add) -> None:
           "demonstrations drawn (seeded) from --pool (default: --data without the query) are "
           "written as '{text}\\nAnswer: {label}\\n\\n' before the query's '{text}\\nAnswer:', and "
           "the predicted label is the one whose verbalisation (--verbalise, default the label "
-          "strings) has the highest log-likelihood. Prints accuracy (and length-normalised "
-          "accuracy) per k with the majority-class and chance baselines; demonstrations that "
-          "do not fit the model's positions are dropped and counted.",
+          "strings) has the highest log-likelihood. Multiple-choice JSONL ({\"query\", "
+          "\"choices\": [...], \"gold\": index} per line, e.g. PIQA or HellaSwag converted) is "
+          "scored the same way with each question's own choices, the right one in the "
+          "demonstrations. Prints accuracy (and length-normalised accuracy) per k with the "
+          "baselines; demonstrations that do not fit the model's positions are dropped and "
+          "counted.",
           "example:\n  bertjax data task --out runs/task && bertjax fewshot --params "
           "runs/gpt_tiny/params --data runs/task/dev.tsv --pool runs/task/train_100.tsv "
           "--k 0,1,4", cmd_fewshot)
   p.add_argument("--params", required=True,
                  help="GPT weights: params checkpoint, workdir, fine-tuned OUT/best or HF dir")
-  p.add_argument("--data", required=True, help="labelled queries (.tsv, .csv, .jsonl)")
+  p.add_argument("--data", required=True,
+                 help="labelled queries (.tsv, .csv, .jsonl) or multiple-choice .jsonl")
   p.add_argument("--pool", default=None, help="where demonstrations come from (default: --data)")
   p.add_argument("--k", default="0,1,4,8", help="demonstration counts (0,1,4,8)")
   p.add_argument("--text-column", dest="text_column", default="sentence",

@@ -284,3 +284,131 @@ def evaluate_fewshot(params: Any, model_config: ModelConfig, tokenizer: Any,
   if return_prompts:
     result["prompts"] = prompts
   return result
+
+
+# --- multiple choice ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """A multiple-choice question: the query, its choices, the index of the right one."""
+
+  query: str
+  choices: tuple[str, ...]
+  gold: int
+  where: str = ""
+
+
+def read_multiple_choice(path: str | Path) -> list[Choice]:
+  """JSONL, one question per line: {"query": str, "choices": [str, ...], "gold": int} (the
+  lm-evaluation-harness layout; "label" is accepted for "gold"); errors name the line."""
+  import json
+  out = []
+  path = Path(path)
+  with path.open(encoding="utf-8") as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{line_number}"
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise CorpusError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+      gold = record.get("gold", record.get("label"))
+      choices = record.get("choices")
+      if (not isinstance(record.get("query"), str) or not isinstance(choices, list)
+          or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices)):
+        raise CorpusError(f"{where}: expected \"query\" (text), \"choices\" (2+ non-empty "
+                          "texts) and \"gold\" (the right choice's index)")
+      if not isinstance(gold, int) or not 0 <= gold < len(choices):
+        raise CorpusError(f"{where}: gold {gold!r} is not an index into its "
+                          f"{len(choices)} choices")
+      out.append(Choice(record["query"], tuple(choices), gold, where))
+  if not out:
+    raise CorpusError(f"{path}: no questions")
+  return out
+
+
+def is_multiple_choice(path: str | Path) -> bool:
+  """Whether `path` is multiple-choice JSONL (its first record has "choices")."""
+  import json
+  path = Path(path)
+  if path.suffix != ".jsonl":
+    return False
+  with path.open(encoding="utf-8") as f:
+    for line in f:
+      if line.strip():
+        try:
+          return "choices" in json.loads(line)
+        except json.JSONDecodeError:
+          return False
+  return False
+
+
+def evaluate_multiple_choice(params: Any, model_config: ModelConfig, tokenizer: Any,
+                             questions: Sequence[Choice], *,
+                             pool: Sequence[Choice] | None = None,
+                             ks: Sequence[int] = (0, 1, 4, 8),
+                             template: Template = Template(), seed: int = 0,
+                             max_length: int | None = None, batch_size: int = 16,
+                             bucket: int = 32) -> dict[str, Any]:
+  """Few-shot accuracy on multiple-choice questions for each k (GPT-3's evaluation of
+  multiple-choice tasks such as PIQA or HellaSwag): k demonstrations ("{query}\\nAnswer:" +
+  " {right choice}" + "\\n\\n"), drawn per question from `pool` (default: the questions, the
+  question itself excluded) as `evaluate_fewshot` draws them, then the question; the predicted
+  choice is the most likely continuation, by summed and by length-normalised log-probability.
+  Demonstrations that do not fit are dropped (counted). Returns {"by_k": {k: {"accuracy",
+  "accuracy_length_normalised", "correct", "n", "demonstrations", "dropped_demonstrations"}},
+  "chance_baseline" (the mean of 1 / choices), "n", "seed"}."""
+  if not questions:
+    raise ValueError("no questions to evaluate")
+  if any(k < 0 for k in ks):
+    raise ValueError(f"ks must be >= 0, got {list(ks)}")
+  demos = list(questions if pool is None else pool)
+  limit = min(max_length or model_config.max_positions, model_config.max_positions)
+  pad = getattr(tokenizer, "pad_id", None)
+  pad = 0 if pad is None else pad
+  as_labelled = [Labelled(d.query, d.choices[d.gold], d.where) for d in demos]
+  pairs: list[tuple[list[int], list[int]]] = []
+  plan = []  # (k, question index, first pair index)
+  stats = {k: collections.Counter() for k in ks}
+  for q, question in enumerate(questions):
+    rng = random.Random(f"{seed}:{q}")
+    order = demonstration_order(as_labelled, Labelled(question.query, ""), max(ks, default=0),
+                                rng)
+    for k in ks:
+      chosen = order[:k]
+      while True:
+        prompt = template.prompt(question.query, [(as_labelled[i].text, as_labelled[i].label)
+                                                  for i in reversed(chosen)])
+        rows = [split_encode(tokenizer, prompt, template.candidate(c)) for c in question.choices]
+        if max(len(p) + len(c) for p, c in rows) <= limit or not chosen:
+          break
+        chosen = chosen[:-1]
+        stats[k]["dropped_demonstrations"] += 1
+      if max(len(p) + len(c) for p, c in rows) > limit:
+        raise ValueError(f"{question.where}: the question and a choice exceed max_length="
+                         f"{limit}")
+      stats[k]["demonstrations"] += len(chosen)
+      plan.append((k, q, len(pairs)))
+      pairs += rows
+  sums = score_continuations(params, model_config, pairs, batch_size=batch_size,
+                             bucket=bucket, pad_id=pad)
+  counts = np.asarray([len(c) for _, c in pairs], np.float32)
+  by_k: dict[int, dict[str, Any]] = {}
+  for k in ks:
+    correct = correct_norm = 0
+    for kk, q, first in plan:
+      if kk != k:
+        continue
+      n_choices = len(questions[q].choices)
+      scores = sums[first:first + n_choices]
+      correct += int(np.argmax(scores)) == questions[q].gold
+      correct_norm += int(np.argmax(scores / counts[first:first + n_choices])) == \
+          questions[q].gold
+    n = len(questions)
+    by_k[k] = {"accuracy": correct / n, "accuracy_length_normalised": correct_norm / n,
+               "correct": correct, "n": n, "demonstrations": stats[k]["demonstrations"] / n,
+               "dropped_demonstrations": stats[k]["dropped_demonstrations"]}
+  return {"by_k": by_k, "n": len(questions), "seed": seed,
+          "chance_baseline": float(np.mean([1 / len(q.choices) for q in questions]))}
