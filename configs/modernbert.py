@@ -57,8 +57,10 @@ STAGES = ("pretrain", "extension")
 VARIANTS = tuple(f"size={size}" for size in SIZES) + ("size=base,stage=extension",
                                                       "size=large,stage=extension")
 # The batch-size warmup of pre-training: (first batch and increment in sequences, tokens over
-# which the batch grows to its full size). Base: 768 -> 4,608 over 50B tokens; large's is not
-# among the figures this file cites, and large trains at its full batch from the start.
+# which the batch grows to its full size). Base: 768 -> 4,608 over 50B tokens (the authors'
+# yamls/modernbert/modernbert-base-pretrain.yaml: batch_size_warmup_tokens 50B from the
+# micro-batch of 96 on each of 8 GPUs); large's yaml is not among the sources this file cites,
+# and large trains at its full batch from the start.
 RAMPS = {"base": (768, 50_000_000_000)}
 # Table 3's weight decay, per step at the peak learning rate (large: 1e-6 after its restart).
 PAPER_WEIGHT_DECAY = {"base": 1e-5, "large": 1e-5}
