@@ -18,7 +18,6 @@ last completion would not fit behind one prompt token.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.data.errors import CorpusError, SkipCounts
+from bertjax.finetune.labeled import jsonl_records
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +97,8 @@ def read_completion_records(path: str | Path) -> list[CompletionRecord]:
     raise CorpusError(f"{path}: no such file")
   records = []
   try:
-    with path.open(encoding="utf-8") as f:
-      for line, text in enumerate(f, 1):
-        if not text.strip():
-          continue
-        where = f"{path}:{line}"
-        try:
-          obj = json.loads(text)
-        except json.JSONDecodeError as e:
-          raise CorpusError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        records.append(parse_record(obj, where))
+    for line, obj in jsonl_records(path):
+      records.append(parse_record(obj, f"{path}:{line}"))
   except UnicodeDecodeError as e:
     raise CorpusError(f"{path}: not UTF-8 text at byte {e.start}") from None
   if not records:

@@ -302,28 +302,21 @@ class Choice:
 def read_multiple_choice(path: str | Path) -> list[Choice]:
   """JSONL, one question per line: {"query": str, "choices": [str, ...], "gold": int} (the
   lm-evaluation-harness layout; "label" is accepted for "gold"); errors name the line."""
-  import json
   out = []
   path = Path(path)
-  with path.open(encoding="utf-8") as f:
-    for line_number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{line_number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise CorpusError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-      gold = record.get("gold", record.get("label"))
-      choices = record.get("choices")
-      if (not isinstance(record.get("query"), str) or not isinstance(choices, list)
-          or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices)):
-        raise CorpusError(f"{where}: expected \"query\" (text), \"choices\" (2+ non-empty "
-                          "texts) and \"gold\" (the right choice's index)")
-      if not isinstance(gold, int) or not 0 <= gold < len(choices):
-        raise CorpusError(f"{where}: gold {gold!r} is not an index into its "
-                          f"{len(choices)} choices")
-      out.append(Choice(record["query"], tuple(choices), gold, where))
+  for line, record in labeled.jsonl_records(path):
+    where = f"{path}:{line}"
+    record = record if isinstance(record, dict) else {}
+    gold = record.get("gold", record.get("label"))
+    choices = record.get("choices")
+    if (not isinstance(record.get("query"), str) or not isinstance(choices, list)
+        or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices)):
+      raise CorpusError(f"{where}: expected \"query\" (text), \"choices\" (2+ non-empty "
+                        "texts) and \"gold\" (the right choice's index)")
+    if not isinstance(gold, int) or not 0 <= gold < len(choices):
+      raise CorpusError(f"{where}: gold {gold!r} is not an index into its "
+                        f"{len(choices)} choices")
+    out.append(Choice(record["query"], tuple(choices), gold, where))
   if not out:
     raise CorpusError(f"{path}: no questions")
   return out

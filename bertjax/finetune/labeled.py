@@ -20,7 +20,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -164,32 +164,38 @@ def _make(path: Path, line: int, task: str, text_a: Any, text_b: Any, label: Any
   return Example(where, text_a, text_b, label)
 
 
-def _read_jsonl(path: Path, task: str, columns: Columns, require_label: bool) -> list[Example]:
-  examples = []
+def jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+  """(line number, parsed value) of each non-blank line of a JSONL file; a line that is not
+  JSON raises CorpusError naming the file, line and column."""
   with path.open(encoding="utf-8") as f:
     for line, text in enumerate(f, 1):
       if not text.strip():
         continue
       try:
-        record = json.loads(text)
+        yield line, json.loads(text)
       except json.JSONDecodeError as e:
         raise CorpusError(f"{path}:{line}: not valid JSON ({e.msg} at column {e.colno})") \
             from None
-      if not isinstance(record, dict):
-        raise CorpusError(f"{path}:{line}: expected a JSON object per line")
-      if task == "token_classification":
-        examples.append(_token_record(path, line, record, columns, require_label))
-        continue
-      wanted = [columns.text_a] + ([columns.text_b] if columns.text_b else [])
-      if require_label:
-        wanted.append(columns.label)
-      missing = [c for c in wanted if c not in record]
-      if missing:
-        raise CorpusError(f"{path}:{line}: no field {', '.join(map(repr, missing))}; "
-                          f"fields: {', '.join(record)}")
-      examples.append(_make(path, line, task, record[columns.text_a],
-                            record[columns.text_b] if columns.text_b else None,
-                            record.get(columns.label), require_label))
+
+
+def _read_jsonl(path: Path, task: str, columns: Columns, require_label: bool) -> list[Example]:
+  examples = []
+  for line, record in jsonl_records(path):
+    if not isinstance(record, dict):
+      raise CorpusError(f"{path}:{line}: expected a JSON object per line")
+    if task == "token_classification":
+      examples.append(_token_record(path, line, record, columns, require_label))
+      continue
+    wanted = [columns.text_a] + ([columns.text_b] if columns.text_b else [])
+    if require_label:
+      wanted.append(columns.label)
+    missing = [c for c in wanted if c not in record]
+    if missing:
+      raise CorpusError(f"{path}:{line}: no field {', '.join(map(repr, missing))}; "
+                        f"fields: {', '.join(record)}")
+    examples.append(_make(path, line, task, record[columns.text_a],
+                          record[columns.text_b] if columns.text_b else None,
+                          record.get(columns.label), require_label))
   return examples
 
 
