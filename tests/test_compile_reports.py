@@ -60,7 +60,7 @@ def full_batch_steps(config) -> int:
   total = int(config.num_train_steps)
   if batch_ramp is None:
     return total
-  return round(batch_ramp.samples_before(total) / int(config.batch_size))
+  return round(batch_ramp.full_batches(total))
 
 
 def phase_config(name: str, step: int | None, overrides=()):

@@ -60,8 +60,8 @@ def test_runlocal_keeps_the_recipe_at_laptop_scale(name):
   # The schedule's shape: warmup, decay end and phase switch at the same fractions of the run
   # (a ramped run's schedule counts full batches; runlocal drops the ramp).
   batch_ramp = ramp.from_config(paper)
-  total = (round(batch_ramp.samples_before(paper.num_train_steps) / paper.batch_size)
-           if batch_ramp else paper.num_train_steps)
+  total = (round(batch_ramp.full_batches(paper.num_train_steps)) if batch_ramp
+           else paper.num_train_steps)
   assert not ramp.enabled(local)
   for key in ("optimizer.warmup_steps", "optimizer.decay_steps", "phase2.start_step"):
     want = _fraction(_get(paper, key), total)

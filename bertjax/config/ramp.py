@@ -61,6 +61,11 @@ class BatchRamp:
     stage = self.stages[self.stage_index(step)]
     return stage.samples_before + (step - stage.first_step) * stage.batch_size
 
+  def full_batches(self, steps: int) -> float:
+    """The sequences steps 0..steps-1 consume, in full batches: a ramped run's length as its
+    schedule and its compile report count it (the caller rounds)."""
+    return self.samples_before(steps) / self.stages[-1].batch_size
+
   def full_batch_steps(self, count: jnp.ndarray) -> jnp.ndarray:
     """`samples_before(count)` / the full batch, traceable: the optimizer's step count as the
     learning-rate schedule reads it. Float32: exact to 2^24 samples, then within ~1e-7 of the
@@ -208,9 +213,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if int(config.phase2.start_step) > 0:
     raise ValueError("batch_ramp and phase2 cannot be combined: a ramp keeps one data stream, "
                      "a second phase starts another")
-  if int(config.batch_size) % int(config.grad_accum_steps):
-    raise ValueError(f"batch_size={config.batch_size} is not divisible by grad_accum_steps="
-                     f"{config.grad_accum_steps}")
 
 
 def accum_steps(batch_size: int, micro_rows: int, ways: int = 1) -> int:

@@ -45,7 +45,7 @@ def runlocal(config: ConfigDict) -> ConfigDict:
   steps = int(config.num_train_steps)
   batch_ramp = ramp.from_config(config)
   if batch_ramp is not None:  # the schedule counts full batches (bertjax.config.ramp)
-    steps = round(batch_ramp.samples_before(steps) / int(config.batch_size))
+    steps = round(batch_ramp.full_batches(steps))
 
   def scaled(value: int) -> int:  # a step count at the same fraction of the shorter run
     return 0 if not value else max(1, round(int(value) * _LOCAL_STEPS / steps))

@@ -98,6 +98,7 @@ class _PhaseData:
     self.base_config = phases.config_at(config, step)
     self.ramp = ramp.from_config(self.base_config)
     self.warmup = ramp.seq_warmup_from_config(self.base_config)
+    self.full_length = int(self.base_config.seq_length)  # a warmup's rows are cut from these
     self.trainer = trainer
     self.stage: tuple[int, int] | None = None
     self.set_stage(step)
@@ -126,7 +127,7 @@ class _PhaseData:
     """(ramp stage, row length) of the step with 0-based index `step`."""
     return (self.ramp.stage_index(step) if self.ramp else 0,
             self.warmup.length_at(self.samples_before(step)) if self.warmup
-            else int(self.base_config.seq_length))
+            else self.full_length)
 
   def set_stage(self, step: int) -> bool:
     """Takes the batch and row length of the stage that step `step` (0-based) trains in;
@@ -149,7 +150,7 @@ class _PhaseData:
     self.eval_config = self.config
     if self.warmup is not None:
       self.eval_config = self.config.copy_and_resolve_references()
-      self.eval_config.seq_length = int(self.base_config.seq_length)
+      self.eval_config.seq_length = self.full_length
     self.batch_size = int(self.config.batch_size)
     self.seq_length = int(self.config.seq_length)
     self.accum_steps = int(self.config.grad_accum_steps)
@@ -191,15 +192,15 @@ class _PhaseData:
     if exhausted:
       return None
     batch = parts[0] if self.units == 1 else ramp.interleave(parts)
-    if self.seq_length < int(self.base_config.seq_length):
+    if self.seq_length < self.full_length:
       batch = ramp.cut_rows(batch, self.seq_length)
     return batch
 
   def describe(self) -> str:
     staged = (f", ramp stage {self.stage[0] + 1} of {len(self.ramp.stages)}" if self.ramp
               else "")
-    if self.warmup is not None and self.seq_length < int(self.base_config.seq_length):
-      staged += f", rows cut to {self.seq_length} of {self.base_config.seq_length} tokens"
+    if self.seq_length < self.full_length:
+      staged += f", rows cut to {self.seq_length} of {self.full_length} tokens"
     return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
             f"{self.accum_steps} micro-batch(es){staged}")
 
@@ -295,7 +296,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     log.info("%s", phase.layout.summary())
     if phase.ramp is not None:
       log.info("batch ramp, %d stages (each compiles once):\n  %s", len(phase.ramp.stages),
-               "\n  ".join(phase.ramp.table(int(phase.base_config.seq_length))))
+               "\n  ".join(phase.ramp.table(phase.full_length)))
     if phase.warmup is not None:
       log.info("sequence-length warmup: rows of %s tokens (each length compiles once), one "
                "more step of the increment every %.0f sequences", phase.warmup.lengths(),

@@ -223,8 +223,7 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   runs hold it."""
   schedule_steps = num_train_steps
   if batch_ramp is not None:
-    schedule_steps = math.ceil(batch_ramp.samples_before(num_train_steps)
-                               / batch_ramp.stages[-1].batch_size)
+    schedule_steps = math.ceil(batch_ramp.full_batches(num_train_steps))
   schedule = _keyed(learning_rate_schedule(opt, schedule_steps, restart), batch_ramp)
   freeze = str(opt.get("freeze", "none"))
   parse_freeze(freeze)
