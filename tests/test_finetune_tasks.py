@@ -223,6 +223,27 @@ def test_fewshot_command_prints_accuracy_per_k(tmp_path, gpt_base, capsys):
   assert out[-1].startswith("majority class") and result["chance_baseline"] == 0.25
 
 
+def test_fewshot_command_reads_multiple_choice_jsonl(tmp_path, gpt_base, capsys):
+  """The same command on multiple-choice JSONL: each question's own choices, one line per k
+  with the accuracy the library computes, the chance baseline, the result as JSON; options of
+  labelled sets are refused."""
+  questions = [{"query": f"Which town is on the river {r}?", "choices": [t, "Nowhere"],
+                "gold": 0} for r, t in zip(RIVERS, TOWNS)][:4]
+  path = tmp_path / "mc.jsonl"
+  path.write_text("".join(json.dumps(q) + "\n" for q in questions))
+  assert cli.main(["fewshot", "--params", str(gpt_base), "--data", str(path), "--k", "0,1",
+                   "--json", str(tmp_path / "result.json")]) == 0
+  out = capsys.readouterr().out.splitlines()
+  result = json.loads((tmp_path / "result.json").read_text())
+  rows = {line.split()[0]: line.split() for line in out if line.split()[0] in ("0", "1")}
+  for k in ("0", "1"):
+    assert float(rows[k][1]) == pytest.approx(result["by_k"][k]["accuracy"], abs=1e-4)
+  assert out[-1] == "chance 0.5000" and result["n"] == 4
+  assert cli.main(["fewshot", "--params", str(gpt_base), "--data", str(path),
+                   "--sampling", "balanced"]) == 2
+  assert "is multiple choice" in capsys.readouterr().err
+
+
 def test_docs_recipe_table_is_the_code():
   """docs/finetuning.md's recipe table is generated from bertjax.finetune.recipes.RECIPES."""
   from pathlib import Path

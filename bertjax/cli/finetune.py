@@ -28,7 +28,7 @@ def cmd_finetune(args: argparse.Namespace, overrides: Overrides) -> int:
                  if getattr(args, name) is not None})
   values.update(init_from=args.init_from, train=args.train, dev=args.dev)
   if args.mesh:
-    values["mesh"] = dict(part.split("=") for part in args.mesh.split(","))
+    values["mesh"] = _mesh(args.mesh)
   config = finetune_run_config(values, overrides)
   try:
     # Progress and the run's summary on stderr: stdout is the result, as JSON.
@@ -79,7 +79,7 @@ def cmd_eval(args: argparse.Namespace, overrides: Overrides) -> int:
       values.update(user)
       values.update(suites.settings(task, root, seed), init_from=args.init_from)
       if args.mesh:
-        values["mesh"] = dict(part.split("=") for part in args.mesh.split(","))
+        values["mesh"] = _mesh(args.mesh)
       print(f"bertjax {name}: {task.name}, seed {seed}", file=sys.stderr, flush=True)
       try:
         summary = train_and_evaluate(finetune_run_config(values, overrides),
@@ -122,8 +122,6 @@ def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
-  import json
-
   from bertjax.checkpoints.weights import load_weights
   from bertjax.data.tokenizers import load_tokenizer
   from bertjax.finetune import fewshot
@@ -155,29 +153,33 @@ def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
         fewshot.read_multiple_choice(args.data),
         pool=fewshot.read_multiple_choice(args.pool) if args.pool else None, ks=ks,
         seed=args.seed)
-    print(f"{'k':>3}  {'accuracy':>8}  {'length-norm':>11}  {'demos used':>10}  n")
-    for k, row in result["by_k"].items():
-      print(f"{k:>3}  {row['accuracy']:>8.4f}  {row['accuracy_length_normalised']:>11.4f}  "
-            f"{row['demonstrations']:>10.2f}  {row['n']}")
-    print(f"chance {result['chance_baseline']:.4f}")
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    return 0
+    return _print_fewshot(result, f"chance {result['chance_baseline']:.4f}", args.json)
   result = fewshot.evaluate_fewshot(
       weights.params, weights.config, load_tokenizer(tokenizer_path, require="gpt"), args.data,
       pool=args.pool, ks=ks, verbalisations=verbal, sampling=args.sampling, seed=args.seed,
       text_column=args.text_column, label_column=args.label_column)
+  return _print_fewshot(result, f"majority class {result['majority_baseline']:.4f}, chance "
+                        f"{result['chance_baseline']:.4f}", args.json)
+
+
+def _print_fewshot(result: dict, baselines: str, json_path: str | None) -> int:
+  """The per-k table of a few-shot result, its baselines line, and the whole result as JSON at
+  `json_path` when given."""
+  import json
   print(f"{'k':>3}  {'accuracy':>8}  {'length-norm':>11}  {'demos used':>10}  n")
   for k, row in result["by_k"].items():
     print(f"{k:>3}  {row['accuracy']:>8.4f}  {row['accuracy_length_normalised']:>11.4f}  "
           f"{row['demonstrations']:>10.2f}  {row['n']}")
-  print(f"majority class {result['majority_baseline']:.4f}, chance "
-        f"{result['chance_baseline']:.4f}")
-  if args.json:
-    with open(args.json, "w") as f:
+  print(baselines)
+  if json_path:
+    with open(json_path, "w") as f:
       json.dump(result, f, indent=2, default=str)
   return 0
+
+
+def _mesh(text: str) -> dict[str, str]:
+  """--mesh "data=4,fsdp=2" as the fine-tuning settings' mesh axes."""
+  return dict(part.split("=") for part in text.split(","))
 
 
 def register(add: Add) -> None:

@@ -173,6 +173,24 @@ def score_continuations(params: Any, model_config: ModelConfig,
 # --- evaluation --------------------------------------------------------------------------
 
 
+def _fit_prompt(template: Template, tokenizer: Any, text: str,
+                demonstrations: Sequence[tuple[str, str]], candidates: Sequence[str],
+                limit: int, stats: collections.Counter) -> tuple[str, list, int]:
+  """The prompt for `text` after as many `demonstrations` ((text, verbalisation) in draw
+  order, the first drawn nearest the query) as fit in `limit` tokens with every candidate, the
+  last drawn dropped first (counted in stats["dropped_demonstrations"]); returns the prompt,
+  its encoded (prompt, candidate) rows and the number of demonstrations kept. Without any
+  demonstration the rows are returned whatever their length."""
+  chosen = list(demonstrations)
+  while True:
+    prompt = template.prompt(text, chosen[::-1])
+    rows = [split_encode(tokenizer, prompt, template.candidate(c)) for c in candidates]
+    if max(len(p) + len(c) for p, c in rows) <= limit or not chosen:
+      return prompt, rows, len(chosen)
+    chosen = chosen[:-1]
+    stats["dropped_demonstrations"] += 1
+
+
 def evaluate_fewshot(params: Any, model_config: ModelConfig, tokenizer: Any,
                      examples: str | Path | Sequence[Any], *,
                      pool: str | Path | Sequence[Any] | None = None,
@@ -228,18 +246,12 @@ def evaluate_fewshot(params: Any, model_config: ModelConfig, tokenizer: Any,
     rng = random.Random(f"{seed}:{q}")
     order = demonstration_order(demos, query, k_max, rng, sampling, labels)
     for k in ks:
-      chosen = order[:k]
-      while True:
-        prompt = template.prompt(query.text, [(demos[i].text, verbal[demos[i].label])
-                                              for i in reversed(chosen)])
-        rows = [split_encode(tokenizer, prompt, template.candidate(verbal[label]))
-                for label in labels]
-        if max(len(p) + len(c) for p, c in rows) <= limit or not chosen:
-          break
-        chosen = chosen[:-1]
-        stats[k]["dropped_demonstrations"] += 1
-      stats[k]["shortened_prompts"] += len(chosen) < min(k, len(order))
-      stats[k]["demonstrations"] += len(chosen)
+      prompt, rows, kept = _fit_prompt(
+          template, tokenizer, query.text,
+          [(demos[i].text, verbal[demos[i].label]) for i in order[:k]],
+          [verbal[label] for label in labels], limit, stats[k])
+      stats[k]["shortened_prompts"] += kept < min(k, len(order))
+      stats[k]["demonstrations"] += kept
       longest = max(len(p) + len(c) for p, c in rows)
       if longest > limit:
         # The query alone does not fit: keep the end of the prompt (at least one token).
@@ -370,19 +382,14 @@ def evaluate_multiple_choice(params: Any, model_config: ModelConfig, tokenizer: 
     order = demonstration_order(as_labelled, Labelled(question.query, ""), max(ks, default=0),
                                 rng)
     for k in ks:
-      chosen = order[:k]
-      while True:
-        prompt = template.prompt(question.query, [(as_labelled[i].text, as_labelled[i].label)
-                                                  for i in reversed(chosen)])
-        rows = [split_encode(tokenizer, prompt, template.candidate(c)) for c in question.choices]
-        if max(len(p) + len(c) for p, c in rows) <= limit or not chosen:
-          break
-        chosen = chosen[:-1]
-        stats[k]["dropped_demonstrations"] += 1
+      _, rows, kept = _fit_prompt(
+          template, tokenizer, question.query,
+          [(as_labelled[i].text, as_labelled[i].label) for i in order[:k]], question.choices,
+          limit, stats[k])
       if max(len(p) + len(c) for p, c in rows) > limit:
         raise ValueError(f"{question.where}: the question and a choice exceed max_length="
                          f"{limit}")
-      stats[k]["demonstrations"] += len(chosen)
+      stats[k]["demonstrations"] += kept
       plan.append((k, q, len(pairs)))
       pairs += rows
   sums = score_continuations(params, model_config, pairs, batch_size=batch_size,
