@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SkipCounts, parse_sources, read_source
+from bertjax.finetune import suites
 
 Articles = list[list[str]]
 
@@ -125,10 +126,6 @@ def _rows(task: str, examples: list[tuple]) -> tuple[list[str] | None, list[list
           [[k, a, b, label] for k, (a, b, label) in enumerate(examples)])
 
 
-DIRECTORIES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
-               "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
-
-
 def make_glue_tasks(source: str, out_dir: str | Path, train_size: int = 400,
                     dev_size: int = 200, min_words: int = 6, seed: int = 0) -> dict:
   """Writes OUT/<GLUE directory>/train.tsv and dev.tsv (MNLI: dev_matched.tsv and
@@ -147,14 +144,12 @@ def make_glue_tasks(source: str, out_dir: str | Path, train_size: int = 400,
             "train": [articles[i] for i in order[2 * quarter:]]}
   out = Path(out_dir)
   counts = {}
-  for task, directory in DIRECTORIES.items():
-    files = {"train.tsv": ("train", train_size)}
-    if task == "mnli":
-      files.update({"dev_matched.tsv": ("dev", dev_size),
-                    "dev_mismatched.tsv": ("mismatched", dev_size)})
-    else:
-      files["dev.tsv"] = ("dev", dev_size)
-    for name, (split, size) in files.items():
+  # Each file where `bertjax eval glue` reads it (bertjax.finetune.suites): its articles, size.
+  sizes = {"train": ("train", train_size), "dev": ("dev", dev_size),
+           "second_dev": ("mismatched", dev_size)}
+  for task, suite_task in suites.GLUE.items():
+    for kind, path in suite_task.files(out).items():
+      split, size = sizes[kind]
       pool = splits[split]
       if task == "sst2":
         # The two classes are the two longest training articles: train draws from the first
@@ -163,8 +158,8 @@ def make_glue_tasks(source: str, out_dir: str | Path, train_size: int = 400,
         pool = [a[:len(a) // 2] if split == "train" else a[len(a) // 2:] for a in two]
       examples = _examples(task, pool, size, rng)
       header, rows = _rows(task, examples)
-      _write(out / directory / name, header, rows)
-      counts[f"{directory}/{name}"] = len(rows)
+      _write(path, header, rows)
+      counts[path.relative_to(out).as_posix()] = len(rows)
   summary = {"source": source, "articles": {k: len(v) for k, v in splits.items()},
              "files": counts, "seed": seed, "min_words": min_words}
   (out / "glue_tasks.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -123,10 +123,21 @@ def labelled(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   ft = config.finetune
   seq_length = int(config.seq_length)
   columns = labeled.Columns(ft.text_a, ft.text_b or None, ft.label, ft.tokens, ft.tags)
-  train_examples = labeled.read_examples(paths.local_copy(ft.train), ft.task, columns,
-                                         header=bool(ft.header))
-  dev_examples = labeled.read_examples(paths.local_copy(ft.dev), ft.task, columns,
-                                       header=bool(ft.header))
+
+  def read(path: str) -> list[labeled.Example]:
+    return labeled.read_examples(paths.local_copy(path), ft.task, columns,
+                                 header=bool(ft.header))
+
+  def encoded(examples: list[labeled.Example]) -> Rows:
+    rows = labeled.encode(examples, tokenizer, seq_length, label_names, ft.task)
+    rows.pop("word_index", None)
+    return rows
+
+  def scored(trainer: Trainer, params: Any, rows: Rows) -> dict[str, float]:
+    preds = predict_rows(trainer, params, rows, eval_batch_size(config))
+    return scores.task_scores(ft.task, rows["labels"], preds, label_names)
+
+  train_examples, dev_examples = read(ft.train), read(ft.dev)
   label_names = labeled.label_vocabulary(train_examples, ft.task)
   num_labels = 1 if ft.task == "regression" else len(label_names)
   if int(ft.num_labels) and int(ft.num_labels) != num_labels:
@@ -134,24 +145,14 @@ def labelled(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
                      f"label(s): {', '.join(label_names)}")
   if num_labels < 1 or (ft.task != "regression" and num_labels < 2):
     raise ValueError(f"{ft.train}: {num_labels} distinct label(s); classification needs 2+")
-  train = labeled.encode(train_examples, tokenizer, seq_length, label_names, ft.task)
-  dev = labeled.encode(dev_examples, tokenizer, seq_length, label_names, ft.task)
-  train.pop("word_index", None)
-  dev.pop("word_index", None)
-  second = None
-  if ft.get("second_dev"):
-    second_examples = labeled.read_examples(paths.local_copy(ft.second_dev), ft.task, columns,
-                                            header=bool(ft.header))
-    second = labeled.encode(second_examples, tokenizer, seq_length, label_names, ft.task)
-    second.pop("word_index", None)
+  train, dev = encoded(train_examples), encoded(dev_examples)
+  second = encoded(read(ft.second_dev)) if ft.get("second_dev") else None
 
   def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
-    preds = predict_rows(trainer, params, dev, eval_batch_size(config))
-    result = scores.task_scores(ft.task, dev["labels"], preds, label_names)
+    result = scored(trainer, params, dev)
     if second is not None:
-      preds = predict_rows(trainer, params, second, eval_batch_size(config))
-      result.update({f"second_{name}": value for name, value in scores.task_scores(
-          ft.task, second["labels"], preds, label_names).items()})
+      result.update({f"second_{name}": value
+                     for name, value in scored(trainer, params, second).items()})
     return result
 
   return TaskData(train, len(train_examples), len(dev_examples), evaluate,
