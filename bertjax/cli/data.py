@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from bertjax.cli.common import SOURCE_HELP, Add
 from bertjax.data.options import BuildOptions
@@ -86,6 +88,19 @@ def cmd_tokenizer_train(args: argparse.Namespace, overrides: Overrides) -> int:
   return 0
 
 
+def _task_set(data_sub: Any, name: str, help_: str, description: str, epilog: str,
+              fn: Callable[[argparse.Namespace, Overrides], int]) -> argparse.ArgumentParser:
+  """A `bertjax data` command that makes task files from a corpus: its --source, --out and
+  --seed (each command adds its sizes)."""
+  p = data_sub.add_parser(name, help=help_, formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description=description, epilog=epilog)
+  p.set_defaults(fn=fn)
+  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
+  p.add_argument("--out", required=True, help="output directory")
+  p.add_argument("--seed", type=int, default=0, help="seed of the draws and splits (0)")
+  return p
+
+
 def register(add: Add) -> None:
   data = add("data", "build and benchmark training data",
              "Data commands: `build` turns raw corpora into a dataset of tokenized documents; "
@@ -129,59 +144,44 @@ def register(add: Add) -> None:
   p.add_argument("--keep-duplicates", action="store_true",
                  help="keep exact duplicate documents (dropped and counted by default)")
 
-  p = data_sub.add_parser(
-      "task", help="a labelled article-classification task from a corpus",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Which of K articles does a sentence come from? The K documents with the "
+  p = _task_set(
+      data_sub, "task", "a labelled article-classification task from a corpus",
+      "Which of K articles does a sentence come from? The K documents with the "
       "most sentences become the classes; balanced, seeded GLUE-style TSVs: dev.tsv and nested "
       "train_<n>.tsv (the fine-tuning transfer experiment of docs/finetuning.md).",
-      epilog="example:\n  bertjax data task --source embedded --out runs/article_task")
-  p.set_defaults(fn=cmd_data_task)
-  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
-  p.add_argument("--out", required=True, help="output directory")
+      "example:\n  bertjax data task --source embedded --out runs/article_task", cmd_data_task)
   p.add_argument("--articles", type=int, default=4, help="number of classes (4)")
   p.add_argument("--train-sizes", dest="train_sizes", type=int, nargs="+",
                  default=[100, 1000], help="training set sizes (100 1000)")
   p.add_argument("--dev-per-article", dest="dev_per_article", type=int, default=100,
                  help="dev sentences per article (100)")
-  p.add_argument("--seed", type=int, default=0, help="shuffle seed (0)")
 
-  p = data_sub.add_parser(
-      "glue", help="GLUE's nine tasks in GLUE's files, made from a corpus",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Writes OUT/CoLA/train.tsv, OUT/MNLI/dev_matched.tsv, ... in each GLUE "
+  p = _task_set(
+      data_sub, "glue", "GLUE's nine tasks in GLUE's files, made from a corpus",
+      "Writes OUT/CoLA/train.tsv, OUT/MNLI/dev_matched.tsv, ... in each GLUE "
       "task's own format (columns, header, labels), with tasks built from a corpus's sentences "
       "(shuffled words, consecutive sentences, same article, ...: bertjax.finetune.glue_task), "
       "split by article, seeded: what `bertjax eval glue` runs on without GLUE's download. "
       "Scores on them compare runs, not papers.",
-      epilog="example:\n  bertjax data glue --out runs/glue && bertjax eval glue --init-from "
-      "runs/modernbert_tiny/params --data runs/glue --out runs/glue_eval")
-  p.set_defaults(fn=cmd_data_glue)
-  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
-  p.add_argument("--out", required=True, help="output directory")
+      "example:\n  bertjax data glue --out runs/glue && bertjax eval glue --init-from "
+      "runs/modernbert_tiny/params --data runs/glue --out runs/glue_eval", cmd_data_glue)
   p.add_argument("--train-size", dest="train_size", type=int, default=400,
                  help="training examples per task (400)")
   p.add_argument("--dev-size", dest="dev_size", type=int, default=200,
                  help="dev examples per task and dev file (200)")
-  p.add_argument("--seed", type=int, default=0, help="seed (0)")
 
-  p = data_sub.add_parser(
-      "qa-task", help="a SQuAD-format question-answering set from a corpus",
-      formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Cloze-style questions from a corpus's paragraphs (a sentence with a name, "
+  p = _task_set(
+      data_sub, "qa-task", "a SQuAD-format question-answering set from a corpus",
+      "Cloze-style questions from a corpus's paragraphs (a sentence with a name, "
       "number or noun phrase replaced by what/when/who/how many; the paragraph is the "
       "context), split by article, seeded: train/dev SQuAD v1.1 JSON, and v2.0 files where a "
       "third of the questions are asked of a paragraph without the answer (the QA "
       "fine-tuning experiment of docs/finetuning.md).",
-      epilog="example:\n  bertjax data qa-task --source embedded --out runs/qa")
-  p.set_defaults(fn=cmd_data_qa_task)
-  p.add_argument("--source", default="embedded", help="a corpus spec (embedded)")
-  p.add_argument("--out", required=True, help="output directory")
+      "example:\n  bertjax data qa-task --source embedded --out runs/qa", cmd_data_qa_task)
   p.add_argument("--train-questions", dest="train_questions", type=int, default=2000,
                  help="training questions (2000)")
   p.add_argument("--dev-questions", dest="dev_questions", type=int, default=300,
                  help="dev questions (300)")
-  p.add_argument("--seed", type=int, default=0, help="seed (0)")
 
   p = data_sub.add_parser(
       "bench", help="measure tokens/s per core of the data pipeline",
