@@ -13,6 +13,7 @@ and otherwise runs the real command line:
 It prints the process index of every mesh position, so a test can see the interleaving.
 """
 
+import os
 import sys
 
 import jax
@@ -33,8 +34,11 @@ def _interleaved(axis_sizes, devices=None, dcn_sizes=None):
   ordered = [device for column in columns for device in column]
   mesh = _make_mesh(axis_sizes, ordered, dcn_sizes)
   if jax.process_index() == 0:
-    print("slice_order: mesh process indices",
-          [d.process_index for d in mesh.devices.reshape(-1)], flush=True)
+    # One write(2) for the whole line: with PYTHONUNBUFFERED, print() writes its arguments one
+    # by one and gloo's C++ threads, writing to the same pipe, can land between them.
+    line = f"slice_order: mesh process indices {[d.process_index for d in mesh.devices.flat]}\n"
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line.encode())
   return mesh
 
 
