@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Train on N GPU nodes under SLURM: write an sbatch script — one task per node holding all of
-the node's GPUs, the first node of the allocation as the jax.distributed coordinator — and
-submit it with sbatch.
+"""Train on N nodes under SLURM: write an sbatch script — one task (JAX process) per node holding
+all of the node's GPUs by default, the first node of the allocation as the jax.distributed
+coordinator — and submit it with sbatch.
 
 In the script, the batch shell exports BERTJAX_COORDINATOR_ADDRESS (first host of
-$SLURM_JOB_NODELIST and a port) and BERTJAX_NUM_PROCESSES ($SLURM_NNODES); each task sets
+$SLURM_JOB_NODELIST and a port) and BERTJAX_NUM_PROCESSES ($SLURM_NTASKS); each task sets
 BERTJAX_PROCESS_ID=$SLURM_PROCID inside `srun bash -c '...'` and runs the training command.
+`--gpus-per-node 0` asks for no GPUs (CPU nodes), where `--tasks-per-node` can run several
+processes per node. The submitting shell's environment goes with the job (sbatch's default
+--export=ALL).
 
 Preemption and time limits: the job is submitted with --requeue, so SLURM puts it back in the
-queue after a preemption or a node failure; --signal=B:TERM@GRACE makes SLURM send SIGTERM to
-the batch shell GRACE seconds before the time limit, which forwards it to the tasks (bertjax
-saves a checkpoint and exits 0) and then requeues the job itself. The requeued job runs the
-same command with the same workdir and resumes from the latest checkpoint. The workdir must be
-on a file system every node sees (NFS, Lustre, GPFS...).
-Stdlib only.
+queue after a node failure. A preemption with a grace time (PreemptMode=REQUEUE, GraceTime)
+sends SIGTERM to the tasks: bertjax commits a checkpoint and exits 0, and the batch shell,
+seeing the preemption in `scontrol show job`, requeues the job. --signal=B:TERM@GRACE makes
+SLURM send SIGTERM to the batch shell GRACE seconds before the time limit; it forwards it to
+the tasks (through scancel: srun would cancel the step on a SIGTERM of its own) and requeues
+the job. The requeued job runs the same command with the same workdir and resumes from the
+latest checkpoint. The workdir must be on a file system every node sees (NFS, Lustre,
+GPFS...). tests/test_slurm.py runs all of this on a one-node cluster. Stdlib only.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ EXAMPLE = """example (4 nodes x 8 GPUs):
 
 
 def script(a: argparse.Namespace, train: list[str]) -> str:
-  sb = [f"--job-name={a.job_name}", f"--nodes={a.nodes}", "--ntasks-per-node=1",
-        f"--gpus-per-node={a.gpus_per_node}"]
+  sb = [f"--job-name={a.job_name}", f"--nodes={a.nodes}",
+        f"--ntasks-per-node={a.tasks_per_node}"]
+  if a.gpus_per_node:
+    sb.append(f"--gpus-per-node={a.gpus_per_node}")
   if a.cpus_per_task:
     sb.append(f"--cpus-per-task={a.cpus_per_task}")
   if a.partition:
@@ -54,35 +61,46 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
   port = str(a.port) if a.port else "$((20000 + SLURM_JOB_ID % 20000))"
   task = f"export BERTJAX_PROCESS_ID=$SLURM_PROCID; exec {shlex.join(train)}"
   lines = ["#!/bin/bash"] + [f"#SBATCH {x}" for x in sb] + [
-      "# Written by launch/slurm.py: one task per node with all its GPUs; the first node is the",
-      "# jax.distributed coordinator. Requeued after preemption; resumes from the checkpoint.",
+      f"# Written by launch/slurm.py: {a.tasks_per_node} task(s) per node, each a JAX process; "
+      "the first",
+      "# node is the jax.distributed coordinator. Requeued after preemption; resumes from the",
+      "# checkpoint.",
       "set -u",
   ]
   lines += a.setup
   lines += [
       'COORDINATOR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
       f'export BERTJAX_COORDINATOR_ADDRESS="$COORDINATOR:{port}"',
-      'export BERTJAX_NUM_PROCESSES="$SLURM_NNODES"',
-      'echo "[slurm] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_NNODES '
-      'nodes, coordinator $BERTJAX_COORDINATOR_ADDRESS"',
+      'export BERTJAX_NUM_PROCESSES="$SLURM_NTASKS"',
+      'echo "[slurm] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}): $SLURM_NTASKS '
+      'processes on $SLURM_NNODES node(s), coordinator $BERTJAX_COORDINATOR_ADDRESS"',
       "",
       "# SIGTERM before the time limit (--signal) or on preemption: pass it to the tasks, let",
-      "# them save a checkpoint and exit, then put the job back in the queue.",
+      "# them save a checkpoint and exit, then put the job back in the queue. The tasks are",
+      "# signalled through scancel (job steps only): a SIGTERM to srun itself would cancel",
+      "# the step and kill the tasks before they save.",
       "on_term() {",
       '  echo "[slurm] SIGTERM: forwarding to the tasks, then requeueing"',
-      '  kill -TERM "$SRUN_PID" 2>/dev/null',
+      '  scancel --signal=TERM "$SLURM_JOB_ID"',
       '  wait "$SRUN_PID"',
       '  scontrol requeue "$SLURM_JOB_ID" || true  # already requeued on preemption',
       "  exit 0",
       "}",
       "trap on_term TERM",
       "",
-      f"srun --nodes={a.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 "
+      f"srun --nodes={a.nodes} --ntasks-per-node={a.tasks_per_node} --kill-on-bad-exit=1 "
       f"bash -c {shlex.quote(task)} &",
       "SRUN_PID=$!",
       'wait "$SRUN_PID"',
       "RC=$?",
       'echo "[slurm] training exited with $RC"',
+      "# A preemption with a grace time signals the tasks only: they save and exit 0, and the",
+      "# job would end as completed. SLURM records the preemption (PreemptTime, reset by a",
+      "# requeue): put the job back in the queue.",
+      'if scontrol show job "$SLURM_JOB_ID" | grep -q "PreemptTime=[0-9]"; then',
+      '  echo "[slurm] preempted: requeueing"',
+      '  scontrol requeue "$SLURM_JOB_ID"',
+      "fi",
       'exit "$RC"',
   ]
   return "\n".join(lines) + "\n"
@@ -94,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__, epilog=EXAMPLE,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--nodes", type=int, required=True, help="number of nodes (= JAX processes)")
-  p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+  p.add_argument("--gpus-per-node", type=int, default=8,
+                 help="GPUs per node (default 8; 0: CPU nodes, no GPUs requested)")
+  p.add_argument("--tasks-per-node", type=int, default=1,
+                 help="JAX processes per node (default 1, holding all the node's GPUs; more "
+                      "only on CPU nodes)")
   p.add_argument("--cpus-per-task", type=int, help="CPUs per task (= per node)")
   p.add_argument("--partition", help="SLURM partition")
   p.add_argument("--account", help="SLURM account")
@@ -113,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--dry-run", action="store_true", help="print the script and the command")
   a = p.parse_args(own)
   problem = None
-  if a.nodes < 1 or a.gpus_per_node < 1:
-    problem = "--nodes and --gpus-per-node must be at least 1"
+  if a.nodes < 1 or a.tasks_per_node < 1 or a.gpus_per_node < 0:
+    problem = ("--nodes and --tasks-per-node must be at least 1, --gpus-per-node at least 0")
+  elif a.tasks_per_node > 1 and a.gpus_per_node:
+    # Each process would see (and JAX would claim) every GPU of the node.
+    problem = ("--tasks-per-node > 1 is for CPU nodes (--gpus-per-node 0): on GPU nodes one "
+               "process per node holds all the node's GPUs")
   elif not train:
     problem = ("no training command: put it after --, e.g. -- bertjax train "
                "--config configs/bert_base.py --workdir /shared/runs/RUN")

@@ -555,7 +555,7 @@ def test_slurm_script_for_4_nodes():
   for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                "#SBATCH --requeue", "#SBATCH --signal=B:TERM@120", "#SBATCH --time=24:00:00",
                'COORDINATOR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-               'export BERTJAX_NUM_PROCESSES="$SLURM_NNODES"',
+               'export BERTJAX_NUM_PROCESSES="$SLURM_NTASKS"',
                "source /shared/venv/bin/activate"):
     assert line in lines, line
   # #SBATCH lines come before the first command.
@@ -571,11 +571,26 @@ def test_slurm_script_for_4_nodes():
   assert commands(r.stdout)[0] == ["sbatch", "bertjax.sbatch"]
 
 
+def test_slurm_script_for_cpu_nodes_with_two_processes_each():
+  r = launch("slurm.py", "--nodes", "1", "--tasks-per-node", "2", "--gpus-per-node", "0",
+             "--dry-run", "--", *TRAIN)
+  assert r.returncode == 0, r.stderr
+  lines = heredoc(r.stdout).splitlines()
+  assert "#SBATCH --ntasks-per-node=2" in lines
+  assert not any("gpus" in l for l in lines)
+  srun = next(l for l in lines if l.startswith("srun "))
+  assert srun.startswith("srun --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 ")
+
+
 def test_slurm_writes_nothing_in_dry_run_and_refuses_bad_requests(tmp_path):
   r = launch("slurm.py", "--nodes", "4", "--dry-run", "--", *TRAIN, cwd=tmp_path)
   assert r.returncode == 0 and not list(tmp_path.iterdir())
   r = launch("slurm.py", "--nodes", "0", "--dry-run", "--", *TRAIN)
   assert r.returncode == 2 and "--nodes" in r.stderr
+  r = launch("slurm.py", "--nodes", "1", "--tasks-per-node", "0", "--dry-run", "--", *TRAIN)
+  assert r.returncode == 2 and "--tasks-per-node" in r.stderr
+  r = launch("slurm.py", "--nodes", "1", "--tasks-per-node", "2", "--dry-run", "--", *TRAIN)
+  assert r.returncode == 2 and "for CPU nodes (--gpus-per-node 0)" in r.stderr
   r = launch("slurm.py", "--nodes", "4", "--dry-run", "--", "bertjax", "train")
   assert r.returncode == 2 and "no --workdir" in r.stderr
 

@@ -22,9 +22,7 @@ from xla_env import xla_flags
 pytestmark = pytest.mark.slow  # several processes each: the full suite's
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["--config.data.source=synthetic_markov", *train_helpers.tiny_args(**{
-    "model.vocab_size": 128, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
-    "eval_every": 0, "optimizer.warmup_steps": 2, "log_every": 1})]
+TINY = train_helpers.MULTIPROCESS_TINY
 
 
 def _train_cmd(workdir: Path, steps: int, *extra: str) -> list[str]:
@@ -150,21 +148,13 @@ def _run(processes: int, devices: int, command: list[str]) -> str:
   return output
 
 
-def _final_params(workdir: Path) -> dict[str, np.ndarray]:
-  import jax
-  from bertjax.checkpoints import params as checkpoint
-  params, _ = checkpoint.load_params(workdir / "params")
-  return {jax.tree_util.keystr(k): np.asarray(v)
-          for k, v in jax.tree_util.tree_leaves_with_path(params)}
-
-
 def _assert_same_training(reference: Path, other: Path, from_step: int = 1) -> None:
   expected, got = train_helpers.step_losses(reference), train_helpers.step_losses(other)
   steps = [s for s in sorted(expected) if s >= from_step]
   assert steps and all(s in got for s in steps), (sorted(expected), sorted(got))
   for s in steps:
     assert abs(expected[s] - got[s]) <= 1e-6, (s, expected[s], got[s])
-  a, b = _final_params(reference), _final_params(other)
+  a, b = train_helpers.final_params(reference), train_helpers.final_params(other)
   assert a.keys() == b.keys()
   for name in a:
     np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)

@@ -82,6 +82,13 @@ def run_steps(config, axes, steps: int = 1):
   return trainer, state, history
 
 
+# The multi-process runs' model and data flags (test_multihost, test_slurm): a learnable
+# synthetic stream, no dropout, every step logged.
+MULTIPROCESS_TINY = ["--config.data.source=synthetic_markov", *tiny_args(**{
+    "model.vocab_size": 128, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0,
+    "eval_every": 0, "optimizer.warmup_steps": 2, "log_every": 1})]
+
+
 def step_losses(workdir: Path) -> dict[int, float]:
   """Train loss per step from a workdir's metrics.jsonl; a step logged twice (before a kill
   and after the resume) keeps the later line."""
@@ -91,6 +98,14 @@ def step_losses(workdir: Path) -> dict[int, float]:
     if record["split"] == "train":
       out[record["step"]] = record["loss"]
   return out
+
+
+def final_params(workdir: Path) -> dict[str, np.ndarray]:
+  """A run's final parameters (WORKDIR/params) by key path."""
+  from bertjax.checkpoints import params as checkpoint
+  params, _ = checkpoint.load_params(workdir / "params")
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def perturbed(tree, scale: float = 0.2, seed: int = 0):

@@ -1,0 +1,297 @@
+"""launch/slurm.py against a real SLURM: a one-node cluster on this machine (munged, slurmctld,
+slurmd from Debian's packages, 2 CPUs), started and stopped by the `cluster` fixture. Jobs are
+submitted through the launcher exactly as a user would (2 tasks x 4 simulated CPU devices, one
+node) and compared with the same command through launch/local.py: a job trains to the end with
+the same per-step losses; SIGTERM as SLURM sends it at the time limit (batch shell only) or on
+preemption (every step and the batch shell) commits a checkpoint, the job requeues itself and
+resumes exactly; a task killed outright fails the job within the heartbeat time and a requeue
+resumes from the last committed step. Skipped with a reason where SLURM is not installed
+(.ci/run installs it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import train_helpers
+from xla_env import xla_flags
+
+ROOT = Path(__file__).resolve().parent.parent
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "srun", "scontrol", "scancel")
+HEARTBEAT_S = 10  # config.distributed.heartbeat_timeout_s of the jobs below
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        any(shutil.which(c) is None for c in DAEMONS + CLIENTS) or os.geteuid() != 0,
+        reason="needs SLURM and munge (Debian: apt-get install slurmd slurmctld slurm-client "
+               "munge, as .ci/run does) and root to run slurmd"),
+]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@dataclass
+class Cluster:
+  """A running one-node cluster: `env` points the SLURM clients at it (SLURM_CONF)."""
+  root: Path
+  env: dict[str, str]
+
+  def scontrol(self, *args: str) -> str:
+    result = subprocess.run(["scontrol", *args], env=self.env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+  def job(self, job_id: int) -> dict[str, str]:
+    """`scontrol show job` as key=value pairs (JobState, Restarts, ExitCode, ...)."""
+    return dict(re.findall(r"(\w+)=(\S*)", self.scontrol("show", "job", str(job_id))))
+
+  def wait(self, job_id: int, until, timeout: float = 300) -> dict[str, str]:
+    deadline = time.monotonic() + timeout
+    while not until(info := self.job(job_id)):
+      assert time.monotonic() < deadline, (info, self.log_tail())
+      time.sleep(0.5)
+    return info
+
+  def log_tail(self) -> str:
+    return "".join(p.read_text()[-2000:] for p in sorted(self.root.glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  root = tmp_path_factory.mktemp("slurm")
+  root.chmod(0o700)
+  (root / "state").mkdir()
+  (root / "spool").mkdir()
+  key = root / "munge.key"
+  key.write_bytes(os.urandom(1024))
+  key.chmod(0o400)
+  socket_path = root / "munge.sock"
+  host = socket.gethostname()
+  ctld_port = _free_port()
+  slurmd_port = _free_port()
+  # A test cluster's settings: cred_expire (default 120 s) is also how long a requeued job waits
+  # before it may start again, and the scheduler looks at pending jobs every 2 s (default 60).
+  # Preemption as GPU clusters set it up: a job of the `high` partition preempts jobs of `low`
+  # (the default), which get SIGTERM and GraceTime seconds before they are killed and requeued.
+  (root / "slurm.conf").write_text(f"""\
+ClusterName=bertjax-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={socket_path},cred_expire=5
+StateSaveLocation={root / 'state'}
+SlurmdSpoolDir={root / 'spool'}
+SlurmctldPidFile={root / 'slurmctld.pid'}
+SlurmdPidFile={root / 'slurmd.pid'}
+SlurmctldLogFile={root / 'slurmctld.log'}
+SlurmdLogFile={root / 'slurmd.log'}
+PlugStackConfig={root / 'plugstack.conf'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
+ReturnToService=2
+JobRequeue=1
+MpiDefault=none
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=low Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60
+PartitionName=high Nodes={host} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=off
+""")
+  (root / "plugstack.conf").write_text("")
+  env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+  subprocess.run(["munged", "--force", f"--key-file={key}", f"--socket={socket_path}",
+                  f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'munged.log'}",
+                  f"--seed-file={root / 'munged.seed'}"], check=True, timeout=30)
+  subprocess.run(["slurmctld", "-f", str(root / "slurm.conf"), "-i"], env=env, check=True,
+                 timeout=30)
+  subprocess.run(["slurmd", "-f", str(root / "slurm.conf")], env=env, check=True, timeout=30)
+  cluster = Cluster(root, env)
+  try:
+    deadline = time.monotonic() + 60
+    while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, text=True,
+                                       capture_output=True).stdout:
+      assert time.monotonic() < deadline, cluster.log_tail()
+      time.sleep(0.5)
+    yield cluster
+  finally:
+    subprocess.run(["scancel", "--full", "--signal=KILL", "--user=root"], env=env,
+                   capture_output=True, timeout=30)
+    for name in ("slurmd", "slurmctld", "munged"):
+      pid_file = root / f"{name}.pid"
+      if pid_file.exists():
+        try:
+          os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+          pass
+
+
+def _train(config: str, workdir: Path, steps: int) -> list[str]:
+  return [sys.executable, "-m", "bertjax", "train", "--config", config, "--workdir", str(workdir),
+          f"--config.num_train_steps={steps}", "--config.mesh.data=2", "--config.mesh.fsdp=2",
+          "--config.mesh.tensor=2", "--config.checkpoint.every=2", "--config.checkpoint.keep=0",
+          f"--config.distributed.heartbeat_timeout_s={HEARTBEAT_S}",
+          *train_helpers.MULTIPROCESS_TINY]
+
+
+def _local(config: str, workdir: Path, steps: int) -> None:
+  """The same command through launch/local.py (2 processes x 4 devices): the reference."""
+  result = subprocess.run([sys.executable, str(ROOT / "launch" / "local.py"), "--processes", "2",
+                           "--devices", "4", "--", *_train(config, workdir, steps)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def reference_24(tmp_path_factory) -> Path:
+  """24 uninterrupted steps of the tiny GPT through launch/local.py."""
+  workdir = tmp_path_factory.mktemp("reference") / "local"
+  _local("gpt_tiny", workdir, 24)
+  return workdir
+
+
+def _submit(cluster: Cluster, config: str, workdir: Path, steps: int) -> tuple[int, Path]:
+  """Submits through launch/slurm.py from `workdir`'s parent, as a user would; the job's
+  environment is the submitting shell's (4 simulated CPU devices per task)."""
+  workdir.parent.mkdir(parents=True, exist_ok=True)
+  log = workdir.parent / f"{workdir.name}-%j.out"
+  env = {**cluster.env, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(4),
+         "PYTHONUNBUFFERED": "1"}
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "launch" / "slurm.py"), "--nodes", "1", "--tasks-per-node", "2",
+       "--gpus-per-node", "0", "--job-name", workdir.name, "--output", str(log),
+       "--port", str(_free_port()), "--grace", "30", "--", *_train(config, workdir, steps)],
+      cwd=workdir.parent, env=env, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"[launch] wrote {workdir.name}.sbatch" in result.stdout
+  job_id = int(re.search(r"Submitted batch job (\d+)", result.stdout).group(1))
+  return job_id, workdir.parent / f"{workdir.name}-{job_id}.out"
+
+
+def _ended(info: dict[str, str]) -> bool:
+  return info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+
+
+def _assert_same_run(reference: Path, workdir: Path) -> None:
+  expected, got = train_helpers.step_losses(reference), train_helpers.step_losses(workdir)
+  assert sorted(got) == sorted(expected), (sorted(expected), sorted(got))
+  for step in expected:
+    assert abs(expected[step] - got[step]) <= 1e-6, (step, expected[step], got[step])
+  a, b = train_helpers.final_params(reference), train_helpers.final_params(workdir)
+  assert a.keys() == b.keys()
+  for name in a:
+    np.testing.assert_allclose(b[name], a[name], atol=1e-6, err_msg=name)
+
+
+def _committed(workdir: Path) -> list[int]:
+  folder = workdir / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+
+
+def _wait_for_step(workdir: Path, log: Path, step: int, timeout: float = 300) -> None:
+  """Until `step` is logged and a checkpoint is committed."""
+  deadline = time.monotonic() + timeout
+  while not ((workdir / "metrics.jsonl").exists()
+             and max(train_helpers.step_losses(workdir), default=0) >= step and _committed(workdir)):
+    assert time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else "no log"
+    time.sleep(0.2)
+
+
+@pytest.mark.parametrize("config", ["gpt_tiny", "bert_tiny"])
+def test_a_two_task_job_trains_like_the_local_launcher(cluster, tmp_path, config):
+  _local(config, tmp_path / "local", 10)
+  job_id, log = _submit(cluster, config, tmp_path / "runs" / "job", 10)
+  info = cluster.wait(job_id, _ended)
+  output = log.read_text()
+  assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output[-3000:]
+  assert f"[slurm] job {job_id} (restart 0): 2 processes on 1 node(s)" in output
+  assert "process 1 of 2, 4 local devices of 8" in output
+  assert "run finished at step 10 of 10" in output and "[slurm] training exited with 0" in output
+  assert (tmp_path / "runs" / "job.sbatch").exists()  # where the launcher said it wrote it
+  assert _committed(tmp_path / "runs" / "job")[-1] == 10
+  _assert_same_run(tmp_path / "local", tmp_path / "runs" / "job")
+
+
+@pytest.mark.parametrize("how", ["time-limit", "preemption"])
+def test_sigterm_commits_requeues_and_resumes_exactly(cluster, reference_24, tmp_path, how):
+  """time-limit: the SIGTERM that `--signal=B:TERM@GRACE` sends to the batch shell before the
+  time limit (the shell forwards it to the tasks and requeues); preemption: a job of the
+  `high` partition needs the node, SLURM sends SIGTERM to the tasks and gives them GraceTime
+  (the batch shell sees the preemption after they exit and requeues)."""
+  workdir = tmp_path / "runs" / "job"
+  job_id, log = _submit(cluster, "gpt_tiny", workdir, 24)
+  _wait_for_step(workdir, log, 6)
+  if how == "time-limit":
+    subprocess.run(["scancel", "--batch", "--signal=TERM", str(job_id)], env=cluster.env,
+                   check=True, timeout=30)
+  else:
+    urgent = subprocess.run(["sbatch", "--partition=high", "--ntasks=2", "--parsable",
+                             f"--output={tmp_path / 'urgent.out'}", "--wrap", "echo urgent"],
+                            env=cluster.env, capture_output=True, text=True, timeout=30)
+    assert urgent.returncode == 0, urgent.stderr
+  info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))
+  output = log.read_text()
+  assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output[-3000:]
+  stopped = int(re.search(r"stopped at step (\d+) on preemption notice; checkpoint committed",
+                          output).group(1))
+  assert 6 <= stopped < 24
+  assert ("[slurm] SIGTERM: forwarding to the tasks, then requeueing" if how == "time-limit"
+          else "[slurm] preempted: requeueing") in output
+  if how == "preemption":
+    assert cluster.job(int(urgent.stdout.split(";")[0]))["JobState"] == "COMPLETED"
+  assert f"[slurm] job {job_id} (restart 1)" in output
+  assert f"resumed from {workdir / 'checkpoints'} step {stopped}" in output
+  assert "run finished at step 24 of 24" in output
+  _assert_same_run(reference_24, workdir)
+
+
+def test_a_killed_task_fails_the_job_and_a_requeue_resumes(cluster, reference_24, tmp_path):
+  workdir = tmp_path / "runs" / "job"
+  job_id, log = _submit(cluster, "gpt_tiny", workdir, 24)
+  _wait_for_step(workdir, log, 6)
+  pids = [line.split() for line in cluster.scontrol("listpids", str(job_id)).splitlines()[1:]]
+  task_1 = next(int(p[0]) for p in pids if p[2] == "0" and p[4] == "1")  # step 0, global task 1
+  os.kill(task_1, signal.SIGKILL)
+  killed_at = time.monotonic()
+  last_commit = _committed(workdir)[-1]
+  info = cluster.wait(job_id, _ended, timeout=HEARTBEAT_S + 60)
+  failed_after = time.monotonic() - killed_at
+  print(f"job {job_id} ended {failed_after:.1f} s after the kill")
+  assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info
+  # SLURM records the end a moment after the tasks are gone (slurmstepd reports to slurmctld).
+  assert failed_after <= HEARTBEAT_S + 5, failed_after
+  # The step that was being saved at the kill may or may not have committed.
+  resume_from = _committed(workdir)[-1]
+  assert resume_from >= last_commit
+  cluster.scontrol("requeue", str(job_id))
+  info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))
+  output = log.read_text()
+  assert info["JobState"] == "COMPLETED", output[-3000:]
+  assert f"resumed from {workdir / 'checkpoints'} step {resume_from}" in output
+  assert "run finished at step 24 of 24" in output
+  _assert_same_run(reference_24, workdir)
