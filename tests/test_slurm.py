@@ -84,7 +84,9 @@ def cluster(tmp_path_factory):
   key.write_bytes(os.urandom(1024))
   key.chmod(0o400)
   socket_path = root / "munge.sock"
-  host = socket.gethostname()
+  # "localhost" rather than this machine's name, which SLURM shortens at the first dot and
+  # which need not resolve: the job's coordinator address is its first node's name.
+  host = "localhost"
   ctld_port = _free_port()
   slurmd_port = _free_port()
   # A test cluster's settings: cred_expire (default 120 s) is also how long a requeued job waits
@@ -130,7 +132,8 @@ PartitionName=high Nodes={host} MaxTime=INFINITE State=UP PriorityTier=2 Preempt
                   f"--seed-file={root / 'munged.seed'}"], check=True, timeout=30)
   subprocess.run(["slurmctld", "-f", str(root / "slurm.conf"), "-i"], env=env, check=True,
                  timeout=30)
-  subprocess.run(["slurmd", "-f", str(root / "slurm.conf")], env=env, check=True, timeout=30)
+  subprocess.run(["slurmd", "-f", str(root / "slurm.conf"), "-N", host], env=env, check=True,
+                 timeout=30)
   cluster = Cluster(root, env)
   try:
     deadline = time.monotonic() + 60
