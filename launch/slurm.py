@@ -75,7 +75,7 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
       'echo "[slurm] job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}): $SLURM_NTASKS '
       'processes on $SLURM_NNODES node(s), coordinator $BERTJAX_COORDINATOR_ADDRESS"',
       "",
-      "# SIGTERM before the time limit (--signal) or on preemption: pass it to the tasks, let",
+      "# SIGTERM to this shell (--signal, before the time limit): pass it to the tasks, let",
       "# them save a checkpoint and exit, then put the job back in the queue. The tasks are",
       "# signalled through scancel (job steps only): a SIGTERM to srun itself would cancel",
       "# the step and kill the tasks before they save.",
@@ -111,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
   own, train = split_command(argv)
   p = argparse.ArgumentParser(description=__doc__, epilog=EXAMPLE,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--nodes", type=int, required=True, help="number of nodes (= JAX processes)")
+  p.add_argument("--nodes", type=int, required=True, help="number of nodes")
   p.add_argument("--gpus-per-node", type=int, default=8,
                  help="GPUs per node (default 8; 0: CPU nodes, no GPUs requested)")
   p.add_argument("--tasks-per-node", type=int, default=1,
                  help="JAX processes per node (default 1, holding all the node's GPUs; more "
                       "only on CPU nodes)")
-  p.add_argument("--cpus-per-task", type=int, help="CPUs per task (= per node)")
+  p.add_argument("--cpus-per-task", type=int, help="CPUs per task (per JAX process)")
   p.add_argument("--partition", help="SLURM partition")
   p.add_argument("--account", help="SLURM account")
   p.add_argument("--time", help="time limit, e.g. 24:00:00 (the job requeues itself at it)")

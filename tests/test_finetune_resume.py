@@ -24,6 +24,7 @@ from flax import traverse_util
 from bertjax.checkpoints.params import save_params
 from bertjax.checkpoints.weights import load_finetuned
 from bertjax.models import ModelConfig, build_model, jit_init
+import train_helpers
 from xla_env import xla_flags
 
 pytestmark = pytest.mark.slow
@@ -114,12 +115,6 @@ def _wait(proc: subprocess.Popen, out: Path, done) -> None:
     time.sleep(0.02)
 
 
-def _committed(out: Path) -> list[int]:
-  directory = out / "checkpoints"
-  return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if (
-      directory.exists()) else []
-
-
 def _kill(proc: subprocess.Popen) -> None:
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
@@ -154,9 +149,11 @@ def test_a_finetune_killed_mid_epoch_resumes_to_the_same_best_parameters(tmp_pat
   rng = random.Random(task)
   proc = _start(killed, args)  # 1: in the middle of the second epoch, after its first save
   at = per_epoch + rng.randint(1, per_epoch - 1)
-  _wait(proc, killed, lambda: _committed(killed) and len(_records(killed, "train")) >= at)
+  _wait(proc, killed,
+        lambda: train_helpers.committed_steps(killed) and len(_records(killed, "train")) >= at)
   _kill(proc)
-  assert _committed(killed) == [per_epoch], "the kill was meant for the middle of epoch 2"
+  assert train_helpers.committed_steps(killed) == [per_epoch], (
+      "the kill was meant for the middle of epoch 2")
 
   first = len(_records(killed, "train"))
   proc = _start(killed, args)  # 2: right after the resume has trained one step

@@ -148,18 +148,6 @@ def _run(processes: int, devices: int, command: list[str]) -> str:
   return output
 
 
-def _assert_same_training(reference: Path, other: Path, from_step: int = 1) -> None:
-  expected, got = train_helpers.step_losses(reference), train_helpers.step_losses(other)
-  steps = [s for s in sorted(expected) if s >= from_step]
-  assert steps and all(s in got for s in steps), (sorted(expected), sorted(got))
-  for s in steps:
-    assert abs(expected[s] - got[s]) <= 1e-6, (s, expected[s], got[s])
-  a, b = train_helpers.final_params(reference), train_helpers.final_params(other)
-  assert a.keys() == b.keys()
-  for name in a:
-    np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)
-
-
 @pytest.mark.parametrize("objective", ["bert_pairs", "gpt_packing"])
 def test_the_real_corpus_trains_the_same_on_any_process_count(wiki, tmp_path, objective):
   """One run of 1 x 8 processes x devices is the reference. A run on 4 x 2, killed (every
@@ -184,17 +172,13 @@ def test_the_real_corpus_trains_the_same_on_any_process_count(wiki, tmp_path, ob
   proc = _launch(4, 2, _corpus_cmd(config, workdir, dataset, 10, True, *extra),
                  start_new_session=True)
 
-  def committed() -> list[int]:
-    folder = workdir / "checkpoints"
-    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if (
-        folder.exists()) else []
-
   try:
     deadline = time.monotonic() + 600
     # Past the random step, and a checkpoint committed (an async save may still be in flight
     # when that step is logged).
-    while not (workdir / "metrics.jsonl").exists() or max(
-        train_helpers.step_losses(workdir), default=0) < kill_after or not committed():
+    while (not (workdir / "metrics.jsonl").exists()
+           or max(train_helpers.step_losses(workdir), default=0) < kill_after
+           or not train_helpers.committed_steps(workdir)):
       assert proc.poll() is None, proc.stdout.read()[-4000:]
       assert time.monotonic() < deadline
       time.sleep(0.05)
@@ -204,7 +188,7 @@ def test_the_real_corpus_trains_the_same_on_any_process_count(wiki, tmp_path, ob
   assert "mesh process indices [0, 1, 2, 3, 0, 1, 2, 3]" in killed_output, killed_output[-3000:]
   assert ("each loads 2 of 8 rows" if objective == "gpt_packing" else "each loads 4 of 16 rows"
           ) in killed_output
-  checkpoints = committed()
+  checkpoints = train_helpers.committed_steps(workdir)
   assert checkpoints and checkpoints[-1] < 10
   # Step 1 (the same weights on the same global batch) differs at most by the order in which
   # the collectives sum the 8 per-device partial losses: a few float32 roundings of the loss
@@ -219,7 +203,7 @@ def test_the_real_corpus_trains_the_same_on_any_process_count(wiki, tmp_path, ob
   restored = int(resumed.split("resumed from ")[1].split("step ")[1].split()[0])
   assert restored == checkpoints[-1]
   # Steps 1..restored from the killed run, the rest from the resumed one.
-  _assert_same_training(reference, workdir, from_step=1)
+  train_helpers.assert_same_training(reference, workdir, from_step=1)
   if objective == "gpt_packing":
     sizes = {r["step"]: r["batch_size"] for r in map(json.loads, (
         reference / "metrics.jsonl").read_text().splitlines()) if r["split"] == "train"}

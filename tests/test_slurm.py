@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import train_helpers
@@ -201,26 +200,19 @@ def _ended(info: dict[str, str]) -> bool:
 
 
 def _assert_same_run(reference: Path, workdir: Path) -> None:
+  """The same steps logged (none missing, none extra), each loss and the final parameters
+  within 1e-6."""
   expected, got = train_helpers.step_losses(reference), train_helpers.step_losses(workdir)
   assert sorted(got) == sorted(expected), (sorted(expected), sorted(got))
-  for step in expected:
-    assert abs(expected[step] - got[step]) <= 1e-6, (step, expected[step], got[step])
-  a, b = train_helpers.final_params(reference), train_helpers.final_params(workdir)
-  assert a.keys() == b.keys()
-  for name in a:
-    np.testing.assert_allclose(b[name], a[name], atol=1e-6, err_msg=name)
-
-
-def _committed(workdir: Path) -> list[int]:
-  folder = workdir / "checkpoints"
-  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.exists() else []
+  train_helpers.assert_same_training(reference, workdir)
 
 
 def _wait_for_step(workdir: Path, log: Path, step: int, timeout: float = 300) -> None:
   """Until `step` is logged and a checkpoint is committed."""
   deadline = time.monotonic() + timeout
   while not ((workdir / "metrics.jsonl").exists()
-             and max(train_helpers.step_losses(workdir), default=0) >= step and _committed(workdir)):
+             and max(train_helpers.step_losses(workdir), default=0) >= step
+             and train_helpers.committed_steps(workdir)):
     assert time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else "no log"
     time.sleep(0.2)
 
@@ -236,7 +228,7 @@ def test_a_two_task_job_trains_like_the_local_launcher(cluster, tmp_path, config
   assert "process 1 of 2, 4 local devices of 8" in output
   assert "run finished at step 10 of 10" in output and "[slurm] training exited with 0" in output
   assert (tmp_path / "runs" / "job.sbatch").exists()  # where the launcher said it wrote it
-  assert _committed(tmp_path / "runs" / "job")[-1] == 10
+  assert train_helpers.committed_steps(tmp_path / "runs" / "job")[-1] == 10
   _assert_same_run(tmp_path / "local", tmp_path / "runs" / "job")
 
 
@@ -281,7 +273,7 @@ def test_a_killed_task_fails_the_job_and_a_requeue_resumes(cluster, reference_24
   task_1 = next(int(p[0]) for p in pids if p[2] == "0" and p[4] == "1")  # step 0, global task 1
   os.kill(task_1, signal.SIGKILL)
   killed_at = time.monotonic()
-  last_commit = _committed(workdir)[-1]
+  last_commit = train_helpers.committed_steps(workdir)[-1]
   info = cluster.wait(job_id, _ended, timeout=HEARTBEAT_S + 60)
   failed_after = time.monotonic() - killed_at
   print(f"job {job_id} ended {failed_after:.1f} s after the kill")
@@ -289,7 +281,7 @@ def test_a_killed_task_fails_the_job_and_a_requeue_resumes(cluster, reference_24
   # SLURM records the end a moment after the tasks are gone (slurmstepd reports to slurmctld).
   assert failed_after <= HEARTBEAT_S + 5, failed_after
   # The step that was being saved at the kill may or may not have committed.
-  resume_from = _committed(workdir)[-1]
+  resume_from = train_helpers.committed_steps(workdir)[-1]
   assert resume_from >= last_commit
   cluster.scontrol("requeue", str(job_id))
   info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))

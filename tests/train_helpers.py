@@ -100,6 +100,28 @@ def step_losses(workdir: Path) -> dict[int, float]:
   return out
 
 
+def committed_steps(workdir: Path) -> list[int]:
+  """The steps of the committed checkpoints in WORKDIR/checkpoints (Orbax's in-flight
+  `N.orbax-checkpoint-tmp` directories excluded), ascending."""
+  folder = workdir / "checkpoints"
+  return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if (
+      folder.exists()) else []
+
+
+def assert_same_training(reference: Path, other: Path, from_step: int = 1) -> None:
+  """Every train loss of `reference` from `from_step` on is logged by `other` within 1e-6, and
+  the final parameters agree within 1e-6."""
+  expected, got = step_losses(reference), step_losses(other)
+  steps = [s for s in sorted(expected) if s >= from_step]
+  assert steps and all(s in got for s in steps), (sorted(expected), sorted(got))
+  for s in steps:
+    assert abs(expected[s] - got[s]) <= 1e-6, (s, expected[s], got[s])
+  a, b = final_params(reference), final_params(other)
+  assert a.keys() == b.keys()
+  for name in a:
+    np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-6, err_msg=name)
+
+
 def final_params(workdir: Path) -> dict[str, np.ndarray]:
   """A run's final parameters (WORKDIR/params) by key path."""
   from bertjax.checkpoints import params as checkpoint
