@@ -36,6 +36,11 @@ os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
 # and backend), so nothing a test checks changes; the first compile of each program is paid.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="bertjax-test-jax-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# On a GPU (the accelerator tier) the tests start `bertjax` processes beside the pytest process:
+# JAX's default, taking 75% of the GPU's memory at start, left them too little to create a
+# cuBLAS handle (seen on an H100, docs/results/2026-11-27-h100-tier-rerun.md). Each process
+# allocates what it uses instead. No effect on a CPU.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
