@@ -21,7 +21,9 @@ def cmd_data_build(args: argparse.Namespace, overrides: Overrides) -> int:
                          eval_fraction=args.eval_fraction, process_index=args.process_index,
                          process_count=args.process_count, max_documents=args.max_documents,
                          language=args.language, lowercase=not args.cased,
-                         dedup=not args.keep_duplicates)
+                         dedup=not args.keep_duplicates,
+                         decontaminate=tuple(args.decontaminate or ()),
+                         decontamination_ngram=args.decontamination_ngram)
   summary = build_dataset(parse_sources(args.source), args.tokenizer, args.out, options)
   print(f"built {args.out} (process {args.process_index} of {args.process_count})")
   for line in summary.lines():
@@ -143,6 +145,13 @@ def register(add: Add) -> None:
                  help="a vocab.txt of a cased model (no lower-casing)")
   p.add_argument("--keep-duplicates", action="store_true",
                  help="keep exact duplicate documents (dropped and counted by default)")
+  p.add_argument("--decontaminate", action="append", metavar="EVAL_SET",
+                 help="drop (and count) documents sharing a word n-gram with this evaluation "
+                 "set: a SQuAD .json, a GLUE .tsv/.csv or task folder, a .jsonl, plain text; "
+                 "repeatable")
+  p.add_argument("--decontamination-ngram", type=int, default=build.decontamination_ngram,
+                 help=f"the n of --decontaminate's n-grams, in words "
+                 f"({build.decontamination_ngram}, as GPT-3)")
 
   p = _task_set(
       data_sub, "task", "a labelled article-classification task from a corpus",

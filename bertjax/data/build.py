@@ -22,6 +22,7 @@ import json
 import logging
 import multiprocessing
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -30,6 +31,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from bertjax import paths
 from bertjax.data import multistream, records
+from bertjax.data.decontamination import EvalSetStats, NgramIndex
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.options import BuildOptions
 from bertjax.data.sentences import check_language, split_sentences
@@ -50,13 +52,22 @@ def eval_split(key: str, fraction: float) -> bool:
   return int.from_bytes(digest, "little") < fraction * 2**64
 
 
-# Worker state: the tokenizer, loaded once per worker process.
+# Worker state: the tokenizer and the decontamination index, loaded once per worker process.
 _worker_tokenizer = None
+_worker_index: NgramIndex | None = None
 
 
-def _init_worker(tokenizer_path: str, lowercase: bool) -> None:
-  global _worker_tokenizer
+def _init_worker(tokenizer_path: str, lowercase: bool, index_path: str = "",
+                 ngram: int = 0) -> None:
+  global _worker_tokenizer, _worker_index
   _worker_tokenizer = load_tokenizer(tokenizer_path, lowercase=lowercase)
+  _worker_index = NgramIndex.load(index_path, ngram) if index_path else None
+
+
+def _forget_index() -> None:
+  """An in-process build leaves no index behind for the next."""
+  global _worker_index
+  _worker_index = None
 
 
 def _tokenize_chunk(chunk: list[tuple[str, TextDocument]], language: str, keep_lists: bool
@@ -74,6 +85,10 @@ def _tokenize_chunk(chunk: list[tuple[str, TextDocument]], language: str, keep_l
         chunk[i] = (key, doc)
       else:
         doc = TextDocument(id=doc.id, paragraphs=tuple(article.paragraphs))
+    if _worker_index is not None and _worker_index.contains("\n".join(doc.paragraphs)):
+      skips["contaminated document"] += 1
+      doc = TextDocument(id=doc.id, paragraphs=())
+      chunk[i] = (key, doc)
     start = len(texts)
     for paragraph in doc.paragraphs:
       if doc.sentences_given:
@@ -108,10 +123,12 @@ def _build_streams(dump: str, lo: int, hi: int, index: str | None, name: str,
   start, end = multistream.owned_range(dump, lo, hi, index, read_log)
   chunk = [(f"{name}:{page.id}", page)
            for page in read_stream_pages(dump, start, end, reader_skips, read_log)]
+  # Digests of the pages as read: _tokenize_chunk empties the entries it drops.
+  digests = [_content_digest(page) for _, page in chunk]
   results, skips = _tokenize_chunk(chunk, language, keep_lists)
-  rows = [("eval" if eval_split(key, eval_fraction) else "train", record,
-           _content_digest(page), sentences, tokens)
-          for (key, page), (_, record, sentences, tokens) in zip(chunk, results)]
+  rows = [("eval" if eval_split(key, eval_fraction) else "train", record, digest, sentences,
+           tokens)
+          for (key, _), digest, (_, record, sentences, tokens) in zip(chunk, digests, results)]
   return {"rows": rows, "skips": skips + reader_skips.counts,
           "read": read_log}
 
@@ -131,6 +148,8 @@ class BuildSummary:
   counts: dict  # source -> split -> {documents, sentences, tokens}
   skips: dict  # source -> {reason: count}
   seconds: float
+  # The n-gram size, the index and each evaluation set's counts (None: not decontaminated).
+  decontamination: dict | None = None
 
   def lines(self) -> list[str]:
     out = []
@@ -141,6 +160,10 @@ class BuildSummary:
       skipped = self.skips.get(name, {})
       out.append(f"{name} skipped: " + (", ".join(f"{r}: {n:,}" for r, n in
                                                   sorted(skipped.items())) or "none"))
+    if self.decontamination:
+      d = self.decontamination
+      out.extend("decontaminated against " + EvalSetStats(**e).line(d["ngram"])
+                 for e in d["eval_sets"])
     out.append(f"{self.seconds:.1f} s")
     return out
 
@@ -231,10 +254,23 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
     raise ValueError(f"process_index {options.process_index} not in [0, "
                      f"{options.process_count})")
   tokenizer = load_tokenizer(tokenizer_path, lowercase=options.lowercase)
+  index_dir, index_path, decontamination = None, "", None
+  if options.decontaminate:
+    n = options.decontamination_ngram
+    if n < 1:
+      raise ValueError(f"decontamination n-grams must have at least one word, got {n}")
+    index, eval_sets = NgramIndex.from_eval_sets(options.decontaminate, n)
+    index_dir = tempfile.mkdtemp(prefix="bertjax-decontamination-")
+    index_path = str(Path(index_dir) / "ngrams.npy")
+    index.save(index_path)
+    decontamination = {"ngram": n, "distinct_ngrams": len(index), "index_digest": index.digest(),
+                       "eval_sets": [dataclasses.asdict(e) for e in eval_sets]}
+    for e in eval_sets:
+      log.info("decontaminating against %s", e.line(n))
   out.mkdir(parents=True, exist_ok=True)
   (out / "parts").mkdir(exist_ok=True)
   if options.process_index == 0:
-    _write_metadata(out, sources, tokenizer_path, tokenizer, options)
+    _write_metadata(out, sources, tokenizer_path, tokenizer, options, decontamination)
 
   counts: dict = {}
   skips: dict = {}
@@ -246,10 +282,12 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   pool = (concurrent.futures.ProcessPoolExecutor(
       options.num_workers, mp_context=multiprocessing.get_context("spawn"),
       initializer=_init_worker,
-      initargs=(str(tokenizer_path), options.lowercase))
+      initargs=(str(tokenizer_path), options.lowercase, index_path,
+                options.decontamination_ngram))
           if options.num_workers > 0 else None)
   if pool is None:
-    _init_worker(str(tokenizer_path), options.lowercase)
+    _init_worker(str(tokenizer_path), options.lowercase, index_path,
+                 options.decontamination_ngram)
   try:
     for spec in sources:
       dump = _multistream_file(spec, options)
@@ -308,7 +346,10 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   finally:
     if pool is not None:
       pool.shutdown(cancel_futures=True)
-  summary = BuildSummary(counts, skips, time.perf_counter() - start)
+    _forget_index()
+    if index_dir is not None:
+      shutil.rmtree(index_dir, ignore_errors=True)
+  summary = BuildSummary(counts, skips, time.perf_counter() - start, decontamination)
   part = {"process_index": options.process_index, "counts": counts, "skips": skips,
           "seconds": summary.seconds}
   if read:
@@ -389,7 +430,7 @@ def _no_documents(spec: SourceSpec, skipped: dict) -> CorpusError:
 
 
 def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | Path,
-                    tokenizer, options: BuildOptions) -> None:
+                    tokenizer, options: BuildOptions, decontamination: dict | None) -> None:
   tokenizer_path = Path(tokenizer_path)
   target = out / "tokenizer"
   target.mkdir(exist_ok=True)
@@ -417,4 +458,6 @@ def _write_metadata(out: Path, sources: list[SourceSpec], tokenizer_path: str | 
       "dedup": options.dedup,
       "vocab_size": len(tokenizer),
   }
+  if decontamination:
+    meta["decontamination"] = decontamination
   (out / "dataset.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -27,6 +27,11 @@ class BuildOptions:
   lowercase: bool = True
   # Drop exact duplicate documents within each source (the first is kept), counted.
   dedup: bool = True
+  # Evaluation sets (files or directories: SQuAD/GLUE/JSONL/plain text): documents sharing a
+  # word n-gram with one of them are dropped and counted (bertjax.data.decontamination).
+  decontaminate: tuple[str, ...] = ()
+  # ... the n of those n-grams (GPT-3: 13).
+  decontamination_ngram: int = 13
 
 
 @dataclasses.dataclass(frozen=True)
