@@ -272,6 +272,10 @@ def data_group() -> ConfigDict:
       # Documents per training epoch, shared among the sources by weight (an up-weighted source
       # repeats, a down-weighted one is sub-sampled); 0: as many as the mixed sources hold.
       "epoch_documents": _LOADER["epoch_documents"],
+      # Which documents each batch row reads: "documents" (row r of B: documents r, r+B, ...
+      # of the epoch's order) or "tokens" (dealt by token count, so the rows run out
+      # together: a finite num_epochs ends with nearly every token read; docs/data.md).
+      "row_balance": _LOADER["row_balance"],
   })
 
 

@@ -48,6 +48,7 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConf
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
       num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
       epoch_documents=int(d.epoch_documents),
+      row_balance=str(d.get("row_balance", LoaderConfig.row_balance)),
       # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
       require_eval=int(config.eval_every) > 0)
 

@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from array_record.python.array_record_module import ArrayRecordWriter
-
 from bertjax import paths
 from bertjax.data import multistream, records
 from bertjax.data.decontamination import EvalSetStats, NgramIndex
@@ -303,7 +301,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
         for shard in range(options.num_shards):
           if shard % options.process_count == options.process_index:
             path = out / spec.name / records.shard_name(split, shard, options.num_shards)
-            writers[split, shard] = ArrayRecordWriter(str(path), records.WRITER_OPTIONS)
+            writers[split, shard] = records.ShardWriter(path)
       source_counts = {split: {"documents": 0, "sentences": 0, "tokens": 0}
                        for split in records.SPLITS}
       ordinals = {split: 0 for split in records.SPLITS}
@@ -320,7 +318,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
         source_skips.update(chunk_skips)
         for (split, _, shard, _), (_, record, num_sentences, num_tokens) in zip(chunk, results):
           if record is not None:
-            writers[split, shard].write(record)
+            writers[split, shard].write(record, num_tokens)
             _count(source_counts[split], num_sentences, num_tokens)
       for writer in writers.values():
         writer.close()
@@ -390,9 +388,8 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
       if shard != current:  # duplicates are found within a shard
         for writer in writers.values():
           writer.close()
-        writers = {split: ArrayRecordWriter(str(out / spec.name / records.shard_name(
-            split, shard, options.num_shards)), records.WRITER_OPTIONS)
-                   for split in records.SPLITS}
+        writers = {split: records.ShardWriter(out / spec.name / records.shard_name(
+            split, shard, options.num_shards)) for split in records.SPLITS}
         seen, current = set(), shard
       source_skips.update(result["skips"])
       read_log.extend(result["read"])
@@ -403,7 +400,7 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
             continue
           seen.add(digest)
         if record is not None:
-          writers[split].write(record)
+          writers[split].write(record, num_tokens)
           _count(source_counts[split], num_sentences, num_tokens)
   finally:
     for writer in writers.values():
@@ -413,7 +410,7 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
     for split in records.SPLITS:
       path = out / spec.name / records.shard_name(split, shard, options.num_shards)
       if not path.exists():
-        ArrayRecordWriter(str(path), records.WRITER_OPTIONS).close()
+        records.ShardWriter(path).close()
   ranges = multistream.merge_ranges(read_log)
   read = {"bytes": sum(b - a for a, b in read_log), "file_bytes": size,
           "index": index is not None, "ranges": [list(r) for r in ranges]}

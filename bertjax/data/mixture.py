@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import fractions
+import logging
 import math
 from collections.abc import Sequence
 
@@ -21,11 +22,35 @@ from bertjax.data import records
 from bertjax.data.errors import CorpusError
 from bertjax.data.packing import DocumentElement
 
+log = logging.getLogger(__name__)
+
 
 def source_records(dataset: records.BuiltDataset, name: str,
                    split: str) -> grain.sources.ArrayRecordDataSource:
   """Random access to the records of one source's split (all its shards)."""
   return grain.sources.ArrayRecordDataSource([str(p) for p in dataset.shard_paths(name, split)])
+
+
+def source_token_counts(dataset: records.BuiltDataset, name: str, split: str) -> np.ndarray:
+  """The token count of every document of one source's split, in `source_records`' order:
+  from the counts the build wrote beside each shard, or (a dataset built before them) from
+  the records' headers, read once."""
+  parts = []
+  for path in dataset.shard_paths(name, split):
+    shard = grain.sources.ArrayRecordDataSource([str(path)])
+    counts_path = records.token_counts_path(path)
+    if counts_path.is_file():
+      counts = np.load(counts_path)
+    else:
+      log.info("%s: no token counts beside the shard (built before them): reading its %d "
+               "records' headers", path, len(shard))
+      counts = np.fromiter((records.record_token_count(shard[i]) for i in range(len(shard))),
+                           np.int64, len(shard))
+    if len(counts) != len(shard):
+      raise CorpusError(f"{counts_path}: {len(counts)} token counts for the shard's "
+                        f"{len(shard)} documents; rebuild the dataset")
+    parts.append(counts.astype(np.int64))
+  return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 
@@ -135,15 +160,26 @@ class MixtureElements:
     self._mix, self._streams = mix, streams
     self._ends = np.cumsum(mix.counts).tolist()
 
-  def __call__(self, position: int, slot: int) -> tuple[int, DocumentElement]:
+  def _locate(self, position: int, slot: int) -> tuple[int, int, object]:
+    """(source j, position in its stream, the stream's element there)."""
     epoch = position // self._mix.epoch_documents
     j = bisect.bisect_right(self._ends, slot)
     offset = slot - (self._ends[j - 1] if j else 0)
     in_source = epoch * self._mix.counts[j] + offset
-    index, record = self._streams[j][in_source]
+    return j, in_source, self._streams[j][in_source]
+
+  def __call__(self, position: int, slot: int) -> tuple[int, DocumentElement]:
+    j, in_source, (index, record) = self._locate(position, slot)
     size = self._mix.sizes[j]
     # The epoch a document carries is its own pass through its source (BERT pairs' dupe_factor
     # copies); Grain hands the shuffled indices of later passes on as pass * size + index.
     return self._mix.numbers[j], DocumentElement(position, in_source // size, index % size,
                                                  records.decode_record(record))
 
+
+class MixtureTokenCounts(MixtureElements):
+  """`MixtureElements` over streams of token counts (`source_token_counts`) instead of
+  records: the token count of the document at each position, nothing read."""
+
+  def __call__(self, position: int, slot: int) -> int:
+    return int(self._locate(position, slot)[2][1])

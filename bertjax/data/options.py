@@ -83,10 +83,16 @@ class LoaderConfig:
   # Documents per training epoch, apportioned among the sources by weight; 0: as many as the
   # mixed sources hold (with weights = sizes, every document once).
   epoch_documents: int = 0
+  # Which documents each training batch row reads: "documents" (row r: documents r, r+B, ...
+  # of the global order: equal counts) or "tokens" (each epoch's documents dealt to the rows
+  # by token count, bertjax.data.balance: a finite run ends with nearly every token read).
+  row_balance: str = "documents"
   # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
   # the run stops at start-up rather than at its first evaluation.
   require_eval: bool = False
 
   def __post_init__(self) -> None:
+    if self.row_balance not in ("documents", "tokens"):
+      raise ValueError(f"data.row_balance={self.row_balance!r}; choose 'documents' or 'tokens'")
     span_masking.check_settings(self.masking, self.ngram_max, self.span_geometric_p,
                                 self.span_max_length)

@@ -31,6 +31,9 @@ class DocumentElement:
   epoch: int  # the pass through its own source this document is read in (0, 1, ...)
   index: int  # index in the unshuffled source (BERT's "random other document")
   doc: TokenizedDocument
+  # A piece of a document that goes on in another piece (token-balanced rows cut the longest
+  # documents, bertjax.data.balance): GPT packing ends it without an end-of-text token.
+  continued: bool = False
 
 
 class _BufferedDocuments(grain.DatasetIterator):
@@ -67,7 +70,8 @@ class _GptPackIterator(_BufferedDocuments):
     while available < need:
       state = self._parent.get_state()
       element: DocumentElement = next(self._parent)
-      tokens = np.append(element.doc.tokens, np.int32(self._eot)).astype(np.int32)
+      tokens = (element.doc.tokens if element.continued else
+                np.append(element.doc.tokens, np.int32(self._eot))).astype(np.int32)
       self._docs.append((state, tokens))
       available += len(tokens)
 

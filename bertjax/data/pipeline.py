@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import grain
@@ -29,7 +30,15 @@ from bertjax.data.bert_instances import (
 )
 from bertjax.data.errors import CorpusError
 from bertjax.data.options import LoaderConfig
-from bertjax.data.mixture import Mixture, MixtureElements, mixture, source_records
+from bertjax.data.balance import BalancedRows, EpochTokens, RowItems, piece_of
+from bertjax.data.mixture import (
+  Mixture,
+  MixtureElements,
+  MixtureTokenCounts,
+  mixture,
+  source_records,
+  source_token_counts,
+)
 from bertjax.data.packing import (
   DocSentencesIterDataset,
   DocumentElement,
@@ -132,12 +141,14 @@ def document_stream(dataset: records.BuiltDataset, split: str, *, seed: int, num
 
 
 def _documents(dataset: records.BuiltDataset, split: str, mix: Mixture, *, seed: int,
-               num_epochs: int, shuffle: bool) -> grain.MapDataset:
-  """The whole global document order of `mix` (`document_stream`'s, before a host's share)."""
+               num_epochs: int, shuffle: bool, token_counts: bool = False) -> grain.MapDataset:
+  """The whole global document order of `mix` (`document_stream`'s, before a host's share);
+  `token_counts`: the same order's token counts instead of its documents, nothing read."""
   streams = []
   for number in mix.numbers:
-    stream = grain.MapDataset.source(
-        source_records(dataset, dataset.source_names[number], split))
+    name = dataset.source_names[number]
+    stream = grain.MapDataset.source(source_token_counts(dataset, name, split) if token_counts
+                                     else source_records(dataset, name, split))
     stream = stream.map_with_index(_with_index)
     if shuffle:
       # Grain's shuffle reseeds each pass (seed + pass), read past the end: a new order each.
@@ -148,7 +159,8 @@ def _documents(dataset: records.BuiltDataset, split: str, mix: Mixture, *, seed:
     # One source needs no slot shuffle (its own stream is shuffled): the order single-source
     # runs have always had.
     slots = slots.shuffle(seed=(seed + _EPOCH_SEED_OFFSET) % _SEED_RANGE)
-  return slots.repeat(num_epochs or None).map_with_index(MixtureElements(mix, streams))
+  elements = (MixtureTokenCounts if token_counts else MixtureElements)(mix, streams)
+  return slots.repeat(num_epochs or None).map_with_index(elements)
 
 
 def bert_special_ids(tokenizer) -> SpecialIds:
@@ -181,8 +193,16 @@ class RowStreamFactory:
     self.seed = cfg.seed if training else cfg.seed + 1
     self.mixture = mixture(dataset, split, weights=cfg.weights,
                            epoch_documents=cfg.epoch_documents)
+    num_epochs = cfg.num_epochs if training else 0
     self.documents = _documents(dataset, split, self.mixture, seed=self.seed,
-                                num_epochs=cfg.num_epochs if training else 0, shuffle=training)
+                                num_epochs=num_epochs, shuffle=training)
+    self.balanced = None
+    if training and cfg.row_balance == "tokens":
+      counts = _documents(dataset, split, self.mixture, seed=self.seed, num_epochs=num_epochs,
+                          shuffle=training, token_counts=True)
+      n = self.mixture.epoch_documents
+      self.balanced = BalancedRows(EpochTokens(counts, n), n, batch_size, num_epochs,
+                                   min_piece=2 * cfg.seq_length, weigh=self._weigh)
     tokenizer = dataset_tokenizer(dataset)
     if cfg.objective == "causal_lm":
       self.eot = special_ids(tokenizer).get("eot")
@@ -208,9 +228,43 @@ class RowStreamFactory:
     self.views = [_DocumentView(source_records(dataset, name, split))
                   for name in dataset.source_names]
 
+  def _weigh(self, positions: np.ndarray, piece: np.ndarray, pieces: np.ndarray,
+             tokens: np.ndarray) -> np.ndarray:
+    """What each item (a document or a piece of one, `tokens` long) costs the row reading
+    it: its tokens and a separator in token streams (GPT, FULL-SENTENCES, packed rows); its
+    instances where a document makes its own sequences (BERT pairs, DOC-SENTENCES), counted
+    by making them: an estimate from the length misses by about one in two documents, which
+    leaves rows of a few dozen documents 5% apart."""
+    if self.cfg.objective == "causal_lm" or self.cfg.bert_instances in ("full_sentences",
+                                                                          "packed"):
+      return np.asarray(tokens, np.int64) + 1
+    out = np.empty(len(positions), np.int64)
+    for i, (position, k, count) in enumerate(zip(positions.tolist(), piece.tolist(),
+                                                  pieces.tolist())):
+      number, element = self.documents[position]
+      if count > 1:
+        element = piece_of(element, k, count)
+      out[i] = self._sequences_of(number, element)
+    return out
+
+  def _sequences_of(self, number: int, element: DocumentElement) -> int:
+    """The instances one document makes in a row stream of this factory's kind."""
+    if self.cfg.bert_instances == "doc_sentences":
+      one = grain.MapDataset.source([element]).to_iter_dataset(_NO_READ_AHEAD)
+      return sum(1 for _ in DocSentencesIterDataset(one, self.instance_cfg, self.special,
+                                                    self.continuation, self.seed))
+    pairs = _PairInstances(self.views, self.instance_cfg, self.special, self.continuation,
+                           self.cfg.dupe_factor)
+    return len(pairs.flat_map((number, element)))
+
   def documents_of(self, row: int) -> grain.MapDataset:
-    """(source number, DocumentElement) of row `row`: documents row, row+B, ... in order."""
-    return self.documents[row::self.batch_size]
+    """(source number, DocumentElement) of row `row`: documents row, row+B, ... of the global
+    order, or with token-balanced rows the documents dealt to it (bertjax.data.balance)."""
+    if self.balanced is None:
+      return self.documents[row::self.batch_size]
+    count = self.balanced.items_of_row(row)
+    return grain.MapDataset.range(sys.maxsize if count is None else count).map(
+        RowItems(self.documents, self.balanced, row))
 
   def __call__(self, row: int) -> grain.IterDataset:
     docs = self.documents_of(row)
@@ -335,6 +389,10 @@ class CorpusBatches:
     self._factory = RowStreamFactory(dataset, cfg, split, self._batch_size)
     if split == "train" and len(dataset.source_names) > 1:
       log.info("data mixture: %s", self._factory.mixture.describe())
+    if split == "train" and cfg.num_epochs and cfg.row_balance == "documents":
+      log.info("data.num_epochs=%d with rows dealt documents in turn: the run ends when the row "
+               "with the least to read runs out; data.row_balance=tokens delivers nearly all "
+               "(docs/data.md, 'Balanced epochs')", cfg.num_epochs)
     # Each row's stream state after the last batch handed out (None: not started).
     self._states: dict[int, Any] = {row: None for row in self._rows}
     self._workers = max(0, min(int(cfg.num_workers), len(self._rows)))

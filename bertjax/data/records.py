@@ -5,6 +5,7 @@ A built dataset is a directory written by `bertjax data build`:
     dataset.json                     sources (name, kind, path, weight or null), tokenizer, shards
     tokenizer/                       the tokenizer the ids came from (vocab.txt or spm.model)
     <source>/<split>-SSSSS-of-NNNNN.array_record   one record per document
+    <source>/<split>-SSSSS-of-NNNNN.tokens.npy     its documents' token counts (uint32)
     parts/process-P.json             what process P wrote: counts and skips
 
 One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
@@ -21,6 +22,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordWriter
 
 from bertjax.data.errors import CorpusError
 
@@ -92,6 +94,35 @@ def decode_record(record: bytes) -> TokenizedDocument:
 
 def shard_name(split: str, shard: int, num_shards: int) -> str:
   return f"{split}-{shard:05d}-of-{num_shards:05d}.array_record"
+
+
+def token_counts_path(shard: Path) -> Path:
+  """The token counts beside a shard: the loader balances rows by them without reading the
+  documents (datasets built before them are read once instead)."""
+  return shard.with_name(shard.name.replace(".array_record", ".tokens.npy"))
+
+
+class ShardWriter:
+  """One shard: its records, and on `close` the token count of each beside it."""
+
+  def __init__(self, path: Path):
+    self._path, self._tokens = Path(path), []
+    self._writer = ArrayRecordWriter(str(path), WRITER_OPTIONS)
+
+  def write(self, record: bytes, num_tokens: int) -> None:
+    self._writer.write(record)
+    self._tokens.append(num_tokens)
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      np.save(token_counts_path(self._path), np.asarray(self._tokens, "<u4"))
+      self._writer = None
+
+
+def record_token_count(record: bytes) -> int:
+  """A record's token count, from its header."""
+  return _HEADER.unpack_from(record)[3]
 
 
 @dataclasses.dataclass(frozen=True)
