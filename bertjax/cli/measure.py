@@ -5,8 +5,10 @@ bertjax.tools inside the handlers, so the CLI loads no tooling until one of them
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 
 from bertjax import config as config_lib
 from bertjax.cli.common import EXIT_COMPILER_CRASH, EXIT_FAILED, EXIT_USAGE, OVERRIDES_EPILOG, Add
@@ -142,6 +144,24 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
     print("error: bench needs --config (or --table)", file=sys.stderr)
     return EXIT_USAGE
   config = config_lib.load_config(args.config, overrides)
+  if args.time_to:
+    from bertjax.tools import time_to
+    try:
+      target = time_to.parse_target(args.time_to)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return EXIT_USAGE
+    try:
+      record = time_to.time_to(args.config, overrides, target, workdir=args.workdir,
+                               log=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return EXIT_USAGE
+    print(time_to.format_record(record))
+    if args.json:
+      Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+      print(f"record written to {args.json}")
+    return 0 if record["reached"] else EXIT_FAILED
   if args.decode:
     from bertjax.tools import decode_bench
     rows = decode_bench.decode_benchmark(config, [int(x) for x in args.decode.split(",")],
@@ -289,7 +309,9 @@ def register(add: Add) -> None:
           "--compare hf --json bert_base.json\n  bertjax bench --config configs/bert_base.py "
           "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2.py:size=small "
           "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
-          "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n\n"
+          "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n"
+          "  bertjax bench --config configs/modernbert.py:size=tiny "
+          "--time-to 'eval/mlm_accuracy>=0.26' --json time_to.json\n\n"
           + OVERRIDES_EPILOG, cmd_bench)
   p.add_argument("--config", default="", help="config file or name under configs/")
   p.add_argument("--compare", choices=["hf"], default="",
@@ -308,6 +330,13 @@ def register(add: Add) -> None:
                       "optimizer...)")
   p.add_argument("--decode", default="",
                  help="GPT generation instead: comma-separated cache sizes, e.g. 128,512,1024")
+  p.add_argument("--time-to", dest="time_to", default="", metavar="[SPLIT/]METRIC>=VALUE",
+                 help="the wall time to train the config from a fresh workdir (`bertjax train` "
+                 "in its own process, data and compile included) until an eval record meets "
+                 "this, e.g. eval/mlm_accuracy>=0.26 (<= for losses); exit 1 if the run ends "
+                 "first")
+  p.add_argument("--workdir", default="", help="with --time-to: the (fresh) workdir; default: "
+                 "a new temporary one")
   p.add_argument("--table", default="",
                  help="run a benchmark table instead of one config: gpu (BERT-large s512, "
                  "GPT-2 medium and XL s1024, bf16, against transformers; docs/performance.md)")
