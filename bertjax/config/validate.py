@@ -6,6 +6,7 @@ import re
 
 import ml_collections
 
+from bertjax.data.options import ROW_BALANCE_MODES
 from bertjax.finetune.registry import task
 from bertjax.models.groups import FREEZE_KINDS, parse_freeze
 
@@ -44,8 +45,8 @@ def validate_training(config: ConfigDict) -> None:
   need("data.epoch_documents", int(config.data.epoch_documents) >= 0,
        "must be 0 (every document of the mixed sources) or more")
   need("data.num_workers", int(config.data.num_workers) >= 0, "must be 0 or more")
-  need("data.row_balance", config.data.get("row_balance", "documents") in ("documents", "tokens"),
-       "must be 'documents' or 'tokens'")
+  need("data.row_balance", config.data.get("row_balance", "documents") in ROW_BALANCE_MODES,
+       f"must be one of {ROW_BALANCE_MODES}")
   need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
   need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")
   for key in ("mask_token_prob", "random_token_prob"):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import logging
 from typing import Callable
 
 import grain
@@ -34,10 +33,6 @@ import numpy as np
 
 from bertjax.data import records
 from bertjax.data.packing import DocumentElement
-
-log = logging.getLogger(__name__)
-
-ROW_BALANCE_MODES = ("documents", "tokens")
 
 
 def assign_rows(lengths: np.ndarray, num_rows: int) -> np.ndarray:
@@ -72,9 +67,9 @@ class BalancedRows:
   one) row r reads. `epoch_lengths(epoch)` gives the token counts of an epoch's documents in
   global order (`epoch_documents` of them); rows are balanced by what they read, by default
   tokens, else `weigh(positions, piece, pieces, tokens)` of the epoch's items (what a row
-  consumes per item: its tokens, or the sequences made of it). A document longer than an eighth of a row's share
-  of the epoch (and than `min_piece`) is cut into pieces of about that size, dealt apart: no
-  single document can leave one row far longer than the others."""
+  consumes per item: its tokens, or the sequences made of it). A document longer than an
+  eighth of a row's share of the epoch (and than `min_piece`) is cut into pieces of about
+  that size, dealt apart: no single document can leave one row far longer than the others."""
 
   def __init__(self, epoch_lengths: Callable[[int], np.ndarray], epoch_documents: int,
                num_rows: int, num_epochs: int, min_piece: int,

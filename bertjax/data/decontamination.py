@@ -96,7 +96,11 @@ class NgramIndex:
 
   @classmethod
   def from_texts(cls, texts: Iterable[str], n: int = DEFAULT_NGRAM) -> NgramIndex:
-    parts = [ngram_hashes(t, n) for t in texts]
+    return cls._of([ngram_hashes(t, n) for t in texts], n)
+
+  @classmethod
+  def _of(cls, parts: list[np.ndarray], n: int) -> NgramIndex:
+    """The index of the hashes in `parts` (sorted, each once)."""
     return cls(np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64), n)
 
   @classmethod
@@ -117,8 +121,7 @@ class NgramIndex:
         raise CorpusError(f"{path}: no text of {n} or more words ({s.texts:,} texts): nothing "
                           f"to decontaminate against")
       stats.append(s)
-    hashes = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
-    return cls(hashes, n), stats
+    return cls._of(parts, n), stats
 
   def __len__(self) -> int:
     return len(self.hashes)

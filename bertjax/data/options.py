@@ -34,6 +34,10 @@ class BuildOptions:
   decontamination_ngram: int = 13
 
 
+# data.row_balance: rows dealt documents in turn, or balanced by what they read.
+ROW_BALANCE_MODES = ("documents", "tokens")
+
+
 @dataclasses.dataclass(frozen=True)
 class LoaderConfig:
   """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
@@ -92,7 +96,7 @@ class LoaderConfig:
   require_eval: bool = False
 
   def __post_init__(self) -> None:
-    if self.row_balance not in ("documents", "tokens"):
-      raise ValueError(f"data.row_balance={self.row_balance!r}; choose 'documents' or 'tokens'")
+    if self.row_balance not in ROW_BALANCE_MODES:
+      raise ValueError(f"data.row_balance={self.row_balance!r}; choose from {ROW_BALANCE_MODES}")
     span_masking.check_settings(self.masking, self.ngram_max, self.span_geometric_p,
                                 self.span_max_length)

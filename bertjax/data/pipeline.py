@@ -238,24 +238,23 @@ class RowStreamFactory:
     if self.cfg.objective == "causal_lm" or self.cfg.bert_instances in ("full_sentences",
                                                                           "packed"):
       return np.asarray(tokens, np.int64) + 1
+    if self.cfg.bert_instances == "doc_sentences":
+      def sequences(number: int, element: DocumentElement) -> int:
+        one = grain.MapDataset.source([element]).to_iter_dataset(_NO_READ_AHEAD)
+        return sum(1 for _ in DocSentencesIterDataset(one, self.instance_cfg, self.special,
+                                                      self.continuation, self.seed))
+    else:
+      pairs = _PairInstances(self.views, self.instance_cfg, self.special, self.continuation,
+                             self.cfg.dupe_factor)
+
+      def sequences(number: int, element: DocumentElement) -> int:
+        return len(pairs.flat_map((number, element)))
     out = np.empty(len(positions), np.int64)
     for i, (position, k, count) in enumerate(zip(positions.tolist(), piece.tolist(),
                                                   pieces.tolist())):
       number, element = self.documents[position]
-      if count > 1:
-        element = piece_of(element, k, count)
-      out[i] = self._sequences_of(number, element)
+      out[i] = sequences(number, piece_of(element, k, count) if count > 1 else element)
     return out
-
-  def _sequences_of(self, number: int, element: DocumentElement) -> int:
-    """The instances one document makes in a row stream of this factory's kind."""
-    if self.cfg.bert_instances == "doc_sentences":
-      one = grain.MapDataset.source([element]).to_iter_dataset(_NO_READ_AHEAD)
-      return sum(1 for _ in DocSentencesIterDataset(one, self.instance_cfg, self.special,
-                                                    self.continuation, self.seed))
-    pairs = _PairInstances(self.views, self.instance_cfg, self.special, self.continuation,
-                           self.cfg.dupe_factor)
-    return len(pairs.flat_map((number, element)))
 
   def documents_of(self, row: int) -> grain.MapDataset:
     """(source number, DocumentElement) of row `row`: documents row, row+B, ... of the global
