@@ -30,12 +30,13 @@ os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 # The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests
 # neither read nor write the user's.
 os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
-# JAX's persistent compilation cache, one per session: the many runs of the same tiny programs
-# (a run and its resumes, each process of a multi-process run, the same model in many tests)
-# compile once. A hit is the executable of the identical program (keyed by its HLO, options
-# and backend), so nothing a test checks changes; the first compile of each program is paid.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="bertjax-test-jax-"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# No persistent compilation cache, in the test processes or the processes they start. With it,
+# XLA:CPU executables loaded from the cache ran the 2x2x2 RTD step's collectives in different
+# orders on different simulated devices and deadlocked: 8 of 11 runs aborted in the collective
+# rendezvous with a warm cache beside a busy core, 0 of 30 freshly compiled (jax 0.10.2,
+# docs/results/2026-11-27-cpu-cache-collective-deadlock.md); three CI runs aborted there.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 # On a GPU (the accelerator tier) the tests start `bertjax` processes beside the pytest process:
 # JAX's default, taking 75% of the GPU's memory at start, left them too little to create a
 # cuBLAS handle (seen on an H100, docs/results/2026-11-27-h100-tier-rerun.md). Each process
