@@ -3,17 +3,15 @@
 
 XLA:CPU aborts the whole process (SIGABRT, exit 134) when the devices of one program do not all
 reach a collective within `xla_cpu_collective_call_terminate_timeout_seconds` (40 s by default).
-With 8 simulated devices sharing 2 cores, a loaded CI machine can starve one device thread that
-long in an otherwise healthy step (CI run of 2026-11-25: aborted inside a 2x2x2 RTD step that
-takes ~35 s alone). A longer limit keeps the abort for a real deadlock, where it belongs.
+With 8 simulated devices sharing 2 cores a loaded machine slows every device thread; the longer
+limit keeps the abort for a real deadlock. The three CI aborts in the 2x2x2 RTD step
+(2026-11-25 to -27) were one: executables loaded from the persistent compilation cache ran
+their collectives in different orders per device; conftest.py turns the cache off
+(docs/results/2026-11-27-cpu-cache-collective-deadlock.md).
 
 Eigen's intra-op thread pool is off (`xla_cpu_multi_thread_eigen=false`): each simulated
-device computes on its own thread. The CI run of 2026-11-26 aborted in the same 2x2x2 RTD step
-under the 300 s limit (the abort's own message was not in the log; the step takes ~20 s alone,
-~40 s with three busy loops beside it): stuck, not slow. XLA:CPU programs whose devices share
-the Eigen pool have been reported to wedge in it (PyAutoLabs/PyAutoFit#1530, where this flag
-removed the hangs), and with 8 devices on 2 cores the pool adds no parallelism. Tests time the
-same or faster without it (docs/results/).
+device computes on its own thread; with 8 devices on 2 cores the pool adds no parallelism, and
+the tests time the same or faster without it (docs/results/2026-11-27-suite-cpu-flags.md).
 
 The suite compiles over a thousand tiny programs that then run for milliseconds: most of its
 CPU time was XLA compiling them. The cheap compile: the backend optimisation level and LLVM's
