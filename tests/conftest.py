@@ -30,13 +30,11 @@ os.environ["JAX_NUMPY_RANK_PROMOTION"] = "raise"
 # The measured CPU matmul peak (bertjax.training.flops) is cached under BERTJAX_CACHE: tests
 # neither read nor write the user's.
 os.environ["BERTJAX_CACHE"] = tempfile.mkdtemp(prefix="bertjax-test-cache-")
-# No persistent compilation cache, in the test processes or the processes they start. With it,
-# XLA:CPU executables loaded from the cache ran the 2x2x2 RTD step's collectives in different
-# orders on different simulated devices and deadlocked: 8 of 11 runs aborted in the collective
-# rendezvous with a warm cache beside a busy core, 0 of 30 freshly compiled (jax 0.10.2,
-# docs/results/2026-11-27-cpu-cache-collective-deadlock.md); three CI runs aborted there.
-os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
-os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+# JAX's persistent compilation cache, one per session, for the processes tests start (`bertjax`
+# runs, their resumes, each process of a multi-process run): they compile the same tiny
+# programs again and again, and a hit is the executable of the identical program.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="bertjax-test-jax-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # On a GPU (the accelerator tier) the tests start `bertjax` processes beside the pytest process:
 # JAX's default, taking 75% of the GPU's memory at start, left them too little to create a
 # cuBLAS handle (seen on an H100, docs/results/2026-11-27-h100-tier-rerun.md). Each process
@@ -46,6 +44,12 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# Not in the test processes themselves: there, executables loaded from the cache ran the 2x2x2
+# RTD step's collectives in different orders on different simulated devices and deadlocked
+# (10 of 13 warm runs stuck beside a busy core, 0 of 30 freshly compiled; jax 0.10.2,
+# docs/results/2026-11-27-cpu-cache-collective-deadlock.md); three CI runs aborted there. A test
+# process repeats its programs from JAX's in-memory cache.
+jax.config.update("jax_enable_compilation_cache", False)
 # Full-precision fp32 matmuls on CPU, so parity tolerances mean what they say.
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")
