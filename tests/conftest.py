@@ -46,9 +46,8 @@ import pytest  # noqa: E402
 
 # Not in the test processes themselves: there, executables loaded from the cache ran the 2x2x2
 # RTD step's collectives in different orders on different simulated devices and deadlocked
-# (10 of 14 warm runs stuck beside busy loops, 0 of 30 freshly compiled; jax 0.10.2,
-# docs/results/2026-11-27-cpu-cache-collective-deadlock.md); three CI runs aborted there. A test
-# process repeats its programs from JAX's in-memory cache.
+# (jax 0.10.2; docs/results/2026-11-27-cpu-cache-collective-deadlock.md). A test process repeats
+# its programs from JAX's in-memory cache.
 jax.config.update("jax_enable_compilation_cache", False)
 # Full-precision fp32 matmuls on CPU, so parity tolerances mean what they say.
 jax.config.update("jax_default_matmul_precision", "highest")

@@ -6,8 +6,8 @@ reach a collective within `xla_cpu_collective_call_terminate_timeout_seconds` (4
 With 8 simulated devices sharing 2 cores a loaded machine slows every device thread; the longer
 limit keeps the abort for a real deadlock. The three CI aborts in the 2x2x2 RTD step
 (2026-11-25 to -27) were one: executables loaded from the persistent compilation cache ran
-their collectives in different orders per device; conftest.py turns the cache off
-(docs/results/2026-11-27-cpu-cache-collective-deadlock.md).
+their collectives in different orders per device; conftest.py turns the cache off in the test
+processes (docs/results/2026-11-27-cpu-cache-collective-deadlock.md).
 
 Eigen's intra-op thread pool is off (`xla_cpu_multi_thread_eigen=false`): each simulated
 device computes on its own thread; with 8 devices on 2 cores the pool adds no parallelism, and
