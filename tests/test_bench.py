@@ -6,6 +6,7 @@ and deselected by default: `python -m pytest -m benchmark tests/test_bench.py` r
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -211,8 +212,17 @@ def test_the_gpu_table_runs_reduced_on_cpu(tmp_path, capsys):
   out = capsys.readouterr().out
   for record in records:
     assert record["config"]["dtype"] == "bfloat16" and record["ours"]["step_seconds_median"] > 0
+    assert record["config"]["scan_layers"] is False  # the faster form on a GPU
     assert "bf16 autocast" in record["hf"]["model"] and len(record["pairs_ratio"]) == 1
     assert f"| {record['row']} |" in out
   assert records[0]["overrides"]["max_predictions"] == "8"  # BERT: predictions fit 64 tokens
   assert cli.main(["bench", "--table", "gpu", "--rows", "GPT-2 tiny"]) == 2
   assert "GPT-2 medium s1024" in capsys.readouterr().err
+
+
+def test_the_matmul_peak_is_timed_at_full_size_on_an_accelerator(monkeypatch):
+  """At the CPU's size (2048²) an H100 read a fifth of its peak and MFU read 124-253%
+  (docs/results/2026-11-27-h100-scan-and-peak.md)."""
+  assert flops.matmul_peak_size(2048) == 2048  # this CPU
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert flops.matmul_peak_size(2048) == 8192

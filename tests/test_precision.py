@@ -217,3 +217,24 @@ def test_chunked_lm_loss_is_mesh_invariant(devices):
   for x, y in zip(jax.tree.leaves(jax.device_get(state.params)),
                   jax.tree.leaves(jax.device_get(state_ref.params))):
     np.testing.assert_allclose(x, y, atol=1e-5, rtol=0)
+
+
+def test_the_qkv_products_never_transpose_the_4d_kernel():
+  """The mixed path runs qkv's products as matrix products: no transpose of the [d, 3, heads,
+  head_dim] kernel in the compiled forward and backward (over its three contracted axes XLA
+  relaid it out through a 4-D transposing loop, 17-36 ms per BERT-base layer;
+  docs/results/2026-11-27-unrolled-layers-cpu.md)."""
+  cfg = model_config(config_lib.load_config("gpt_tiny", [("model.dtype", "bfloat16"),
+                                                         ("model.matmul_output", "float32")]))
+  x = jnp.ones((2, 8, 32), jnp.float32)
+  kernel = jnp.ones((32, 3, 4, 8), jnp.float32)
+
+  def loss(x, kernel):
+    return precision.einsum(cfg, "bld,dtnh->bltnh", x, kernel).sum()
+
+  text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, kernel).compile().as_text()
+  kernel_dims = sorted(kernel.shape)
+  transposed = [line for line in text.splitlines() if " transpose(" in line
+                and (m := re.search(r"= \w+\[([\d,]+)\]", line))
+                and sorted(map(int, m.group(1).split(","))) == kernel_dims]
+  assert not transposed, transposed

@@ -15,6 +15,7 @@ float32 weight gradients unrounded. With `model.dtype=float32` nothing here chan
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -133,7 +134,40 @@ def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
   x_order, y_orders = _fast_layouts(xs, ys, out)
   y_order = ys if ys in y_orders else y_orders[0]
   x, y = _row_major(x, xs, x_order), _row_major(y, ys, y_order)
-  return jnp.einsum(f"{x_order},{y_order}->{out}", x, y, preferred_element_type=jnp.float32)
+  return _merged_einsum(x, x_order, y, y_order, out)
+
+
+def _merged_einsum(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
+  """einsum(xs,ys->out) in float32, as a product of matrices (or of batches of them) where
+  the output is in the order [batch, left's free, right's free]: each group of axes merged
+  into one. Over several contracted axes (qkv's kernel [d, 3, heads, head_dim] in its input
+  gradient) XLA would relayout that operand through a transposing loop many times slower
+  than a matrix transpose (docs/results/2026-11-27-unrolled-layers-cpu.md). Other output
+  orders keep the einsum as it is: merged, XLA folds the output's transpose into the dot,
+  which its CPU backend then upcasts to float32 or cannot run. Operands in `_fast_layouts`."""
+  batch = "".join(c for c in xs if c in ys and c in out)
+  contracted = "".join(c for c in xs if c in ys and c not in out)
+  x_free, y_free = "".join(c for c in xs if c not in ys), "".join(c for c in ys if c not in xs)
+  merge = [g for g in (batch, x_free, contracted, y_free) if len(g) > 1]
+  if out != batch + x_free + y_free or not merge:
+    return jnp.einsum(f"{xs},{ys}->{out}", x, y, preferred_element_type=jnp.float32)
+  sizes = dict(zip(xs, x.shape)) | dict(zip(ys, y.shape))
+  letters = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in xs + ys)
+  renames = {group: next(letters) for group in merge}
+  merged_sizes = {letter: math.prod(sizes[c] for c in group) for group, letter in renames.items()}
+
+  def renamed(subscripts: str) -> str:
+    for group, letter in renames.items():
+      subscripts = subscripts.replace(group, letter)
+    return subscripts
+
+  def shape(subscripts: str) -> tuple[int, ...]:
+    return tuple(merged_sizes[c] if c in merged_sizes else sizes[c] for c in subscripts)
+
+  mx, my, mout = renamed(xs), renamed(ys), renamed(out)
+  result = jnp.einsum(f"{mx},{my}->{mout}", x.reshape(shape(mx)), y.reshape(shape(my)),
+                      preferred_element_type=jnp.float32)
+  return result.reshape(tuple(sizes[c] for c in out))
 
 
 def _relayout_cost(xs: str, ys: str, out: str, x_size: int, y_size: int) -> int:

@@ -15,10 +15,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import jax
 
 from bertjax import config as config_lib
 from bertjax.tools import bench
+from bertjax.training import flops as flops_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,10 +29,12 @@ class Row:
 
 
 # Attention dropout 0 everywhere: the fused kernels (cuDNN here, flash SDPA in torch) are what a
-# GPU run uses, and ours have none; one micro-batch, no remat: each row fits one H100.
+# GPU run uses, and ours have none; one micro-batch, no remat: each row fits one H100. Layers
+# unrolled: on a GPU the scanned stack is slower and larger (the configs scan for TPU pods'
+# compile times; docs/results/2026-11-27-h100-scan-and-peak.md).
 _FAST = (("model.dtype", "bfloat16"), ("model.attention", "auto"),
          ("model.attention_dropout", "0.0"), ("grad_accum_steps", "1"),
-         ("model.remat_policy", "none"))
+         ("model.remat_policy", "none"), ("model.scan_layers", "false"))
 TABLES: dict[str, tuple[Row, ...]] = {
     "gpu": (
         Row("BERT-large s512", "bert_large",
@@ -74,9 +76,8 @@ def row_record(table: str, name: str, reduced: bool, steps: int, pairs: int,
   """One row's bench.run_benchmark record, in this process."""
   import sys
   row = next(r for r in TABLES[table] if r.name == name)
-  accelerator = jax.default_backend() != "cpu"
   return bench.run_benchmark(row_config(row, reduced), steps=steps, pairs=pairs, compare="hf",
-                             peak_size=8192 if accelerator else 512,
+                             peak_size=flops_lib.matmul_peak_size(512),
                              reference_compile=torch_compile,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
 

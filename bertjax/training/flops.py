@@ -99,6 +99,13 @@ def measured_peak_devices() -> int:
   return 1 if jax.default_backend() == "cpu" else jax.local_device_count()
 
 
+def matmul_peak_size(cpu_size: int) -> int:
+  """The square size a matmul peak is timed at: 8192 on an accelerator, where smaller products
+  leave the chip far below its peak (docs/results/2026-11-27-h100-scan-and-peak.md), and
+  `cpu_size` on a CPU, where 8192³ takes minutes and a few hundred already reach the peak."""
+  return cpu_size if jax.default_backend() == "cpu" else 8192
+
+
 def measure_matmul_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -> float:
   """FLOP/s of a square matmul on the default device, operands in `dtype`: the best of
   `repeats` timed runs, in the fastest form the backend has for that dtype.
