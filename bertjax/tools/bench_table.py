@@ -15,7 +15,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-
 from bertjax import config as config_lib
 from bertjax.tools import bench
 from bertjax.training import flops as flops_lib

@@ -219,7 +219,8 @@ def product_check(size: int | None = None) -> list[Check]:
   nominal = flops_lib.device_peak_flops(jax.local_devices()[0])
   peaks = {}
   for dtype in ("bfloat16", "float32"):
-    peaks[dtype] = flops_lib.measure_matmul_peak(flops_lib.matmul_peak_size(1024), jnp.dtype(dtype))
+    peaks[dtype] = flops_lib.measure_matmul_peak(flops_lib.matmul_peak_size(1024),
+                                                 jnp.dtype(dtype))
   figure = ", ".join(f"{d} {p / 1e12:,.1f} TFLOP/s" for d, p in peaks.items())
   values = {"matmul_peak_flops": peaks, "data_sheet_bf16_flops": nominal}
   if nominal:

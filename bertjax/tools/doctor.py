@@ -134,7 +134,8 @@ def speed_check(step: bench.OurStep, config: ml_collections.ConfigDict, note: st
   flops = flops_lib.train_flops_per_step(model, int(config.batch_size), int(config.seq_length),
                                          bench.predictions_per_seq(config))
   nominal = flops_lib.nominal_peak_flops()
-  measured = (flops_lib.measure_matmul_peak(flops_lib.matmul_peak_size(1024), jnp.dtype(model.dtype))
+  measured = (flops_lib.measure_matmul_peak(flops_lib.matmul_peak_size(1024),
+                                            jnp.dtype(model.dtype))
               * flops_lib.measured_peak_devices() * jax.process_count())
   values = {"step_seconds": seconds, "step_seconds_all": times, "model_flops": flops,
             "measured_peak_flops": measured, "data_sheet_peak_flops": nominal,
