@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, layers, sharing
+from bertjax.models import activations, attention, layers, sharing
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -187,7 +187,7 @@ def transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str) -> Ar
   rows = "abc"[:x.ndim - 1]
   x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (d, d), ("embed", "mlp"),
                    (d,) if cfg.head_bias else None, ("mlp",), name=dense_name)(x)
-  return layers.layer_norm(cfg, norm_name)(layers.activation_fn(cfg.activation)(x))
+  return layers.layer_norm(cfg, norm_name)(activations.activation_fn(cfg.activation)(x))
 
 
 def generator_transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: str,
@@ -200,7 +200,7 @@ def generator_transform(cfg: ModelConfig, x: Array, dense_name: str, norm_name: 
   e = cfg.embedding_width
   x = layers.Dense(cfg, f"{rows}d,de->{rows}e", (cfg.hidden_size, e), ("embed", None), (e,),
                    (None,), name=dense_name)(x)
-  return layers.layer_norm(cfg, norm_name)(layers.activation_fn(activation)(x))
+  return layers.layer_norm(cfg, norm_name)(activations.activation_fn(activation)(x))
 
 
 def prediction_head(cfg: ModelConfig, x: Array, name: str = "head") -> Array:
@@ -223,7 +223,7 @@ def classification_head(cfg: ModelConfig, cls_BD: Array, deterministic: bool) ->
   d = cfg.hidden_size
   cls_BD = layers.Dense(cfg, "bd,de->be", (d, d), ("embed", "mlp"), (d,), ("mlp",),
                         name="head_dense")(cls_BD)
-  return layers.activation_fn("gelu")(cls_BD)
+  return activations.activation_fn("gelu")(cls_BD)
 
 
 def per_token_logits(cfg: ModelConfig, sequence_BLD: Array, num: int, name: str) -> Array:

@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import layers
+from bertjax.models import activations, layers
 from bertjax.models.bert import BertModel, gather_positions
 from bertjax.models.config import ModelConfig
 
@@ -46,7 +46,7 @@ class DiscriminatorPredictions(nn.Module):
     d = cfg.hidden_size
     h = layers.Dense(cfg, "bld,de->ble", (d, d), ("embed", "mlp"), (d,), ("mlp",),
                      name="dense")(sequence_BLD)
-    h = layers.activation_fn(cfg.activation)(h)
+    h = activations.activation_fn(cfg.activation)(h)
     logits_BL1 = layers.Dense(cfg, "ble,ec->blc", (d, 1), ("mlp", None), (1,), (None,),
                               name="dense_prediction")(h)
     return logits_BL1[..., 0].astype(jnp.float32)
@@ -85,7 +85,7 @@ class _Generator(nn.Module):
         nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,), cfg.weight_dtype)
 
   def head(self, h_BPD: Array) -> Array:
-    return self.mlm_norm(layers.activation_fn("gelu")(self.mlm_transform(h_BPD)))
+    return self.mlm_norm(activations.activation_fn("gelu")(self.mlm_transform(h_BPD)))
 
 
 class RtdOutput(NamedTuple):

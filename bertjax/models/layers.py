@@ -20,9 +20,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bertjax.models import attention, positions, precision, relative
+from bertjax.models.activations import activation_fn
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 from bertjax.models.groups import SHARED_LAYER
@@ -35,21 +35,6 @@ Initializer = Callable[..., Array]
 ACT_BLD = ("batch", "length", "embed")
 ACT_BLNH = ("batch", "length", "heads", "kv")
 ACT_BLF = ("batch", "length", "mlp")
-
-def gelu_exact(x: Array) -> Array:
-  """GELU in torch's exact form, x·(1 + erf(x/√2))/2. jax.nn.gelu(approximate=False) is the
-  same function through erfc, which XLA expands into both of its branches with an exponential
-  and divisions: twice the time forward on a CPU
-  (docs/results/2026-11-27-unrolled-layers-cpu.md)."""
-  return 0.5 * x * (1 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
-
-
-_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "gelu": gelu_exact,
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-}
 
 
 def kernel_init(config: ModelConfig, std: float | None = None) -> Initializer:
@@ -66,10 +51,6 @@ def residual_init(config: ModelConfig) -> Initializer:
   if config.scale_residual_init:
     std = std / (2 * config.num_layers) ** 0.5
   return kernel_init(config, std)
-
-
-def activation_fn(name: str) -> Callable[[Array], Array]:
-  return _ACTIVATIONS[name]
 
 
 def constrain(x: Array, axes: tuple[str, ...]) -> Array:

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import layers, precision
+from bertjax.models import activations, layers, precision
 from bertjax.models.bert import BertForPreTraining, gather_positions
 from bertjax.models.config import ModelConfig
 
@@ -58,7 +58,7 @@ class SpanBoundaryHead(nn.Module):
     table = layers.embed(cfg, self.max_span_length, (None, "embed"), "position_embeddings")
     offset_BPD = table(jnp.clip(offsets_BP - 1, 0, self.max_span_length - 1))
     h_BPK = jnp.concatenate([left_BPD, right_BPD, offset_BPD.astype(left_BPD.dtype)], axis=-1)
-    act = layers.activation_fn(cfg.activation)
+    act = activations.activation_fn(cfg.activation)
     h_BPD = layers.Dense(cfg, "bpk,kd->bpd", (3 * d, d), ("embed", "mlp"), (d,), ("mlp",),
                          name="dense1")(layers.constrain(h_BPK, layers.ACT_BLD))
     # The layout between the two layers pinned: left free, XLA (jax 0.10, Shardy) partitions
