@@ -116,16 +116,21 @@ def _row_major(x: Array, subscripts: str, order: str) -> Array:
   return jax.lax.optimization_barrier(moved).reshape(tuple(x.shape[p] for p in perm))
 
 
+def _axis_groups(xs: str, ys: str, out: str) -> tuple[str, str, str, str]:
+  """The axes of einsum(xs,ys->out) by role, each in its operand's order: (batch, left's
+  free, contracted, right's free)."""
+  return ("".join(c for c in xs if c in ys and c in out), "".join(c for c in xs if c not in ys),
+          "".join(c for c in xs if c in ys and c not in out),
+          "".join(c for c in ys if c not in xs))
+
+
 def _fast_layouts(xs: str, ys: str, out: str) -> tuple[str, tuple[str, str]]:
   """The axis orders XLA's CPU bf16 kernel runs einsum(xs,ys->out) in: the left operand
   [batch, free, contracted]; the right one [batch, contracted, free] or [batch, free,
   contracted]."""
-  batch = [c for c in xs if c in ys and c in out]
-  contracted = [c for c in xs if c in ys and c not in out]
-  x_free = [c for c in xs if c not in ys]
-  y_free = [c for c in ys if c not in xs]
-  return ("".join(batch + x_free + contracted),
-          ("".join(batch + contracted + y_free), "".join(batch + y_free + contracted)))
+  batch, x_free, contracted, y_free = _axis_groups(xs, ys, out)
+  return (batch + x_free + contracted,
+          (batch + contracted + y_free, batch + y_free + contracted))
 
 
 def _fast_product(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
@@ -145,16 +150,14 @@ def _merged_einsum(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
   than a matrix transpose (docs/results/2026-11-27-unrolled-layers-cpu.md). Other output
   orders keep the einsum as it is: merged, XLA folds the output's transpose into the dot,
   which its CPU backend then upcasts to float32 or cannot run. Operands in `_fast_layouts`."""
-  batch = "".join(c for c in xs if c in ys and c in out)
-  contracted = "".join(c for c in xs if c in ys and c not in out)
-  x_free, y_free = "".join(c for c in xs if c not in ys), "".join(c for c in ys if c not in xs)
-  merge = [g for g in (batch, x_free, contracted, y_free) if len(g) > 1]
+  batch, x_free, contracted, y_free = groups = _axis_groups(xs, ys, out)
+  merge = [g for g in groups if len(g) > 1]
   if out != batch + x_free + y_free or not merge:
     return jnp.einsum(f"{xs},{ys}->{out}", x, y, preferred_element_type=jnp.float32)
   sizes = dict(zip(xs, x.shape)) | dict(zip(ys, y.shape))
   letters = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in xs + ys)
   renames = {group: next(letters) for group in merge}
-  merged_sizes = {letter: math.prod(sizes[c] for c in group) for group, letter in renames.items()}
+  sizes |= {letter: math.prod(sizes[c] for c in group) for group, letter in renames.items()}
 
   def renamed(subscripts: str) -> str:
     for group, letter in renames.items():
@@ -162,12 +165,12 @@ def _merged_einsum(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
     return subscripts
 
   def shape(subscripts: str) -> tuple[int, ...]:
-    return tuple(merged_sizes[c] if c in merged_sizes else sizes[c] for c in subscripts)
+    return tuple(sizes[c] for c in subscripts)
 
   mx, my, mout = renamed(xs), renamed(ys), renamed(out)
   result = jnp.einsum(f"{mx},{my}->{mout}", x.reshape(shape(mx)), y.reshape(shape(my)),
                       preferred_element_type=jnp.float32)
-  return result.reshape(tuple(sizes[c] for c in out))
+  return result.reshape(shape(out))
 
 
 def _relayout_cost(xs: str, ys: str, out: str, x_size: int, y_size: int) -> int:
