@@ -11,7 +11,8 @@ ModernBertModel, DebertaV2ForMaskedLM / DebertaV2Model (DeBERTa-v2/v3), ElectraF
 ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, AlbertForPreTraining /
 AlbertForMaskedLM / AlbertModel (every layer shared, or none), DistilBertForMaskedLM /
 DistilBertModel (a BERT without token types and pooler), GPT2LMHeadModel /
-GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel. Only safetensors are read or written: nothing
+GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel, T5ForConditionalGeneration / T5Model (T5 1.0
+and 1.1 layouts). Only safetensors are read or written: nothing
 is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an error naming the
 tensor. The names: docs/models.md, 'Hugging Face names'.
 """
@@ -34,7 +35,7 @@ from safetensors.numpy import save as save_safetensors
 from bertjax import paths
 
 from bertjax.hf import (albert, bert, deberta, distilbert, electra, gpt,  # noqa: F401
-                        modernbert)
+                        modernbert, t5)
 from bertjax.hf import tokenizer as hf_tokenizer
 from bertjax.hf.entries import Entry, HFConversionError
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -84,6 +85,8 @@ def _entries(cfg: ModelConfig, model_type: str, prefix: str, legacy: bool = Fals
     return modernbert.entries(cfg, prefix)
   if model_type == "deberta-v2":
     return deberta.entries(cfg, prefix, legacy)
+  if model_type == "t5":
+    return t5.entries(cfg, prefix)
   return gpt.entries(cfg, prefix, gpt1=model_type == "openai-gpt")
 
 
@@ -125,8 +128,10 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
     return distilbert.config_from_hf(hf, common)
   if model_type in ("gpt2", "openai-gpt"):
     return gpt.config_from_hf(hf, common, gpt1=model_type == "openai-gpt")
+  if model_type == "t5":
+    return t5.config_from_hf(hf, common)
   raise HFConversionError(f"unsupported model_type {model_type!r} (bert, albert, distilbert, "
-                          "modernbert, deberta-v2, electra, gpt2, openai-gpt)")
+                          "modernbert, deberta-v2, electra, gpt2, openai-gpt, t5)")
 
 
 def _hf_model_type(cfg: ModelConfig) -> str:
@@ -136,6 +141,8 @@ def _hf_model_type(cfg: ModelConfig) -> str:
     raise HFConversionError("a replaced-token-detection model exports as its discriminator and "
                             "its generator, two models (`bertjax export` writes both: "
                             "bertjax.checkpoints.exports.export_rtd_hf)")
+  if cfg.family == "t5":
+    return "t5"
   if cfg.architecture == "albert":
     albert.check_exportable(cfg)
     return "albert"
@@ -177,7 +184,7 @@ _HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEAD
           "albert": tuple(albert.EXPORT_HEADS), "distilbert": ("pretraining",),
           "deberta-v2": ("pretraining", "encoder", *deberta.TASK_HEADS),
           "modernbert": ("pretraining",),
-          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",)}
+          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",), "t5": ("pretraining",)}
 
 
 def _model_type_for(cfg: ModelConfig, head: str) -> str:
@@ -204,6 +211,8 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
       cfg.activation]
   if model_type == "modernbert":
     return {**modernbert.config_dict(cfg, dtype, act), **(generation_ids or {})}
+  if model_type == "t5":
+    return t5.config_dict(cfg, dtype)
   if model_type == "deberta-v2":
     config = {**deberta.config_dict(cfg, dtype, act), **(generation_ids or {})}
     if head == "encoder":
@@ -236,7 +245,7 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "deberta-v2": deberta.PREFIX,
             "electra": electra.PREFIX, "albert": albert.PREFIX,
             "distilbert": distilbert.PREFIX, "gpt2": gpt.PREFIX,
-            "openai-gpt": gpt.PREFIX}[model_type]
+            "openai-gpt": gpt.PREFIX, "t5": t5.PREFIX}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
   for key in _without_equivalent(cfg, model_type, head):
     flat.pop(key, None)
@@ -389,6 +398,8 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
   elif model_type == "albert":
     prefix = albert.PREFIX if any(k.startswith(albert.PREFIX) for k in tensors) else ""
     tied = albert.tied_copies(prefix)
+  elif model_type == "t5":
+    prefix, tied = t5.PREFIX, t5.tied_copies()
   else:
     prefix = gpt.PREFIX if any(k.startswith(gpt.PREFIX) for k in tensors) else ""
     tied = gpt.tied_copies(prefix, gpt1=model_type == "openai-gpt")

@@ -19,9 +19,10 @@ from bertjax.models.config import ModelConfig
 from bertjax.models.electra import ElectraDiscriminator, ReplacedTokenDetection
 from bertjax.models.gpt import GPT
 from bertjax.models.spanbert import SpanBertForPreTraining
+from bertjax.models.t5 import T5
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
-           "GPT", "build_model", "init_params", "jit_init", "abstract_params"]
+           "GPT", "T5", "build_model", "init_params", "jit_init", "abstract_params"]
 
 # The heads a model can carry; the names are also those of the Hugging Face export's head.
 Head = Literal["pretraining", "sequence_classification", "token_classification",
@@ -34,12 +35,16 @@ BERT_HEADS = {"pretraining": BertForPreTraining,
 
 
 def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
-  """The module a config trains: BERT with its pre-training heads or a task's head, or GPT
+  """The module a config trains: BERT with its pre-training heads or a task's head, GPT or T5
   (whose one head, the tied LM head, serves pre-training and fine-tuning alike). A model with
   a generator pre-trains by replaced-token detection (both models in one module); its
   discriminator alone is the "discriminator" head (transformers' ElectraForPreTraining)."""
   if config.family == "gpt":
     return GPT(config)
+  if config.family == "t5":
+    if head != "pretraining":
+      raise ValueError(f"a T5 model has one head, its LM head (text-to-text), not {head!r}")
+    return T5(config)
   if head not in BERT_HEADS:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
   if head == "pretraining" and config.has_generator:
@@ -56,7 +61,7 @@ def example_inputs(config: ModelConfig, batch: int = 1, length: int | None = Non
   """Dummy positional inputs with which `model.init` traces the shapes of every parameter."""
   length = min(config.max_positions, 8) if length is None else length
   ids = jnp.zeros((batch, length), jnp.int32)
-  return (ids,)
+  return (ids, ids) if config.family == "t5" else (ids,)
 
 
 def init_params(model: nn.Module, rng: jax.Array, batch: int = 1,

@@ -82,6 +82,21 @@ def decoder_mask(length: int, document_ids_BL: Array | None = None,
   return AttentionMask(dense, segments, causal=True)
 
 
+def cross_mask(decoder_length: int, encoder_mask_BS: Array,
+               encoder_segments_BS: Array | None = None,
+               decoder_segments_BL: Array | None = None) -> AttentionMask:
+  """An encoder-decoder's cross-attention: each decoder position reads the encoder's
+  non-padding positions (1 = token, 0 = padding) — of its own packed example, when segment
+  ids number the examples packed into the rows of both (0 = padding)."""
+  valid_B1S = encoder_mask_BS.astype(bool)[:, None, :]
+  if encoder_segments_BS is None or decoder_segments_BL is None:
+    dense_BLS = jnp.broadcast_to(valid_B1S, (valid_B1S.shape[0], decoder_length,
+                                             valid_B1S.shape[2]))
+  else:
+    dense_BLS = (decoder_segments_BL[:, :, None] == encoder_segments_BS[:, None, :]) & valid_B1S
+  return AttentionMask(dense_BLS[:, None])
+
+
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
   """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
   "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration
@@ -90,9 +105,11 @@ def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelC
     return config
   dropout = training and config.attention_dropout > 0
   choice = "xla"
-  if config.prefix_length or config.position_embedding in ("alibi", "relative"):
+  if (config.prefix_length or config.position_embedding in ("alibi", "relative")
+      or config.family == "t5"):
     # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
-    # ALiBi and DeBERTa's c2p/p2c terms are score biases, which they do not take.
+    # ALiBi, DeBERTa's c2p/p2c terms and T5's relative biases are score biases, which they do
+    # not take.
     pass
   elif platform == "tpu" and not dropout:
     choice = "splash"

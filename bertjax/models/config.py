@@ -11,7 +11,9 @@ from typing import Any, Literal, Mapping
 
 import jax.numpy as jnp
 
-Family = Literal["bert", "gpt"]
+# "t5": the encoder-decoder of Raffel et al. (2020), transformers' T5ForConditionalGeneration
+# (bertjax/models/t5.py).
+Family = Literal["bert", "gpt", "t5"]
 NormPosition = Literal["post", "pre"]
 # "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
@@ -40,15 +42,16 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Shape and numerics of a BERT encoder or a GPT decoder."""
+  """Shape and numerics of a BERT encoder, a GPT decoder or a T5 encoder-decoder."""
 
-  # "bert" (bidirectional encoder, MLM/NSP heads) or "gpt" (causal decoder, tied LM head).
+  # "bert" (bidirectional encoder, MLM/NSP heads), "gpt" (causal decoder, tied LM head) or
+  # "t5" (encoder-decoder: RMS norms, bucketed relative position biases, no biases).
   family: Family
   vocab_size: int
   hidden_size: int
   num_layers: int
   num_heads: int
-  # Width of the MLP's hidden layer (4 * hidden_size in every paper config).
+  # Width of the MLP's hidden layer (4 * hidden_size in the BERT and GPT papers).
   mlp_dim: int
   # Size of the learned position table; the longest sequence the model accepts.
   max_positions: int
@@ -207,9 +210,24 @@ class ModelConfig:
   # its relative-position table, the deepest offset in a span it predicts (SpanBERT: 10);
   # 0: no span-boundary head. Objective mlm_sbo.
   span_boundary_positions: int = 0
+  # --- T5 (Raffel et al. 2020; bertjax/models/t5.py, docs/models.md) -------------------------
+  # Width of each attention head where it is not hidden_size / num_heads (T5's d_kv: 128 under
+  # a model width of 1,024 in T5-3B and T5-11B); 0: hidden_size / num_heads.
+  head_size: int = 0
+  # Depth of an encoder-decoder's decoder; 0: num_layers (the encoder's depth).
+  decoder_layers: int = 0
+  # T5's relative position bias: distances sorted into this many buckets per direction pair
+  # (half each way in the encoder), exact below half of them, logarithmic up to
+  # relative_attention_max_distance, one bucket beyond (T5: 32 and 128).
+  relative_attention_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  # T5 1.0 multiplies the decoder's output by hidden_size ** -0.5 before the LM head tied to the
+  # token table; T5 1.1 does not (transformers: the config's tie_word_embeddings, 5.x's
+  # scale_decoder_outputs).
+  scale_decoder_outputs: bool = True
 
   def __post_init__(self) -> None:
-    if self.hidden_size % self.num_heads:
+    if self.hidden_size % self.num_heads and not self.head_size:
       raise ValueError(
           f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
     if self.dropout_rng not in ("hash", "threefry"):
@@ -226,8 +244,8 @@ class ModelConfig:
     if self.loss_chunk < 0 or (self.loss_chunk and self.family != "gpt"):
       raise ValueError(f"model.loss_chunk must be 0 or, for a GPT model, a positive number of "
                        f"positions, got {self.loss_chunk!r} (family {self.family!r})")
-    if self.family not in ("bert", "gpt"):
-      raise ValueError(f"model.family must be 'bert' or 'gpt', got {self.family!r}")
+    if self.family not in ("bert", "gpt", "t5"):
+      raise ValueError(f"model.family must be 'bert', 'gpt' or 't5', got {self.family!r}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
@@ -236,6 +254,27 @@ class ModelConfig:
     self._check_modern()
     self._check_rtd()
     self._check_albert()
+    self._check_t5()
+
+  def _check_t5(self) -> None:
+    if self.head_size < 0 or self.decoder_layers < 0:
+      raise ValueError("model.head_size and model.decoder_layers must be >= 0 (0: the default)")
+    if self.family != "t5" and (self.head_size or self.decoder_layers):
+      raise ValueError(f"model.head_size and model.decoder_layers are encoder-decoder options "
+                       f"(family t5), not for a {self.family} model")
+    if self.family == "t5" and not (
+        0 < self.relative_attention_buckets // 2 < self.relative_attention_max_distance):
+      raise ValueError(f"model.relative_attention_buckets ({self.relative_attention_buckets}) "
+                       f"must be >= 2 and below twice model.relative_attention_max_distance "
+                       f"({self.relative_attention_max_distance})")
+    if self.family == "t5" and self.peft:
+      raise ValueError("parameter-efficient fine-tuning (LoRA, adapters, prefixes) is not "
+                       "built for T5 yet")
+
+  @property
+  def decoder_depth(self) -> int:
+    """An encoder-decoder's decoder layers (decoder_layers, or num_layers where it is 0)."""
+    return self.decoder_layers or self.num_layers
 
   def _check_modern(self) -> None:
     if self.position_embedding not in ("learned", "rotary", "alibi", "relative"):
@@ -245,6 +284,8 @@ class ModelConfig:
               "mlp_gated": self.mlp_gated, "local_window": bool(self.local_window),
               "first_attention_norm": not self.first_attention_norm}
     used = [name for name, on in modern.items() if on]
+    if self.family == "t5":
+      used = [name for name in used if name != "mlp_gated"]  # T5 1.1's gated GeLU
     if self.family != "bert" and used:
       raise ValueError(f"model.{used[0]} is an encoder option (BERT family), not for a "
                        f"{self.family} model")
@@ -420,7 +461,7 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
+    return self.head_size or self.hidden_size // self.num_heads
 
   @property
   def compute_dtype(self) -> Any:

@@ -428,7 +428,7 @@ class Block(nn.Module):
     return constrain(x_BLD, ACT_BLD), None
 
 
-_REMAT_POLICIES: dict[str, Any] = {
+REMAT_POLICIES: dict[str, Any] = {
     "full": None,  # save nothing: recompute the whole block in the backward pass
     # Every matmul's output (with the XLA attention core that includes its [B, N, L, S]
     # scores: recomputing them instead crashes libtpu 0.0.42 in bf16, as do "full" and
@@ -457,7 +457,7 @@ class LayerStack(nn.Module):
            if cfg.position_embedding == "relative" else None)
     block = Block
     if cfg.remat_policy != "none":
-      block = nn.remat(Block, policy=_REMAT_POLICIES[cfg.remat_policy],
+      block = nn.remat(Block, policy=REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
     shared = cfg.layer_sharing == "all"
     if cfg.scan_layers:

@@ -24,22 +24,30 @@ def count_params(params: Any) -> int:
 
 
 def layer_prefix(cfg: ModelConfig) -> tuple[str, ...]:
-  """Where the layer stack sits in the parameter tree."""
+  """Where the layer stack of an encoder or decoder (BERT, GPT) sits in the parameter tree."""
+  if cfg.family == "t5":
+    raise ValueError("an encoder-decoder has two layer stacks: see layer_stacks")
   return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
+
+
+def layer_stacks(cfg: ModelConfig) -> list[tuple[tuple[str, ...], int]]:
+  """(where in the parameter tree, depth) of each layer stack: T5's encoder and decoder, or
+  the one stack of the other models."""
+  if cfg.family == "t5":
+    return [(("encoder",), cfg.num_layers), (("decoder",), cfg.decoder_depth)]
+  return [(layer_prefix(cfg), cfg.num_layers)]
 
 
 def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
   """Scanned layout (`layers` with a leading layer axis) -> `layers_{i}` entries."""
   if not cfg.scan_layers:
     return dict(flat)
-  prefix = layer_prefix(cfg)
-  out: Flat = {}
-  for key, value in flat.items():
-    if key[:len(prefix) + 1] == prefix + ("layers",):
-      for i in range(cfg.num_layers):
+  out: Flat = dict(flat)
+  for prefix, depth in layer_stacks(cfg):
+    for key in [k for k in out if k[:len(prefix) + 1] == prefix + ("layers",)]:
+      value = out.pop(key)
+      for i in range(depth):
         out[prefix + (f"layers_{i}",) + key[len(prefix) + 1:]] = value[i]
-    else:
-      out[key] = value
   return out
 
 
@@ -47,17 +55,15 @@ def stack_layers(flat: Flat, cfg: ModelConfig) -> Flat:
   """`layers_{i}` entries -> the scanned layout, when the config scans layers."""
   if not cfg.scan_layers:
     return dict(flat)
-  prefix = layer_prefix(cfg)
-  out: Flat = {}
-  grouped: dict[tuple[str, ...], list[Any]] = {}
-  for key, value in flat.items():
-    if key[:len(prefix)] == prefix and key[len(prefix)].startswith("layers_"):
+  out: Flat = dict(flat)
+  for prefix, depth in layer_stacks(cfg):
+    grouped: dict[tuple[str, ...], list[Any]] = {}
+    for key in [k for k in out if k[:len(prefix)] == prefix and len(k) > len(prefix)
+                and k[len(prefix)].startswith("layers_")]:
       i = int(key[len(prefix)].split("_")[1])
-      grouped.setdefault(key[len(prefix) + 1:], [None] * cfg.num_layers)[i] = value
-    else:
-      out[key] = value
-  for rest, values in grouped.items():
-    out[prefix + ("layers",) + rest] = np.stack(values)
+      grouped.setdefault(key[len(prefix) + 1:], [None] * depth)[i] = out.pop(key)
+    for rest, values in grouped.items():
+      out[prefix + ("layers",) + rest] = np.stack(values)
   return out
 
 

@@ -1,0 +1,284 @@
+"""T5 (Raffel et al. 2020, "Exploring the Limits of Transfer Learning with a Unified
+Text-to-Text Transformer"): an encoder and a decoder with cross-attention, pre-LN with RMS norms
+and no biases anywhere, no position table but a learned bias on the attention scores per head and
+bucket of relative distance (bidirectional in the encoder, causal in the decoder; computed once per
+stack and added in every layer), scores not scaled by 1/sqrt(H), one token table for both inputs
+and the LM head. T5 1.0: ReLU MLP, the decoder's output scaled by hidden_size ** -0.5 before the
+head; T5 1.1: gated GeLU (tanh form), no output scaling (`ModelConfig.scale_decoder_outputs`).
+
+Numerically identical to `transformers`' T5ForConditionalGeneration / T5EncoderModel given the
+same weights (tests/test_t5.py), padding and packed examples included: segment ids number the
+examples packed into the encoder's and the decoder's rows, and no position reads another
+example's. The initialisation is Mesh TensorFlow's (transformers' T5 `_init_weights`): each
+projection a normal with std initializer_range / sqrt(fan-in), the token table std
+initializer_range (T5 configs set it to 1.0, transformers' initializer_factor).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.models import attention, layers, precision
+from bertjax.models.activations import activation_fn
+from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
+
+Array = jax.Array
+Dense = layers.Dense
+
+
+def relative_buckets(relative_LS: Array, bidirectional: bool, num_buckets: int,
+                     max_distance: int) -> Array:
+  """T5's bucket of each key-minus-query distance: exact below half the buckets (of each
+  direction, in the encoder), then logarithmic up to `max_distance`, the last bucket beyond.
+  The logarithm in float32 as transformers computes it, so that bucket edges agree."""
+  buckets = jnp.zeros_like(relative_LS)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_LS > 0).astype(relative_LS.dtype) * num_buckets
+    distance = jnp.abs(relative_LS)
+  else:
+    distance = -jnp.minimum(relative_LS, 0)
+  max_exact = num_buckets // 2
+  ratio = jnp.maximum(distance, 1).astype(jnp.float32) / np.float32(max_exact)
+  scaled = (jnp.log(ratio) / np.float32(math.log(max_distance / max_exact))
+            * np.float32(num_buckets - max_exact))
+  large = jnp.minimum(max_exact + scaled.astype(relative_LS.dtype), num_buckets - 1)
+  return buckets + jnp.where(distance < max_exact, distance, large)
+
+
+def _init(config: ModelConfig, fan_in: int) -> layers.Initializer:
+  """Mesh TensorFlow's: normal, std initializer_range / sqrt(fan-in)."""
+  return layers.kernel_init(config, config.initializer_range * fan_in ** -0.5)
+
+
+def rms_norm(config: ModelConfig, name: str) -> nn.RMSNorm:
+  """T5's layer norm: a scale, no shift, no mean subtracted; statistics in float32."""
+  return nn.RMSNorm(epsilon=config.layer_norm_eps, dtype=precision.activation_dtype(config),
+                    param_dtype=config.weight_dtype,
+                    scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                    name=name)
+
+
+class RelativeBias(nn.Module):
+  """The learned bias of each head and distance bucket, [1, N, L, S] for queries at
+  `query_offset` + 0..L-1 and keys at 0..S-1 (T5's first layer holds it; all layers add it)."""
+
+  config: ModelConfig
+  bidirectional: bool
+
+  @nn.compact
+  def __call__(self, query_length: int, key_length: int,
+               query_offset: int | Array = 0) -> Array:
+    cfg = self.config
+    table_KN = self.param(
+        "embedding", nn.with_logical_partitioning(_init(cfg, cfg.hidden_size), (None, "heads")),
+        (cfg.relative_attention_buckets, cfg.num_heads), cfg.weight_dtype)
+    relative_LS = (jnp.arange(key_length)[None, :]
+                   - (jnp.arange(query_length)[:, None] + query_offset))
+    bucket_LS = relative_buckets(relative_LS, self.bidirectional, cfg.relative_attention_buckets,
+                                 cfg.relative_attention_max_distance)
+    bias_LSN = jnp.take(table_KN.astype(jnp.float32), bucket_LS, axis=0)
+    return jnp.transpose(bias_LSN, (2, 0, 1))[None]
+
+
+class Attention(nn.Module):
+  """Multi-head attention without biases or score scaling: self-attention (a fused qkv
+  projection, as the other models) or, with `cross`, the decoder reading the encoder's output
+  (`query` from the decoder, a fused `kv` from the encoder)."""
+
+  config: ModelConfig
+  cross: bool = False
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array | None,
+               encoded_BSD: Array | None = None) -> Array:
+    cfg = self.config
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    init_q, init_kv = _init(cfg, d * h), _init(cfg, d)
+    if self.cross:
+      q_BLNH = Dense(cfg, "bld,dnh->blnh", (d, n, h), ("embed", "heads", "kv"), None,
+                     init=init_q, name="query")(x_BLD)
+      kv_BS2NH = Dense(cfg, "bsd,dtnh->bstnh", (d, 2, n, h), ("embed", "qkv", "heads", "kv"),
+                       None, init=init_kv, name="kv")(encoded_BSD)
+      k_BSNH, v_BSNH = kv_BS2NH[:, :, 0], kv_BS2NH[:, :, 1]
+    else:
+      # The query's initialiser differs from the key's and value's (Mesh TensorFlow's
+      # d_model * d_kv fan-in): one kernel, initialised by slices.
+      def init_qkv(rng: Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> Array:
+        q_rng, kv_rng = jax.random.split(rng)
+        q = init_q(q_rng, shape[:1] + (1,) + shape[2:], dtype)
+        kv = init_kv(kv_rng, shape[:1] + (2,) + shape[2:], dtype)
+        return jnp.concatenate([q, kv], axis=1)
+      qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
+                        None, init=init_qkv, name="qkv")(x_BLD)
+      q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
+    q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
+    # T5 folds 1/sqrt(H) into the query's initialisation: the scores are not divided.
+    out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
+                                deterministic=self.deterministic, score_bias_BNLS=bias_1NLS,
+                                score_divisor=1.0)
+    out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
+    return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), None,
+                 init=_init(cfg, n * h), name="out")(out_BLNH)
+
+
+class Mlp(nn.Module):
+  """wo(dropout(act(wi x))) (T5 1.0: ReLU), or gated: wo(dropout(act(wi_0 x) * wi_1 x)) (T5 1.1:
+  GeLU, tanh form); no biases. The gated kernel is [D, 2, F], as the other models' GLUs."""
+
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array) -> Array:
+    cfg = self.config
+    d, f = cfg.hidden_size, cfg.mlp_dim
+    act = activation_fn(cfg.activation)
+    if cfg.mlp_gated:
+      h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"), None,
+                     init=_init(cfg, d), name="wi")(x_BLD)
+      h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
+    else:
+      h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), None, init=_init(cfg, d),
+                        name="wi")(x_BLD))
+    h_BLF = layers.constrain(h_BLF, layers.ACT_BLF)
+    h_BLF = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(h_BLF, deterministic=self.deterministic)
+    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), None, init=_init(cfg, f),
+                 name="wo")(h_BLF)
+
+
+class Block(nn.Module):
+  """One pre-LN layer: self-attention, (in the decoder) cross-attention, MLP; each sub-block
+  x + dropout(f(norm(x))). Returns `(x, None)` to run unrolled or under nn.scan."""
+
+  config: ModelConfig
+  decoder: bool = False
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array,
+               encoded_BSD: Array | None, cross: attention.AttentionMask | None
+               ) -> tuple[Array, None]:
+    cfg = self.config
+    dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
+                                deterministic=self.deterministic)
+    h_BLD = rms_norm(cfg, "attention_norm")(x_BLD)
+    x_BLD = x_BLD + dropout(Attention(cfg, False, self.deterministic, name="attention")(
+        h_BLD, mask, bias_1NLS))
+    if self.decoder:
+      h_BLD = rms_norm(cfg, "cross_attention_norm")(x_BLD)
+      x_BLD = x_BLD + dropout(Attention(cfg, True, self.deterministic, name="cross_attention")(
+          h_BLD, cross, None, encoded_BSD))
+    h_BLD = rms_norm(cfg, "mlp_norm")(x_BLD)
+    x_BLD = x_BLD + dropout(Mlp(cfg, self.deterministic, name="mlp")(h_BLD))
+    return layers.constrain(x_BLD, layers.ACT_BLD), None
+
+
+class Stack(nn.Module):
+  """The encoder's or the decoder's layers between the embedded tokens and the final norm (and
+  dropout), with the relative bias its layers share."""
+
+  config: ModelConfig
+  decoder: bool = False
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, deterministic: bool,
+               encoded_BSD: Array | None = None,
+               cross: attention.AttentionMask | None = None) -> Array:
+    cfg = self.config
+    depth = cfg.decoder_depth if self.decoder else cfg.num_layers
+    dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
+    x_BLD = layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
+    length = x_BLD.shape[1]
+    bias_1NLS = RelativeBias(cfg, bidirectional=not self.decoder, name="relative_bias")(
+        length, length)
+    block = Block
+    if cfg.remat_policy != "none":
+      block = nn.remat(Block, policy=layers.REMAT_POLICIES[cfg.remat_policy],
+                       prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+      stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True,
+                                                                     "dropout": True},
+                      in_axes=(nn.broadcast,) * 4, length=depth,
+                      metadata_params={nn.PARTITION_NAME: "layers"})
+      x_BLD, _ = stack(cfg, self.decoder, deterministic, name="layers")(
+          x_BLD, mask, bias_1NLS, encoded_BSD, cross)
+    else:
+      for i in range(depth):
+        x_BLD, _ = block(cfg, self.decoder, deterministic, name=f"layers_{i}")(
+            x_BLD, mask, bias_1NLS, encoded_BSD, cross)
+    x_BLD = rms_norm(cfg, "final_norm")(x_BLD)
+    return layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
+
+
+class T5(nn.Module):
+  """The encoder-decoder with its LM head (transformers' T5ForConditionalGeneration).
+
+  Inputs: the encoder's tokens [B, S] and the decoder's [B, L] (the targets shifted right behind
+  the start token, id 0, as transformers' `_shift_right`); masks 1 = token, 0 = padding; with
+  packing, `encoder_segments` and `decoder_segments` number the examples in each row (0 =
+  padding; decoder position reads only the encoder positions of its own example).
+  """
+
+  config: ModelConfig
+
+  def setup(self) -> None:
+    cfg = self.config
+    self.shared = layers.embed(cfg, cfg.vocab_size, ("vocab", "embed"), "shared",
+                               layers.ACT_BLD)
+    self.encoder = Stack(cfg, decoder=False)
+    self.decoder = Stack(cfg, decoder=True)
+
+  def encode(self, input_ids_BS: Array, attention_mask_BS: Array | None = None,
+             encoder_segments_BS: Array | None = None, deterministic: bool = True) -> Array:
+    """The encoder's final hidden states [B, S, D] (transformers' T5EncoderModel)."""
+    mask = attention.encoder_mask(_valid(input_ids_BS, attention_mask_BS, encoder_segments_BS),
+                                  encoder_segments_BS)
+    return self.encoder(self.shared(input_ids_BS), mask, deterministic)
+
+  def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array,
+             attention_mask_BS: Array | None = None, decoder_attention_mask_BL: Array | None = None,
+             encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
+             deterministic: bool = True) -> Array:
+    """Next-token logits [B, L, V] in float32 given the encoder's output."""
+    cfg = self.config
+    length = decoder_input_ids_BL.shape[1]
+    encoder_valid_BS = _valid(encoded_BSD[..., 0], attention_mask_BS, encoder_segments_BS)
+    self_mask = attention.decoder_mask(length, decoder_segments_BL, decoder_attention_mask_BL)
+    cross = attention.cross_mask(length, encoder_valid_BS, encoder_segments_BS,
+                                 decoder_segments_BL)
+    x_BLD = self.decoder(self.shared(decoder_input_ids_BL), self_mask, deterministic,
+                         encoded_BSD, cross)
+    if cfg.scale_decoder_outputs:
+      x_BLD = x_BLD * cfg.hidden_size ** -0.5
+    logits_BLV = layers.tied_logits(cfg, self.shared, x_BLD)
+    return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
+
+  def __call__(self, input_ids_BS: Array, decoder_input_ids_BL: Array,
+               attention_mask_BS: Array | None = None,
+               decoder_attention_mask_BL: Array | None = None,
+               encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
+               deterministic: bool = True) -> Array:
+    encoded_BSD = self.encode(input_ids_BS, attention_mask_BS, encoder_segments_BS,
+                              deterministic)
+    return self.decode(decoder_input_ids_BL, encoded_BSD, attention_mask_BS,
+                       decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
+                       deterministic)
+
+
+def _valid(like_BS: Array, attention_mask_BS: Array | None,
+           segments_BS: Array | None) -> Array:
+  """1 where a position holds a token: the mask, else segment ids > 0, else everywhere."""
+  if attention_mask_BS is not None:
+    return attention_mask_BS
+  if segments_BS is not None:
+    return (segments_BS > 0).astype(jnp.int32)
+  return jnp.ones(like_BS.shape[:2], jnp.int32)
