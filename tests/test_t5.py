@@ -155,7 +155,7 @@ def test_a_fresh_model_exports_and_loads(tmp_path):
                     num_heads=4, head_size=8, mlp_dim=40, max_positions=32, type_vocab_size=0,
                     norm_position="pre", activation="relu", layer_norm_eps=1e-6,
                     attention_bias=False, mlp_bias=False, norm_bias=False,
-                    initializer_range=1.0, scan_layers=False)
+                    initializer_range=1.0, activation_dropout=0.1, scan_layers=False)
   model = build_model(cfg)
   params = jit_init(model)(jax.random.key(1))
   hf.export_hf(params, cfg, tmp_path)

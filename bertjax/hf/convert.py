@@ -12,7 +12,7 @@ ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, AlbertForPreT
 AlbertForMaskedLM / AlbertModel (every layer shared, or none), DistilBertForMaskedLM /
 DistilBertModel (a BERT without token types and pooler), GPT2LMHeadModel /
 GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel, T5ForConditionalGeneration / T5Model (T5 1.0
-and 1.1 layouts). Only safetensors are read or written: nothing
+and 1.1 layouts), BartForConditionalGeneration / BartModel. Only safetensors are read or written: nothing
 is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an error naming the
 tensor. The names: docs/models.md, 'Hugging Face names'.
 """
@@ -35,7 +35,7 @@ from safetensors.numpy import save as save_safetensors
 from bertjax import paths
 
 from bertjax.hf import (albert, bert, deberta, distilbert, electra, gpt,  # noqa: F401
-                        modernbert, t5)
+                        bart, modernbert, t5)
 from bertjax.hf import tokenizer as hf_tokenizer
 from bertjax.hf.entries import Entry, HFConversionError
 from bertjax.models import ModelConfig, build_model, jit_init
@@ -87,6 +87,8 @@ def _entries(cfg: ModelConfig, model_type: str, prefix: str, legacy: bool = Fals
     return deberta.entries(cfg, prefix, legacy)
   if model_type == "t5":
     return t5.entries(cfg, prefix)
+  if model_type == "bart":
+    return bart.entries(cfg, prefix)
   return gpt.entries(cfg, prefix, gpt1=model_type == "openai-gpt")
 
 
@@ -130,8 +132,10 @@ def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelC
     return gpt.config_from_hf(hf, common, gpt1=model_type == "openai-gpt")
   if model_type == "t5":
     return t5.config_from_hf(hf, common)
+  if model_type == "bart":
+    return bart.config_from_hf(hf, common)
   raise HFConversionError(f"unsupported model_type {model_type!r} (bert, albert, distilbert, "
-                          "modernbert, deberta-v2, electra, gpt2, openai-gpt, t5)")
+                          "modernbert, deberta-v2, electra, gpt2, openai-gpt, t5, bart)")
 
 
 def _hf_model_type(cfg: ModelConfig) -> str:
@@ -141,8 +145,8 @@ def _hf_model_type(cfg: ModelConfig) -> str:
     raise HFConversionError("a replaced-token-detection model exports as its discriminator and "
                             "its generator, two models (`bertjax export` writes both: "
                             "bertjax.checkpoints.exports.export_rtd_hf)")
-  if cfg.family == "t5":
-    return "t5"
+  if cfg.is_encoder_decoder:
+    return cfg.family
   if cfg.architecture == "albert":
     albert.check_exportable(cfg)
     return "albert"
@@ -184,7 +188,8 @@ _HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEAD
           "albert": tuple(albert.EXPORT_HEADS), "distilbert": ("pretraining",),
           "deberta-v2": ("pretraining", "encoder", *deberta.TASK_HEADS),
           "modernbert": ("pretraining",),
-          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",), "t5": ("pretraining",)}
+          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",), "t5": ("pretraining",),
+          "bart": ("pretraining",)}
 
 
 def _model_type_for(cfg: ModelConfig, head: str) -> str:
@@ -213,6 +218,8 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
     return {**modernbert.config_dict(cfg, dtype, act), **(generation_ids or {})}
   if model_type == "t5":
     return t5.config_dict(cfg, dtype)
+  if model_type == "bart":
+    return {**bart.config_dict(cfg, dtype, act), **(generation_ids or {})}
   if model_type == "deberta-v2":
     config = {**deberta.config_dict(cfg, dtype, act), **(generation_ids or {})}
     if head == "encoder":
@@ -245,7 +252,7 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
   prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "deberta-v2": deberta.PREFIX,
             "electra": electra.PREFIX, "albert": albert.PREFIX,
             "distilbert": distilbert.PREFIX, "gpt2": gpt.PREFIX,
-            "openai-gpt": gpt.PREFIX, "t5": t5.PREFIX}[model_type]
+            "openai-gpt": gpt.PREFIX, "t5": t5.PREFIX, "bart": bart.PREFIX}[model_type]
   flat = unstack_layers(_flat_numpy(params), cfg)
   for key in _without_equivalent(cfg, model_type, head):
     flat.pop(key, None)
@@ -271,6 +278,8 @@ def to_hf_state_dict(params: Any, cfg: ModelConfig,
       raise HFConversionError(f"bertjax parameter {'/'.join(entry.ours)} is missing")
     for name, value in zip(entry.theirs, entry.to_theirs(flat.pop(entry.ours))):
       tensors[name] = np.ascontiguousarray(value)
+  if model_type == "bart":
+    tensors.update(bart.extra_tensors(cfg))
   if flat:
     raise HFConversionError(f"bertjax parameters with no Hugging Face equivalent: "
                             f"{', '.join('/'.join(k) for k in flat)}")
@@ -369,6 +378,7 @@ def _ignored(name: str) -> bool:
   # position_ids: a persistent buffer of old BERT files; attn.bias / attn.masked_bias: the
   # causal-mask buffers of old GPT-2 files.
   return (name.endswith("position_ids") or name.endswith(".attn.bias")
+          or name == bart.FINAL_LOGITS_BIAS  # zeros, checked by bart.check_final_logits_bias
           or name.endswith(".attn.masked_bias"))
 
 
@@ -400,6 +410,9 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
     tied = albert.tied_copies(prefix)
   elif model_type == "t5":
     prefix, tied = t5.PREFIX, t5.tied_copies()
+  elif model_type == "bart":
+    bart.check_final_logits_bias(tensors)
+    prefix, tied = bart.PREFIX, bart.tied_copies()
   else:
     prefix = gpt.PREFIX if any(k.startswith(gpt.PREFIX) for k in tensors) else ""
     tied = gpt.tied_copies(prefix, gpt1=model_type == "openai-gpt")

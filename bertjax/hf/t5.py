@@ -112,7 +112,7 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
       max_positions=hf.get("n_positions", 512), type_vocab_size=0,
       norm_position="pre", activation=act, mlp_gated=gated,
       layer_norm_eps=hf.get("layer_norm_epsilon", 1e-6), hidden_dropout=dropout,
-      attention_dropout=dropout, attention_bias=False, mlp_bias=False, norm_bias=False,
+      attention_dropout=dropout, activation_dropout=dropout, attention_bias=False, mlp_bias=False, norm_bias=False,
       relative_attention_buckets=hf.get("relative_attention_num_buckets", 32),
       relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
       scale_decoder_outputs=bool(scale), **common)
@@ -127,9 +127,9 @@ def config_dict(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
   if cfg.activation == "gelu_tanh" and not cfg.mlp_gated:
     raise HFConversionError("transformers' T5 reads an ungated gelu as the exact form: an "
                             "ungated T5 exports with model.activation=gelu or relu")
-  if cfg.hidden_dropout != cfg.attention_dropout:
-    raise HFConversionError("transformers' T5 has one dropout rate: model.hidden_dropout and "
-                            "model.attention_dropout must be equal")
+  if not cfg.hidden_dropout == cfg.attention_dropout == cfg.activation_dropout:
+    raise HFConversionError("transformers' T5 has one dropout rate: model.hidden_dropout, "
+                            "model.attention_dropout and model.activation_dropout must be equal")
   return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
           "vocab_size": cfg.vocab_size, "d_model": cfg.hidden_size, "d_kv": cfg.head_dim,
           "d_ff": cfg.mlp_dim, "num_layers": cfg.num_layers,

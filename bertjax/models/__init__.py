@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models.bart import Bart
 from bertjax.models.bert import (BertForPreTraining, BertForQuestionAnswering,
                                  BertForSequenceClassification, BertForTokenClassification,
                                  BertModel)
@@ -22,7 +23,7 @@ from bertjax.models.spanbert import SpanBertForPreTraining
 from bertjax.models.t5 import T5
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
-           "GPT", "T5", "build_model", "init_params", "jit_init", "abstract_params"]
+           "GPT", "T5", "Bart", "build_model", "init_params", "jit_init", "abstract_params"]
 
 # The heads a model can carry; the names are also those of the Hugging Face export's head.
 Head = Literal["pretraining", "sequence_classification", "token_classification",
@@ -35,16 +36,17 @@ BERT_HEADS = {"pretraining": BertForPreTraining,
 
 
 def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
-  """The module a config trains: BERT with its pre-training heads or a task's head, GPT or T5
-  (whose one head, the tied LM head, serves pre-training and fine-tuning alike). A model with
+  """The module a config trains: BERT with its pre-training heads or a task's head, GPT, T5 or
+  BART (whose one head, the tied LM head, serves pre-training and fine-tuning alike). A model with
   a generator pre-trains by replaced-token detection (both models in one module); its
   discriminator alone is the "discriminator" head (transformers' ElectraForPreTraining)."""
   if config.family == "gpt":
     return GPT(config)
-  if config.family == "t5":
+  if config.is_encoder_decoder:
     if head != "pretraining":
-      raise ValueError(f"a T5 model has one head, its LM head (text-to-text), not {head!r}")
-    return T5(config)
+      raise ValueError(f"an encoder-decoder ({config.family}) has one head, its LM head "
+                       f"(text-to-text), not {head!r}")
+    return T5(config) if config.family == "t5" else Bart(config)
   if head not in BERT_HEADS:
     raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
   if head == "pretraining" and config.has_generator:
@@ -61,7 +63,7 @@ def example_inputs(config: ModelConfig, batch: int = 1, length: int | None = Non
   """Dummy positional inputs with which `model.init` traces the shapes of every parameter."""
   length = min(config.max_positions, 8) if length is None else length
   ids = jnp.zeros((batch, length), jnp.int32)
-  return (ids, ids) if config.family == "t5" else (ids,)
+  return (ids, ids) if config.is_encoder_decoder else (ids,)
 
 
 def init_params(model: nn.Module, rng: jax.Array, batch: int = 1,

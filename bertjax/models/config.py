@@ -11,9 +11,11 @@ from typing import Any, Literal, Mapping
 
 import jax.numpy as jnp
 
-# "t5": the encoder-decoder of Raffel et al. (2020), transformers' T5ForConditionalGeneration
-# (bertjax/models/t5.py).
-Family = Literal["bert", "gpt", "t5"]
+# The encoder-decoders: "t5" (Raffel et al. 2020, transformers' T5ForConditionalGeneration,
+# bertjax/models/t5.py) and "bart" (Lewis et al. 2020, BartForConditionalGeneration,
+# bertjax/models/bart.py).
+Family = Literal["bert", "gpt", "t5", "bart"]
+ENCODER_DECODERS = ("t5", "bart")
 NormPosition = Literal["post", "pre"]
 # "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
@@ -45,7 +47,8 @@ class ModelConfig:
   """Shape and numerics of a BERT encoder, a GPT decoder or a T5 encoder-decoder."""
 
   # "bert" (bidirectional encoder, MLM/NSP heads), "gpt" (causal decoder, tied LM head) or
-  # "t5" (encoder-decoder: RMS norms, bucketed relative position biases, no biases).
+  # "t5" (encoder-decoder: RMS norms, bucketed relative position biases, no biases) or "bart"
+  # (encoder-decoder: learned positions, post-LN, biases).
   family: Family
   vocab_size: int
   hidden_size: int
@@ -225,6 +228,12 @@ class ModelConfig:
   # token table; T5 1.1 does not (transformers: the config's tie_word_embeddings, 5.x's
   # scale_decoder_outputs).
   scale_decoder_outputs: bool = True
+  # Dropout on an encoder-decoder's MLP hidden activations (BART's activation_dropout; T5 uses
+  # its one dropout rate there too).
+  activation_dropout: float = 0.0
+  # BART: token embeddings multiplied by sqrt(hidden_size) (transformers' scale_embedding;
+  # BART base and large: no).
+  scale_embeddings: bool = False
 
   def __post_init__(self) -> None:
     if self.hidden_size % self.num_heads and not self.head_size:
@@ -244,8 +253,9 @@ class ModelConfig:
     if self.loss_chunk < 0 or (self.loss_chunk and self.family != "gpt"):
       raise ValueError(f"model.loss_chunk must be 0 or, for a GPT model, a positive number of "
                        f"positions, got {self.loss_chunk!r} (family {self.family!r})")
-    if self.family not in ("bert", "gpt", "t5"):
-      raise ValueError(f"model.family must be 'bert', 'gpt' or 't5', got {self.family!r}")
+    if self.family not in ("bert", "gpt", *ENCODER_DECODERS):
+      raise ValueError(f"model.family must be 'bert', 'gpt', 't5' or 'bart', got "
+                       f"{self.family!r}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
@@ -259,17 +269,21 @@ class ModelConfig:
   def _check_t5(self) -> None:
     if self.head_size < 0 or self.decoder_layers < 0:
       raise ValueError("model.head_size and model.decoder_layers must be >= 0 (0: the default)")
-    if self.family != "t5" and (self.head_size or self.decoder_layers):
+    if not self.is_encoder_decoder and (self.head_size or self.decoder_layers):
       raise ValueError(f"model.head_size and model.decoder_layers are encoder-decoder options "
-                       f"(family t5), not for a {self.family} model")
+                       f"(family t5 or bart), not for a {self.family} model")
     if self.family == "t5" and not (
         0 < self.relative_attention_buckets // 2 < self.relative_attention_max_distance):
       raise ValueError(f"model.relative_attention_buckets ({self.relative_attention_buckets}) "
                        f"must be >= 2 and below twice model.relative_attention_max_distance "
                        f"({self.relative_attention_max_distance})")
-    if self.family == "t5" and self.peft:
+    if self.is_encoder_decoder and self.peft:
       raise ValueError("parameter-efficient fine-tuning (LoRA, adapters, prefixes) is not "
-                       "built for T5 yet")
+                       "built for the encoder-decoders (T5, BART) yet")
+
+  @property
+  def is_encoder_decoder(self) -> bool:
+    return self.family in ENCODER_DECODERS
 
   @property
   def decoder_depth(self) -> int:

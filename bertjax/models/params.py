@@ -25,15 +25,15 @@ def count_params(params: Any) -> int:
 
 def layer_prefix(cfg: ModelConfig) -> tuple[str, ...]:
   """Where the layer stack of an encoder or decoder (BERT, GPT) sits in the parameter tree."""
-  if cfg.family == "t5":
+  if cfg.is_encoder_decoder:
     raise ValueError("an encoder-decoder has two layer stacks: see layer_stacks")
   return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
 
 
 def layer_stacks(cfg: ModelConfig) -> list[tuple[tuple[str, ...], int]]:
-  """(where in the parameter tree, depth) of each layer stack: T5's encoder and decoder, or
-  the one stack of the other models."""
-  if cfg.family == "t5":
+  """(where in the parameter tree, depth) of each layer stack: an encoder-decoder's encoder and
+  decoder, or the one stack of the other models."""
+  if cfg.is_encoder_decoder:
     return [(("encoder",), cfg.num_layers), (("decoder",), cfg.decoder_depth)]
   return [(layer_prefix(cfg), cfg.num_layers)]
 

@@ -24,8 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.models import attention, layers, precision
-from bertjax.models.activations import activation_fn
+from bertjax.models import attention, encoder_decoder, layers, precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
 
@@ -58,6 +57,11 @@ def _init(config: ModelConfig, fan_in: int) -> layers.Initializer:
   return layers.kernel_init(config, config.initializer_range * fan_in ** -0.5)
 
 
+def _query_init(config: ModelConfig) -> layers.Initializer:
+  """The query's: fan-in hidden_size * head_dim (1/sqrt(H) of the scores folded in)."""
+  return _init(config, config.hidden_size * config.head_dim)
+
+
 def rms_norm(config: ModelConfig, name: str) -> nn.RMSNorm:
   """T5's layer norm: a scale, no shift, no mean subtracted; statistics in float32."""
   return nn.RMSNorm(epsilon=config.layer_norm_eps, dtype=precision.activation_dtype(config),
@@ -88,38 +92,28 @@ class RelativeBias(nn.Module):
     return jnp.transpose(bias_LSN, (2, 0, 1))[None]
 
 
-class Attention(nn.Module):
-  """Multi-head attention without biases or score scaling: self-attention (a fused qkv
-  projection, as the other models) or, with `cross`, the decoder reading the encoder's output
-  (`query` from the decoder, a fused `kv` from the encoder)."""
+class SelfAttention(nn.Module):
+  """Multi-head self-attention without biases or score scaling (the relative bias added), its
+  q, k, v fused into one kernel as the other models'."""
 
   config: ModelConfig
-  cross: bool = False
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array | None,
-               encoded_BSD: Array | None = None) -> Array:
+  def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array) -> Array:
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-    init_q, init_kv = _init(cfg, d * h), _init(cfg, d)
-    if self.cross:
-      q_BLNH = Dense(cfg, "bld,dnh->blnh", (d, n, h), ("embed", "heads", "kv"), None,
-                     init=init_q, name="query")(x_BLD)
-      kv_BS2NH = Dense(cfg, "bsd,dtnh->bstnh", (d, 2, n, h), ("embed", "qkv", "heads", "kv"),
-                       None, init=init_kv, name="kv")(encoded_BSD)
-      k_BSNH, v_BSNH = kv_BS2NH[:, :, 0], kv_BS2NH[:, :, 1]
-    else:
-      # The query's initialiser differs from the key's and value's (Mesh TensorFlow's
-      # d_model * d_kv fan-in): one kernel, initialised by slices.
-      def init_qkv(rng: Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> Array:
-        q_rng, kv_rng = jax.random.split(rng)
-        q = init_q(q_rng, shape[:1] + (1,) + shape[2:], dtype)
-        kv = init_kv(kv_rng, shape[:1] + (2,) + shape[2:], dtype)
-        return jnp.concatenate([q, kv], axis=1)
-      qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
-                        None, init=init_qkv, name="qkv")(x_BLD)
-      q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
+    init_q, init_kv = _query_init(cfg), _init(cfg, d)
+
+    # The query's initialiser differs from the key's and value's: one kernel, set by slices.
+    def init_qkv(rng: Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> Array:
+      q_rng, kv_rng = jax.random.split(rng)
+      q = init_q(q_rng, shape[:1] + (1,) + shape[2:], dtype)
+      kv = init_kv(kv_rng, shape[:1] + (2,) + shape[2:], dtype)
+      return jnp.concatenate([q, kv], axis=1)
+    qkv_BL3NH = Dense(cfg, "bld,dtnh->bltnh", (d, 3, n, h), ("embed", "qkv", "heads", "kv"),
+                      None, init=init_qkv, name="qkv")(x_BLD)
+    q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
     # T5 folds 1/sqrt(H) into the query's initialisation: the scores are not divided.
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
@@ -128,31 +122,6 @@ class Attention(nn.Module):
     out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), None,
                  init=_init(cfg, n * h), name="out")(out_BLNH)
-
-
-class Mlp(nn.Module):
-  """wo(dropout(act(wi x))) (T5 1.0: ReLU), or gated: wo(dropout(act(wi_0 x) * wi_1 x)) (T5 1.1:
-  GeLU, tanh form); no biases. The gated kernel is [D, 2, F], as the other models' GLUs."""
-
-  config: ModelConfig
-  deterministic: bool = True
-
-  @nn.compact
-  def __call__(self, x_BLD: Array) -> Array:
-    cfg = self.config
-    d, f = cfg.hidden_size, cfg.mlp_dim
-    act = activation_fn(cfg.activation)
-    if cfg.mlp_gated:
-      h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"), None,
-                     init=_init(cfg, d), name="wi")(x_BLD)
-      h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
-    else:
-      h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), None, init=_init(cfg, d),
-                        name="wi")(x_BLD))
-    h_BLF = layers.constrain(h_BLF, layers.ACT_BLF)
-    h_BLF = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(h_BLF, deterministic=self.deterministic)
-    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), None, init=_init(cfg, f),
-                 name="wo")(h_BLF)
 
 
 class Block(nn.Module):
@@ -171,14 +140,17 @@ class Block(nn.Module):
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
     h_BLD = rms_norm(cfg, "attention_norm")(x_BLD)
-    x_BLD = x_BLD + dropout(Attention(cfg, False, self.deterministic, name="attention")(
+    x_BLD = x_BLD + dropout(SelfAttention(cfg, self.deterministic, name="attention")(
         h_BLD, mask, bias_1NLS))
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     if self.decoder:
       h_BLD = rms_norm(cfg, "cross_attention_norm")(x_BLD)
-      x_BLD = x_BLD + dropout(Attention(cfg, True, self.deterministic, name="cross_attention")(
-          h_BLD, cross, None, encoded_BSD))
+      x_BLD = x_BLD + dropout(encoder_decoder.CrossAttention(
+          cfg, _query_init(cfg), _init(cfg, d), _init(cfg, n * h), score_divisor=1.0,
+          deterministic=self.deterministic, name="cross_attention")(h_BLD, encoded_BSD, cross))
     h_BLD = rms_norm(cfg, "mlp_norm")(x_BLD)
-    x_BLD = x_BLD + dropout(Mlp(cfg, self.deterministic, name="mlp")(h_BLD))
+    x_BLD = x_BLD + dropout(encoder_decoder.Mlp(cfg, _init(cfg, d), _init(cfg, cfg.mlp_dim),
+                                                self.deterministic, name="mlp")(h_BLD))
     return layers.constrain(x_BLD, layers.ACT_BLD), None
 
 
@@ -240,8 +212,7 @@ class T5(nn.Module):
   def encode(self, input_ids_BS: Array, attention_mask_BS: Array | None = None,
              encoder_segments_BS: Array | None = None, deterministic: bool = True) -> Array:
     """The encoder's final hidden states [B, S, D] (transformers' T5EncoderModel)."""
-    mask = attention.encoder_mask(_valid(input_ids_BS, attention_mask_BS, encoder_segments_BS),
-                                  encoder_segments_BS)
+    mask = encoder_decoder.encoder_mask(input_ids_BS, attention_mask_BS, encoder_segments_BS)
     return self.encoder(self.shared(input_ids_BS), mask, deterministic)
 
   def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array,
@@ -251,10 +222,9 @@ class T5(nn.Module):
     """Next-token logits [B, L, V] in float32 given the encoder's output."""
     cfg = self.config
     length = decoder_input_ids_BL.shape[1]
-    encoder_valid_BS = _valid(encoded_BSD[..., 0], attention_mask_BS, encoder_segments_BS)
-    self_mask = attention.decoder_mask(length, decoder_segments_BL, decoder_attention_mask_BL)
-    cross = attention.cross_mask(length, encoder_valid_BS, encoder_segments_BS,
-                                 decoder_segments_BL)
+    self_mask, cross = encoder_decoder.decoder_masks(
+        length, encoded_BSD, attention_mask_BS, decoder_attention_mask_BL, encoder_segments_BS,
+        decoder_segments_BL)
     x_BLD = self.decoder(self.shared(decoder_input_ids_BL), self_mask, deterministic,
                          encoded_BSD, cross)
     if cfg.scale_decoder_outputs:
@@ -273,12 +243,3 @@ class T5(nn.Module):
                        decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
                        deterministic)
 
-
-def _valid(like_BS: Array, attention_mask_BS: Array | None,
-           segments_BS: Array | None) -> Array:
-  """1 where a position holds a token: the mask, else segment ids > 0, else everywhere."""
-  if attention_mask_BS is not None:
-    return attention_mask_BS
-  if segments_BS is not None:
-    return (segments_BS > 0).astype(jnp.int32)
-  return jnp.ones(like_BS.shape[:2], jnp.int32)

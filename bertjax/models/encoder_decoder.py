@@ -1,0 +1,111 @@
+"""What the encoder-decoders (T5: bertjax/models/t5.py, BART: bertjax/models/bart.py) share: the
+decoder's cross-attention over the encoder's output, the MLP with dropout on its hidden
+activations, and the masks of one batch (padding and packed examples, numbered by segment ids in
+the encoder's and the decoder's rows alike).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import attention, layers
+from bertjax.models.activations import activation_fn
+from bertjax.models.config import ModelConfig
+from bertjax.models.dropout import Dropout
+
+Array = jax.Array
+Dense = layers.Dense
+
+
+def valid(like_BS: Array, attention_mask_BS: Array | None, segments_BS: Array | None) -> Array:
+  """1 where a position holds a token: the mask, else segment ids > 0, else everywhere."""
+  if attention_mask_BS is not None:
+    return attention_mask_BS
+  if segments_BS is not None:
+    return (segments_BS > 0).astype(jnp.int32)
+  return jnp.ones(like_BS.shape[:2], jnp.int32)
+
+
+def encoder_mask(input_ids_BS: Array, attention_mask_BS: Array | None = None,
+                 encoder_segments_BS: Array | None = None) -> attention.AttentionMask:
+  return attention.encoder_mask(valid(input_ids_BS, attention_mask_BS, encoder_segments_BS),
+                                encoder_segments_BS)
+
+
+def decoder_masks(decoder_length: int, encoded_BSD: Array, attention_mask_BS: Array | None,
+                  decoder_attention_mask_BL: Array | None, encoder_segments_BS: Array | None,
+                  decoder_segments_BL: Array | None
+                  ) -> tuple[attention.AttentionMask, attention.AttentionMask]:
+  """(the decoder's causal self-attention mask, its cross-attention mask)."""
+  encoder_valid_BS = valid(encoded_BSD[..., 0], attention_mask_BS, encoder_segments_BS)
+  self_mask = attention.decoder_mask(decoder_length, decoder_segments_BL,
+                                     decoder_attention_mask_BL)
+  cross = attention.cross_mask(decoder_length, encoder_valid_BS, encoder_segments_BS,
+                               decoder_segments_BL)
+  return self_mask, cross
+
+
+class CrossAttention(nn.Module):
+  """The decoder reading the encoder's output: `query` from the decoder, a fused `kv` [D, 2, N,
+  H] from the encoder, `out`; biases where the config has attention biases (BART), scores
+  divided by `score_divisor` (None: sqrt(H); T5: 1.0, its query initialisation carries it)."""
+
+  config: ModelConfig
+  query_init: layers.Initializer
+  kv_init: layers.Initializer
+  out_init: layers.Initializer
+  score_divisor: float | None = None
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array, encoded_BSD: Array, mask: attention.AttentionMask) -> Array:
+    cfg = self.config
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    bias = cfg.attention_bias
+    q_BLNH = Dense(cfg, "bld,dnh->blnh", (d, n, h), ("embed", "heads", "kv"),
+                   (n, h) if bias else None, ("heads", "kv"), init=self.query_init,
+                   name="query")(x_BLD)
+    kv_BS2NH = Dense(cfg, "bsd,dtnh->bstnh", (d, 2, n, h), ("embed", "qkv", "heads", "kv"),
+                     (2, n, h) if bias else None, ("qkv", "heads", "kv"), init=self.kv_init,
+                     name="kv")(encoded_BSD)
+    q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
+    # The XLA core: the fused kernels assume queries and keys of one sequence.
+    out_BLNH = attention.attend(cfg.replace(attention="xla"), q_BLNH, kv_BS2NH[:, :, 0],
+                                kv_BS2NH[:, :, 1], mask, deterministic=self.deterministic,
+                                score_divisor=self.score_divisor)
+    out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
+    return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),
+                 (d,) if bias else None, ("embed",), init=self.out_init, name="out")(out_BLNH)
+
+
+class Mlp(nn.Module):
+  """wo(dropout(act(wi x))), or gated: wo(dropout(act(wi_0 x) * wi_1 x)) with the gated kernel
+  [D, 2, F] as the other models' GLUs; biases where the config has MLP biases (BART; T5 none);
+  the dropout at `config.activation_dropout`."""
+
+  config: ModelConfig
+  wi_init: layers.Initializer
+  wo_init: layers.Initializer
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x_BLD: Array) -> Array:
+    cfg = self.config
+    d, f = cfg.hidden_size, cfg.mlp_dim
+    bias = cfg.mlp_bias
+    act = activation_fn(cfg.activation)
+    if cfg.mlp_gated:
+      h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"),
+                     (2, f) if bias else None, (None, "mlp"), init=self.wi_init,
+                     name="wi")(x_BLD)
+      h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
+    else:
+      h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,) if bias else None,
+                        ("mlp",), init=self.wi_init, name="wi")(x_BLD))
+    h_BLF = layers.constrain(h_BLF, layers.ACT_BLF)
+    h_BLF = Dropout(cfg.activation_dropout, cfg.dropout_rng)(h_BLF,
+                                                            deterministic=self.deterministic)
+    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,) if bias else None,
+                 ("embed",), init=self.wo_init, name="wo")(h_BLF)
