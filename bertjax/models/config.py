@@ -219,20 +219,17 @@ class ModelConfig:
   head_size: int = 0
   # Depth of an encoder-decoder's decoder; 0: num_layers (the encoder's depth).
   decoder_layers: int = 0
-  # T5's relative position bias: distances sorted into this many buckets per direction pair
-  # (half each way in the encoder), exact below half of them, logarithmic up to
-  # relative_attention_max_distance, one bucket beyond (T5: 32 and 128).
+  # T5's relative position bias: distances in this many buckets (half each way in the encoder),
+  # exact below half of them, logarithmic up to the max distance (T5: 32 and 128).
   relative_attention_buckets: int = 32
   relative_attention_max_distance: int = 128
-  # T5 1.0 multiplies the decoder's output by hidden_size ** -0.5 before the LM head tied to the
-  # token table; T5 1.1 does not (transformers: the config's tie_word_embeddings, 5.x's
-  # scale_decoder_outputs).
+  # T5 1.0 multiplies the decoder's output by hidden_size ** -0.5 before the tied LM head; T5
+  # 1.1 does not (transformers 5: scale_decoder_outputs, from the config's tie_word_embeddings).
   scale_decoder_outputs: bool = True
-  # Dropout on an encoder-decoder's MLP hidden activations (BART's activation_dropout; T5 uses
-  # its one dropout rate there too).
+  # Dropout on an encoder-decoder's MLP hidden activations (BART's activation_dropout; T5's
+  # one rate).
   activation_dropout: float = 0.0
-  # BART: token embeddings multiplied by sqrt(hidden_size) (transformers' scale_embedding;
-  # BART base and large: no).
+  # BART: token embeddings times sqrt(hidden_size) (scale_embedding; BART base/large: no).
   scale_embeddings: bool = False
 
   def __post_init__(self) -> None:
@@ -278,8 +275,7 @@ class ModelConfig:
                        f"must be >= 2 and below twice model.relative_attention_max_distance "
                        f"({self.relative_attention_max_distance})")
     if self.is_encoder_decoder and self.peft:
-      raise ValueError("parameter-efficient fine-tuning (LoRA, adapters, prefixes) is not "
-                       "built for the encoder-decoders (T5, BART) yet")
+      raise ValueError("LoRA, adapters and prefixes are not built for T5 and BART yet")
 
   @property
   def is_encoder_decoder(self) -> bool:
