@@ -128,8 +128,6 @@ def text_infilling(tokens: np.ndarray, rng: np.random.Generator, mask_id: int,
     position, words = start + 1, 1
     while position < n and (words < length or not starts[position]):
       words += int(starts[position])
-      if words > length:
-        break
       keep[position] = False
       position += 1
   out = out[keep]
