@@ -69,7 +69,8 @@ def test_bert_style_special_ids(model_dirs, model_type, lowercase):
   assert [tok.token_id(t) for t in BERT_SPECIAL_TOKENS] == [0, 1, 2, 3, 4]
   assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id, tok.eot_id) == (
       0, 1, 2, 3, 4, None)
-  assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None}
+  assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None,
+                             "bos": None, "eos": None}
   assert tok.style == "bert" and tok.lowercase == lowercase and len(tok) == 1000
   # No BOS/EOS or other specials are added by encode; control symbols never come from text.
   ids = tok.encode("The war ended. [CLS] [MASK]")
@@ -84,6 +85,33 @@ def test_bert_style_special_ids(model_dirs, model_type, lowercase):
   assert len(vocab) == 1000 and [v.split("\t")[0] for v in vocab[:5]] == list(BERT_SPECIAL_TOKENS)
 
 
+def test_t5_style_special_ids_and_sentinels(model_dirs):
+  """T5's layout: <pad> </s> <unk> first, then the pieces, then the 100 sentinels with
+  <extra_id_0> last; sentinels and </s> never come from text, and decode skips them."""
+  tok = load_tokenizer(model_dirs("t5", "unigram", False), require="t5")
+  assert len(tok) == 1100 and tok.style == "t5"
+  assert special_ids(tok) == {"pad": 0, "unk": 2, "cls": None, "sep": None, "mask": None,
+                              "eot": None, "bos": None, "eos": 1}
+  assert tok.first_sentinel == 1099 == tok.token_id("<extra_id_0>")
+  assert [tok.token_id(f"<extra_id_{i}>") for i in (1, 99)] == [1098, 1000]
+  ids = tok.encode("The war ended. <extra_id_0> </s>")
+  assert not {0, 1} & set(ids) and max(ids) < 1000
+  assert tok.decode(tok.encode("The war") + [1099, 1] + tok.encode("ended.")) == (
+      "The war ended.")
+  with pytest.raises(CorpusError, match="sentinels"):
+    load_tokenizer(model_dirs("bert", "unigram", True), require="t5")
+
+
+def test_bart_style_special_ids(model_dirs):
+  """fairseq's layout: <s> <pad> </s> <unk>, the byte pieces, the pieces, <mask> last."""
+  tok = load_tokenizer(model_dirs("bart", "bpe", False), require="bart")
+  assert len(tok) == 1001 and tok.style == "bart" and tok.first_sentinel is None
+  assert special_ids(tok) == {"pad": 1, "unk": 3, "cls": None, "sep": None, "mask": 1000,
+                              "eot": None, "bos": 0, "eos": 2}
+  text = "tabs\tand  two  spaces, Café 東京"
+  assert tok.decode(tok.encode(text)) == text  # byte fallback, no normalisation
+
+
 @pytest.mark.parametrize("model_type,lowercase", [("bpe", False), ("unigram", True)])
 def test_gpt_style_special_ids(model_dirs, model_type, lowercase):
   tok = SentencePieceTokenizer.from_dir(model_dirs("gpt", model_type, lowercase), require="gpt")
@@ -91,7 +119,7 @@ def test_gpt_style_special_ids(model_dirs, model_type, lowercase):
   assert tok.token_id(EOT_TOKEN) == 1 and tok.token_id("<pad>") == 2
   assert (tok.cls_id, tok.sep_id, tok.mask_id) == (None, None, None)
   assert special_ids(tok) == {"pad": 2, "unk": 0, "cls": None, "sep": None, "mask": None,
-                              "eot": 1}
+                              "eot": 1, "bos": None, "eos": None}
   assert [tok.token_id(f"<0x{b:02X}>") for b in (0, 0x41, 0xFF)] == [3, 3 + 0x41, 258]
   assert tok.style == "gpt" and tok.lowercase == lowercase
   # A control symbol: text spelling it is just text (documents are joined by id, not string).
@@ -206,7 +234,8 @@ def test_load_tokenizer_dispatch(tmp_path, model_dirs):
   for path in (vocab_dir, vocab_dir / "vocab.txt"):
     tok = load_tokenizer(path)
     assert isinstance(tok, WordPiece) and tok.lowercase
-    assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None}
+    assert special_ids(tok) == {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4, "eot": None,
+                             "bos": None, "eos": None}
     assert tok.encode("The wars ended.") == [5, 6, 7, 8, 9, 10]
   assert not load_tokenizer(vocab_dir, lowercase=False).lowercase
 
@@ -263,8 +292,8 @@ def test_training_errors(tmp_path, sentences):
     train(vocab_size=50_000)
   with pytest.raises(ValueError, match="model_type 'char': expected one of unigram, bpe"):
     train(model_type="char")
-  with pytest.raises(ValueError, match="style 't5': expected one of bert, gpt"):
-    train(style="t5")
+  with pytest.raises(ValueError, match="style 'xlnet': expected one of bert, gpt, t5, bart"):
+    train(style="xlnet")
   for empty in ([], ["", "  \n\t", "\n"]):
     with pytest.raises(CorpusError, match="no sentences"):
       train(texts=empty)

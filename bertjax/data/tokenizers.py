@@ -7,7 +7,10 @@ text with no language-specific pre-tokenizer (as T5, ALBERT, XLNet and LLaMA do)
 Special-token ids are fixed per style, so that configs and checkpoints agree. bert: 0 [PAD],
 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control symbols, added by the instance builders), pieces
 from 5. gpt: 0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces, pieces from 259; byte
-fallback and, unless lower-cased, no normalisation, so decode(encode(text)) == text. `encode`
+fallback and, unless lower-cased, no normalisation, so decode(encode(text)) == text. t5: 0 <pad>,
+1 </s>, 2 <unk>, pieces from 3, then 100 sentinels <extra_id_99> ... <extra_id_0> (control
+pieces; <extra_id_0> is the last id, as T5's vocabularies). bart: 0 <s>, 1 <pad>, 2 </s>, 3
+<unk>, the byte pieces, pieces, then <mask> last (fairseq's layout; lossless as gpt). `encode`
 adds no special token. Lower-casing is SentencePiece's case folding, stored in the model; unlike
 BERT-uncased's WordPiece it keeps accents.
 
@@ -46,26 +49,39 @@ WORD_START = "\u2581"
 # would silently drop long GPT-style paragraphs).
 MAX_LINE_BYTES = 16384
 
-STYLES = ("bert", "gpt")
+STYLES = ("bert", "gpt", "t5", "bart")
 MODEL_TYPES = ("unigram", "bpe")
-SPECIAL_NAMES = ("pad", "unk", "cls", "sep", "mask", "eot")
+SPECIAL_NAMES = ("pad", "unk", "cls", "sep", "mask", "eot", "bos", "eos")
+# T5's sentinels: <extra_id_0> ... <extra_id_99>, appended last-first after training.
+NUM_SENTINELS = 100
+BART_MASK_TOKEN = "<mask>"
+
+
+def sentinel_piece(index: int) -> str:
+  return f"<extra_id_{index}>"
 
 # Name -> piece, in id order, for each style.
 _BERT_SPECIALS = dict(zip(("pad", "unk", "cls", "sep", "mask"), BERT_SPECIAL_TOKENS, strict=True))
 _STYLE_SPECIALS = {
     "bert": _BERT_SPECIALS,
     "gpt": {"unk": GPT_UNK_TOKEN, "eot": EOT_TOKEN, "pad": GPT_PAD_TOKEN},
+    "t5": {"pad": "<pad>", "eos": "</s>", "unk": "<unk>"},
+    "bart": {"bos": "<s>", "pad": "<pad>", "eos": "</s>", "unk": "<unk>"},
 }
+# Pieces appended after training (control pieces, never produced from text), in id order.
+_APPENDED = {"t5": [sentinel_piece(i) for i in reversed(range(NUM_SENTINELS))],
+             "bart": [BART_MASK_TOKEN]}
 # Pieces looked up for each special name in a loaded model (ours or someone else's).
 _PIECES_BY_NAME = {
     "pad": ("[PAD]", GPT_PAD_TOKEN), "cls": ("[CLS]",), "sep": ("[SEP]",),
-    "mask": ("[MASK]",), "eot": (EOT_TOKEN,),
+    "mask": ("[MASK]", BART_MASK_TOKEN), "eot": (EOT_TOKEN,), "bos": ("<s>",),
+    "eos": ("</s>",),
 }
 
 
 def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int,
                         model_type: Literal["unigram", "bpe"],
-                        style: Literal["bert", "gpt"], lowercase: bool = False,
+                        style: Literal["bert", "gpt", "t5", "bart"], lowercase: bool = False,
                         character_coverage: float = 0.9995, max_sentences: int = 2_000_000,
                         seed: int = 0, num_threads: int = 1, verbose: bool = False) -> Path:
   """Trains a SentencePiece model on `texts` and writes `out_dir`/spm.model, spm.vocab and
@@ -88,12 +104,13 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
   if num_threads < 1:
     raise ValueError(f"num_threads {num_threads}: expected at least 1")
   specials = _STYLE_SPECIALS[style]
-  fixed = len(specials) + (256 if style == "gpt" else 0)
+  lossless = style in ("gpt", "bart")
+  fixed = len(specials) + (256 if lossless else 0)
   # Checked before reading the corpus, so an obviously wrong size fails at once.
   if not isinstance(vocab_size, int) or vocab_size <= fixed:
     raise ValueError(
         f"vocab_size {vocab_size} is too small: {style} style reserves {fixed} ids ("
-        f"{len(specials)} special tokens{' + 256 byte pieces' if style == 'gpt' else ''}) "
+        f"{len(specials)} special tokens{' + 256 byte pieces' if lossless else ''}) "
         "before the alphabet and any learned piece")
 
   lines, seen = _sample_lines(texts, max_sentences, seed)
@@ -112,10 +129,17 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
         pad_id=0, unk_id=1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
         control_symbols=["[CLS]", "[SEP]", "[MASK]"],
         normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc")
+  elif style == "t5":
+    options.update(pad_id=0, eos_id=1, unk_id=2, pad_piece="<pad>", eos_piece="</s>",
+                   unk_piece="<unk>",
+                   normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc")
   else:
+    ids = (dict(unk_id=0, eos_id=1, pad_id=2, unk_piece=GPT_UNK_TOKEN, eos_piece=EOT_TOKEN,
+                pad_piece=GPT_PAD_TOKEN) if style == "gpt" else
+           dict(bos_id=0, pad_id=1, eos_id=2, unk_id=3, bos_piece="<s>", pad_piece="<pad>",
+                eos_piece="</s>", unk_piece="<unk>"))
     options.update(
-        unk_id=0, eos_id=1, pad_id=2, unk_piece=GPT_UNK_TOKEN, eos_piece=EOT_TOKEN,
-        pad_piece=GPT_PAD_TOKEN, byte_fallback=True,
+        **ids, byte_fallback=True,
         # Lossless: no NFKC folding, no whitespace squeezing (only case folding if asked).
         normalization_rule_name="nfkc_cf" if lowercase else "identity",
         remove_extra_whitespaces=False)
@@ -130,7 +154,7 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
 
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / MODEL_FILE).write_bytes(model.getvalue())
+  (out_dir / MODEL_FILE).write_bytes(_append_pieces(model.getvalue(), _APPENDED.get(style, [])))
   tokenizer = SentencePieceTokenizer.from_model(out_dir / MODEL_FILE, require=style)
   processor = tokenizer._sp
   # The same format as spm_train's .vocab (ostream's default float format is %g).
@@ -149,6 +173,20 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
   (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
                                      encoding="utf-8")
   return out_dir
+
+
+def _append_pieces(model: bytes, pieces: list[str]) -> bytes:
+  """The serialised model with control `pieces` added at the end of its vocabulary
+  (SentencePiece's trainer puts its own control symbols first)."""
+  if not pieces:
+    return model
+  from sentencepiece import sentencepiece_model_pb2
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(model)
+  for piece in pieces:
+    proto.pieces.add(piece=piece, score=0.0, type=sentencepiece_model_pb2.ModelProto.
+                     SentencePiece.CONTROL)
+  return proto.SerializeToString()
 
 
 def _sample_lines(texts: Iterable[str], max_sentences: int, seed: int) -> tuple[list[str], int]:
@@ -217,10 +255,15 @@ class SentencePieceTokenizer:
     if processor.pad_id() >= 0:
       self._special["pad"] = processor.pad_id()
     self._special = {name: self._special[name] for name in SPECIAL_NAMES}
+    self.first_sentinel = self._lookup(sentinel_piece(0))
     if all(self._special[n] is not None for n in ("pad", "cls", "sep", "mask")):
       self.style: str | None = "bert"
     elif self._special["eot"] is not None:
       self.style = "gpt"
+    elif self._special["eos"] is not None and self.first_sentinel is not None:
+      self.style = "t5"
+    elif all(self._special[n] is not None for n in ("bos", "eos", "mask")):
+      self.style = "bart"
     else:
       self.style = None
     # Case folding lives in the model's normalisation rule; probe it.
@@ -234,7 +277,7 @@ class SentencePieceTokenizer:
         for i in range(size)]
 
   @classmethod
-  def from_model(cls, path: str | Path, *, require: Literal["bert", "gpt"] | None = None,
+  def from_model(cls, path: str | Path, *, require: str | None = None,
                  num_threads: int | None = None) -> "SentencePieceTokenizer":
     """Loads a SentencePiece `.model` file. `require="bert"` checks for [PAD] [UNK] [CLS] [SEP]
     [MASK], `require="gpt"` for <|endoftext|>; `num_threads` for `encode_batch` (default:
@@ -243,7 +286,7 @@ class SentencePieceTokenizer:
     if not path.is_file():
       raise CorpusError(f"{path}: no such SentencePiece model file")
     if require not in (None, *STYLES):
-      raise ValueError(f"require {require!r}: expected None, 'bert' or 'gpt'")
+      raise ValueError(f"require {require!r}: expected None or one of {', '.join(STYLES)}")
     processor = spm.SentencePieceProcessor()
     try:
       processor.load(str(path))
@@ -258,10 +301,14 @@ class SentencePieceTokenizer:
     elif require == "gpt" and tokenizer.eot_id is None:
       raise CorpusError(f"{path}: SentencePiece model lacks the {EOT_TOKEN} token that GPT "
                         "needs (train it with style='gpt')")
+    elif require in ("t5", "bart") and tokenizer.style != require:
+      raise CorpusError(f"{path}: SentencePiece model lacks the special tokens {require} needs "
+                        f"(</s> and {'the sentinels <extra_id_N>' if require == 't5' else '<s>, <mask>'}"
+                        f"; train it with style='{require}')")
     return tokenizer
 
   @classmethod
-  def from_dir(cls, path: str | Path, *, require: Literal["bert", "gpt"] | None = None,
+  def from_dir(cls, path: str | Path, *, require: str | None = None,
                num_threads: int | None = None) -> "SentencePieceTokenizer":
     """Loads `path`/spm.model (as written by `train_sentencepiece`); see `from_model`."""
     path = Path(path)
@@ -363,7 +410,7 @@ class SentencePieceTokenizer:
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None, *,
-                   require: Literal["bert", "gpt"] | None = None
+                   require: str | None = None
                    ) -> WordPiece | SentencePieceTokenizer:
   """The tokenizer at `path`: a vocab.txt file, or a directory holding one -> WordPiece
   (`lowercase` None: the casing recorded next to the vocab, see `recorded_lowercase`, else True
@@ -427,7 +474,7 @@ def special_ids(tokenizer: WordPiece | SentencePieceTokenizer) -> dict[str, int 
     # from_vocab guarantees BERT's five; WordPiece vocabularies have no end-of-text token.
     ids: dict[str, int | None] = {
         name: tokenizer.token_id(token) for name, token in _BERT_SPECIALS.items()}
-    ids["eot"] = None
+    ids.update(eot=None, bos=None, eos=None)
     return ids
   raise TypeError(f"special_ids: expected a WordPiece or SentencePieceTokenizer, got "
                   f"{type(tokenizer).__name__}")

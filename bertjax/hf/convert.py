@@ -217,7 +217,7 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
   if model_type == "modernbert":
     return {**modernbert.config_dict(cfg, dtype, act), **(generation_ids or {})}
   if model_type == "t5":
-    return t5.config_dict(cfg, dtype)
+    return t5.config_dict(cfg, dtype, generation_ids)
   if model_type == "bart":
     return {**bart.config_dict(cfg, dtype, act), **(generation_ids or {})}
   if model_type == "deberta-v2":

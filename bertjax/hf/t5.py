@@ -118,8 +118,10 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
       scale_decoder_outputs=bool(scale), **common)
 
 
-def config_dict(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
-  """T5ForConditionalGeneration's config.json."""
+def config_dict(cfg: ModelConfig, dtype: str, generation_ids: dict[str, int] | None = None
+                ) -> dict[str, Any]:
+  """T5ForConditionalGeneration's config.json (`generation_ids`: the special ids of a bertjax
+  T5-style tokenizer, the same as T5's: pad 0 = the decoder's start, eos 1)."""
   act = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu"}[cfg.activation]
   if cfg.activation == "gelu" and cfg.mlp_gated:
     raise HFConversionError("transformers' T5 reads gated-gelu as the tanh form: a gated T5 "
@@ -142,4 +144,5 @@ def config_dict(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
           # transformers 5 reads the decoder's output scaling from this key.
           "tie_word_embeddings": cfg.scale_decoder_outputs,
           "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
-          "decoder_start_token_id": 0, "n_positions": cfg.max_positions, "torch_dtype": dtype}
+          "decoder_start_token_id": 0, "n_positions": cfg.max_positions, "torch_dtype": dtype,
+          **(generation_ids or {})}

@@ -18,9 +18,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers, processors
 
 from bertjax import paths
-from bertjax.data.tokenizers import (EOT_TOKEN, GPT_PAD_TOKEN, GPT_UNK_TOKEN,
-                                     MODEL_FILE, WORD_START, SentencePieceTokenizer,
-                                     load_tokenizer, special_ids)
+from bertjax.data.tokenizers import (BART_MASK_TOKEN, EOT_TOKEN, GPT_PAD_TOKEN, GPT_UNK_TOKEN,
+                                     MODEL_FILE, NUM_SENTINELS, WORD_START,
+                                     SentencePieceTokenizer, load_tokenizer, sentinel_piece,
+                                     special_ids)
 from bertjax.data.wordpiece import WordPiece
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -127,6 +128,13 @@ def sentencepiece_fast(model_path: str | Path) -> Tokenizer:
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+  elif "</s>" in ids and sentinel_piece(0) in ids:  # T5: an end token after each text
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B:1 </s>:1", special_tokens=[("</s>", ids["</s>"])])
+  elif "<s>" in ids and "</s>" in ids:  # BART: <s> ... </s>
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", ids["<s>"]), ("</s>", ids["</s>"])])
   return tokenizer
 
 
@@ -138,9 +146,16 @@ def wordpiece_fast(tokenizer: WordPiece) -> Tokenizer:
 
 def _special_tokens(tokenizer: WordPiece | SentencePieceTokenizer) -> dict[str, str]:
   """transformers' special-token attributes -> token, for special_tokens_map.json."""
-  if isinstance(tokenizer, SentencePieceTokenizer) and tokenizer.style == "gpt":
+  style = tokenizer.style if isinstance(tokenizer, SentencePieceTokenizer) else "bert"
+  if style == "gpt":
     return {"bos_token": EOT_TOKEN, "eos_token": EOT_TOKEN, "unk_token": GPT_UNK_TOKEN,
             "pad_token": GPT_PAD_TOKEN}
+  if style == "t5":
+    return {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+            "extra_special_tokens": [sentinel_piece(i) for i in range(NUM_SENTINELS)]}
+  if style == "bart":
+    return {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+            "cls_token": "<s>", "sep_token": "</s>", "mask_token": BART_MASK_TOKEN}
   return {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
           "cls_token": "[CLS]", "mask_token": "[MASK]"}
 
@@ -152,16 +167,18 @@ def _tokenizer_config(tokenizer: WordPiece | SentencePieceTokenizer,
                             **_special_tokens(tokenizer)}
   if isinstance(tokenizer, WordPiece):
     # Without do_lower_case transformers assumes True and would lower-case a cased vocabulary;
-    # strip_accents as bertjax's WordPiece: only when lower-casing (bert-base-uncased's rule).
+    # strip_accents as bertjax's WordPiece: only when lower-casing (bert-base-uncased's rule);
+    # no clean-up, which bertjax's decode does not do either ("Rousseau ' s" stays as it is).
     config.update(tokenizer_class="BertTokenizer", do_lower_case=tokenizer.lowercase,
                   strip_accents=tokenizer.lowercase, tokenize_chinese_chars=True,
-                  clean_up_tokenization_spaces=True)
+                  clean_up_tokenization_spaces=False)
     return config
   # The normaliser already folds case where the model does; clean-up would glue punctuation
   # to the previous word, which SentencePiece's decode does not.
   config.update(tokenizer_class="PreTrainedTokenizerFast", clean_up_tokenization_spaces=False)
-  if tokenizer.style == "gpt":
-    # GPT2LMHeadModel adds the word embedding of token_type_ids when given: never send them.
+  if tokenizer.style in ("gpt", "t5", "bart"):
+    # GPT2LMHeadModel adds the word embedding of token_type_ids when given: never send them
+    # (nor to the encoder-decoders, which take none).
     config["model_input_names"] = ["input_ids", "attention_mask"]
   else:
     config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
@@ -201,6 +218,11 @@ def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
   if not ((tokenizer_dir / MODEL_FILE).is_file() or (tokenizer_dir / "vocab.txt").is_file()):
     return None
   ids = special_ids(load_tokenizer(tokenizer_dir))
+  if ids.get("eos") is not None:  # T5 (decoding starts at <pad>) and BART (at </s>)
+    start = ids["pad"] if ids.get("bos") is None else ids["eos"]
+    return {"pad_token_id": ids["pad"], "eos_token_id": ids["eos"],
+            "decoder_start_token_id": start,
+            **({"bos_token_id": ids["bos"]} if ids.get("bos") is not None else {})}
   eot = ids.get("eot")
   if eot is None:
     if ids.get("cls") is None or ids.get("sep") is None:
