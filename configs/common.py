@@ -60,6 +60,23 @@ def gpt2_training(config: ConfigDict, learning_rate: float) -> ConfigDict:
   return config
 
 
+def t5_training(config: ConfigDict) -> ConfigDict:
+  """Raffel et al. (2020, Sections 3.1.2, 3.1.4 and 3.7): span corruption at noise density
+  0.15 and mean span length 3 on inputs of 512 tokens (targets 114), batch 2,048, 1M steps,
+  Adafactor (factored second moments, no momentum, update clipping 1.0: optax's defaults) with
+  the inverse square root schedule at 0.01 for 10,000 steps."""
+  config.objective = "span_corruption"
+  config.batch_size = 2048
+  config.seq_length = 512
+  config.num_train_steps = 1_000_000
+  config.data.mask_prob = 0.15
+  config.data.noise_span_length = 3.0
+  config.optimizer.update(dict(name="adafactor", learning_rate=0.01, warmup_steps=10_000,
+                               schedule="rsqrt", weight_decay=0.0))
+  config.checkpoint.every = 5_000
+  return config
+
+
 def memory_saving(config: ConfigDict, grad_accum_steps: int | None = None,
                   zero3: bool = True) -> ConfigDict:
   """The settings with which `bertjax compile` fits a paper config into its slice, in the

@@ -50,7 +50,17 @@ PAPER_COUNTS = {"bert_base": (110e6, 0.01), "bert_large": (340e6, 0.012),
                 "spanbert:size=base": (110e6, 0.013), "spanbert:size=large": (340e6, 0.01),
                 # Sanh et al. 2019: 66M is DistilBertModel's 66.4M (ours adds the MLM head's
                 # transform and NSP); distilgpt2's model card 82M.
-                "distilbert": (66e6, 0.02), "distilgpt2": (82e6, 0.01)}
+                "distilbert": (66e6, 0.02), "distilgpt2": (82e6, 0.01),
+                # Raffel et al. 2020 (60M, 220M, 770M, 3B, 11B) as transformers counts the
+                # released T5 1.0 checkpoints, exactly ours; T5 1.1 as transformers 5 counts it
+                # (tied head); Lewis et al. 2020 as transformers counts facebook/bart-*.
+                **{f"t5:size={size}": (float(n), 1e-9) for size, n in (
+                    ("small", 60_506_624), ("base", 222_903_552), ("large", 737_668_096),
+                    ("3b", 2_851_598_336), ("11b", 11_307_321_344))},
+                **{f"t5:size={size},version=1.1": (float(n), 1e-9) for size, n in (
+                    ("small", 60_511_616), ("base", 222_903_552), ("large", 750_251_008),
+                    ("xl", 2_783_959_040), ("xxl", 11_003_736_064))},
+                "bart:size=base": (139_420_416.0, 1e-9), "bart:size=large": (406_291_456.0, 1e-9)}
 # Counts a stated shape does not reach within rounding (their tolerance says by how much).
 UNMATCHED = ("albert:size=xxlarge", "albert:size=base,sharing=none", "distilbert")
 # Counts these papers truncate rather than round.
@@ -90,7 +100,8 @@ def test_every_config_loads_and_builds_abstractly():
     assert config.seq_length <= config.model.max_positions, name
     if name not in (
         "bert_tiny", "gpt_tiny", "bert_tiny_two_phase", "cramming", "modernbert:size=tiny",
-        "electra:size=tiny", "electra:size=tiny,objective=mlm"):
+        "electra:size=tiny", "electra:size=tiny,objective=mlm", "t5:size=tiny",
+        "bart:size=tiny"):
       assert name in PAPER_COUNTS, f"{name}: a paper config without a checked parameter count"
 
 

@@ -51,9 +51,13 @@ def test_runlocal_keeps_the_recipe_at_laptop_scale(name):
     assert _get(local, key) == _get(paper, key), key
   m = local.model
   assert (m.num_layers, m.hidden_size, m.num_heads, m.max_positions) == (2, 128, 2, 128)
-  assert m.mlp_dim / m.hidden_size == paper.model.mlp_dim / paper.model.hidden_size
+  assert config_lib.model_config(local).decoder_depth == 2  # an encoder-decoder's too
+  ratio = paper.model.mlp_dim / paper.model.hidden_size
+  assert m.mlp_dim == round(ratio * m.hidden_size)  # T5 1.1 base's 2048 / 768: 341 of 128
   assert (m.dtype, m.remat_policy, local.grad_accum_steps) == ("float32", "none", 1)
-  assert count_params(abstract_params(build_model(config_lib.model_config(local)))) < 5e6
+  # An encoder-decoder has two stacks; T5-11B's MLP is 64 times its width.
+  limit = 5e6 * (2 if m.family in ("t5", "bart") else 1) * max(1, ratio / 16)
+  assert count_params(abstract_params(build_model(config_lib.model_config(local)))) < limit
   assert (local.batch_size, local.num_train_steps, local.reference_params) == (16, 200, 0)
   assert local.data.sources == "embedded" and not local.data.dataset and not local.data.tokenizer
   assert local.mesh.to_dict() == {"data": -1, "fsdp": 1, "tensor": 1}
@@ -181,6 +185,23 @@ def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys):
     assert _steps(workdir) == [1, 2, 3]
     if not dataset:
       dataset.append(workdir / "data" / "dataset")
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.slow
+def test_runlocal_t5_and_bart_train_on_cpu(tmp_path, capsys):
+  """T5-11B and BART-large shrunk (span corruption with a t5-style tokenizer trained on first
+  use; denoising with a bart-style one) train 3 steps through `bertjax train` and evaluate."""
+  for name in ("t5:size=11b", "bart:size=large"):
+    workdir = tmp_path / name.split(":")[0]
+    assert cli.main(["train", "--config", f"{name},runlocal", "--workdir", str(workdir),
+                     "--config.num_train_steps=3", "--config.log_every=1",
+                     "--config.eval_every=3", "--config.eval_steps=1"]) == 0, name
+    out = capsys.readouterr().out
+    assert "run finished at step 3 of 3" in out and "lm_accuracy" in out, name
+    assert _steps(workdir) == [1, 2, 3]
+    style = json.loads((workdir / "data" / "tokenizer" / "bertjax_tokenizer.json").read_text())
+    assert style["style"] == name.split(":")[0] and style["vocab_size"] == 8192
 
 
 @pytest.mark.timeout(1200)

@@ -5,10 +5,10 @@ from bertjax.config.loader import (CONFIGS_DIR, RUNLOCAL, VariantError, choose, 
                                    file_variants, load_config, load_config_file, parse_arg)
 from bertjax.config.overrides import apply_override, split_overrides
 from bertjax.config.runlocal import runlocal
-from bertjax.config.schema import (base_config, bert_model, finetune_config, gpt_model,
-                                   model_config)
+from bertjax.config.schema import (bart_model, base_config, bert_model, finetune_config,
+                                   gpt_model, model_config, t5_model)
 
-__all__ = ["CONFIGS_DIR", "RUNLOCAL", "VariantError", "apply_override", "base_config",
+__all__ = ["CONFIGS_DIR", "RUNLOCAL", "VariantError", "apply_override", "bart_model", "base_config",
            "bert_model", "choose", "config_files", "file_variants", "finetune_config",
            "gpt_model", "load_config", "load_config_file", "model_config", "parse_arg",
-           "runlocal", "split_overrides"]
+           "runlocal", "split_overrides", "t5_model"]

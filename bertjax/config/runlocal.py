@@ -52,6 +52,9 @@ def runlocal(config: ConfigDict) -> ConfigDict:
 
   ratio = int(config.model.mlp_dim) / int(config.model.hidden_size)
   _shrink_rtd(config.model)
+  if "head_size" in config.model:
+    config.model.head_size = 0  # T5-3B's and 11B's 128-wide heads: the local width's
+    config.model.decoder_layers = 0  # an encoder-decoder's decoder as deep as its encoder
   config.model.update(dict(_LOCAL_MODEL, mlp_dim=round(ratio * _LOCAL_MODEL["hidden_size"]),
                            dtype="float32", param_dtype="float32", remat_policy="none",
                            loss_chunk=0))

@@ -53,6 +53,34 @@ def gpt_model(**overrides: Any) -> ConfigDict:
   return ConfigDict(values)
 
 
+def t5_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a T5 config; defaults are T5-base 1.0 (Raffel et al. 2020, Section
+  3.1.1): 12 + 12 layers, 768 wide, 12 heads of 64, ReLU MLP 3072, no biases, RMS norms (eps
+  1e-6), 32 relative-position buckets up to distance 128, dropout 0.1 everywhere, the decoder's
+  output scaled by 768 ** -0.5 before the tied head, vocabulary 32,128 (32,000 SentencePiece
+  pieces, 100 sentinels, padding to a multiple of 128), Mesh TensorFlow's initialisation."""
+  values = _model_defaults()
+  values.update(family="t5", vocab_size=32128, hidden_size=768, num_layers=12, num_heads=12,
+                mlp_dim=3072, max_positions=512, type_vocab_size=0, norm_position="pre",
+                activation="relu", layer_norm_eps=1e-6, attention_bias=False, mlp_bias=False,
+                norm_bias=False, initializer_range=1.0, activation_dropout=0.1)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
+def bart_model(**overrides: Any) -> ConfigDict:
+  """The `model` group of a BART config; defaults are BART-base (Lewis et al. 2020): 6 + 6
+  layers, 768 wide, 12 heads, GeLU MLP 3072, post-LN (eps 1e-5) with a LayerNorm on the
+  embeddings, learned positions (1,024), dropout 0.1 (attention and MLP activations 0.1, as the
+  released checkpoints), vocabulary 50,265 (GPT-2's BPE with BART's specials)."""
+  values = _model_defaults()
+  values.update(family="bart", vocab_size=50265, hidden_size=768, num_layers=6, num_heads=12,
+                mlp_dim=3072, max_positions=1024, type_vocab_size=0, norm_position="post",
+                activation="gelu", layer_norm_eps=1e-5, activation_dropout=0.1)
+  values.update(overrides)
+  return ConfigDict(values)
+
+
 def model_config(config: ConfigDict) -> ModelConfig:
   """The typed model configuration of a run config's `model` group."""
   return ModelConfig.from_mapping(config.model.to_dict())
@@ -70,7 +98,8 @@ def optimizer_group() -> ConfigDict:
       "warmup_steps": 10_000,
       # After warmup: linear (to end_lr_fraction·peak at decay_steps), cosine, constant, or
       # wsd (warmup-stable-decay: constant, then the last decay_fraction of the steps down to
-      # end_lr_fraction·peak, shaped by decay_shape).
+      # end_lr_fraction·peak, shaped by decay_shape), or rsqrt (T5: the peak for warmup_steps,
+      # then peak·sqrt(warmup_steps / step), no ramp).
       "schedule": "linear",
       # wsd: the fraction of the steps after warmup that decay (ModernBERT: 50B of 300B).
       "decay_fraction": 0.1,
@@ -221,8 +250,12 @@ def data_group() -> ConfigDict:
       "eval_fraction": BuildOptions.eval_fraction,
       # Worker processes of that build (0: in the training process).
       "build_workers": 0,
-      # Fraction of tokens masked for MLM.
+      # Fraction of tokens masked for MLM; of tokens in noise spans for the encoder-decoders
+      # (T5's noise density 0.15, BART's mask ratio 0.3).
       "mask_prob": _LOADER["mask_prob"],
+      # The encoder-decoders' span lengths: T5's mean noise span length, BART's Poisson mean
+      # (both 3).
+      "noise_span_length": _LOADER["noise_span_length"],
       # Of the masked positions, the fraction given [MASK] (BERT 0.8, ELECTRA 0.85, DeBERTa-v3
       # 1.0) ...
       "mask_token_prob": _LOADER["mask_token_prob"],
@@ -328,9 +361,11 @@ def base_config(model: ConfigDict) -> ConfigDict:
   config.model = model
   # mlm_nsp (BERT) | mlm (RoBERTa) | mlm_sop (sentence order) | mlm_sbo (SpanBERT: MLM plus
   # the span-boundary objective; needs model.span_boundary_positions) | rtd (replaced-token
-  # detection: ELECTRA, DeBERTa-v3; needs model.generator_hidden_size) | causal_lm (GPT); a
+  # detection: ELECTRA, DeBERTa-v3; needs model.generator_hidden_size) | causal_lm (GPT) |
+  # span_corruption (T5) | denoising (BART: text infilling and sentence permutation); a
   # fine-tuning run trains its task's objective (finetune.task).
-  config.objective = "causal_lm" if model.family == "gpt" else "mlm_nsp"
+  config.objective = {"gpt": "causal_lm", "t5": "span_corruption", "bart": "denoising"}.get(
+      model.family, "mlm_nsp")
   # rtd: the weight λ of the discriminator's loss in generator MLM + λ·discriminator (ELECTRA
   # and DeBERTa-v3: 50).
   config.discriminator_weight = 50.0

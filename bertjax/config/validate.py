@@ -52,7 +52,8 @@ def validate_training(config: ConfigDict) -> None:
   for key in ("mask_token_prob", "random_token_prob"):
     need(f"data.{key}", 0 <= float(config.data[key]) <= 1, "must be between 0 and 1")
   # Only sentence pairs carry NSP/SOP labels; other instances would train that head on zeros.
-  need("data.bert_instances", config.objective in ("mlm", "mlm_sbo", "rtd", "causal_lm")
+  need("data.bert_instances", config.objective in ("mlm", "mlm_sbo", "rtd", "causal_lm",
+                                                    "span_corruption", "denoising")
        or config.data.bert_instances == "pairs",
        f"makes no sentence pairs for objective={config.objective!r}: use objective=mlm")
   need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,

@@ -45,12 +45,25 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConf
       ngram_max=int(d.get("ngram_max", LoaderConfig.ngram_max)),
       span_geometric_p=float(d.get("span_geometric_p", LoaderConfig.span_geometric_p)),
       span_max_length=int(d.get("span_max_length", LoaderConfig.span_max_length)),
+      noise_span_length=float(d.get("noise_span_length", LoaderConfig.noise_span_length)),
       seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
       num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
       epoch_documents=int(d.epoch_documents),
       row_balance=str(d.get("row_balance", LoaderConfig.row_balance)),
       # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
       require_eval=int(config.eval_every) > 0)
+
+
+def decoder_length(config: ml_collections.ConfigDict) -> int:
+  """The decoder's length in an encoder-decoder's batches (0 for the other objectives): T5's
+  target length, fixed by the encoder's length and the noise (bertjax.data.denoising), or
+  BART's, the encoder's."""
+  if config.objective == "span_corruption":
+    from bertjax.data.denoising import t5_lengths
+    d = config.data
+    return t5_lengths(int(config.seq_length), float(d.mask_prob),
+                      float(d.get("noise_span_length", LoaderConfig.noise_span_length)))[1]
+  return int(config.seq_length) if config.objective == "denoising" else 0
 
 
 def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[int],

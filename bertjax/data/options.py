@@ -43,7 +43,7 @@ class LoaderConfig:
   """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
 
   dataset: str
-  objective: str  # mlm_nsp | mlm | mlm_sop | mlm_sbo | rtd | causal_lm
+  objective: str  # mlm_nsp | mlm | mlm_sop | mlm_sbo | rtd | causal_lm | span_corruption | denoising
   seq_length: int
   max_predictions: int = 20
   mask_prob: float = 0.15
@@ -64,6 +64,10 @@ class LoaderConfig:
   # ... and the longest span in words (SpanBERT: 10); also the most tokens of a span given a
   # span-boundary target (objective mlm_sbo: the SBO head's relative-position rows).
   span_max_length: int = 10
+  # The encoder-decoders' noise (bertjax.data.denoising; its fraction is mask_prob: T5's noise
+  # density 0.15, BART's mask ratio 0.3): T5's mean noise span length, BART's Poisson mean of
+  # span lengths (both 3).
+  noise_span_length: float = 3.0
   # BERT: "pairs" (google-research/bert instances: A/B segments, NSP labels) or
   # "full_sentences" (RoBERTa FULL-SENTENCES: no pairs, packed across documents) or
   # "doc_sentences" (RoBERTa DOC-SENTENCES, SpanBERT's single segments: the same within one

@@ -36,7 +36,7 @@ class DocumentElement:
   continued: bool = False
 
 
-class _BufferedDocuments(grain.DatasetIterator):
+class BufferedDocuments(grain.DatasetIterator):
   """A packer's state: the documents it has buffered (each with the parent's state before it,
   first), the tokens of the first already consumed, and the parent's state before the first.
   Only the last two are saved; restoring re-reads the documents."""
@@ -57,7 +57,7 @@ class _BufferedDocuments(grain.DatasetIterator):
     self._offset = state["offset"]
 
 
-class _GptPackIterator(_BufferedDocuments):
+class _GptPackIterator(BufferedDocuments):
   # Buffered documents: (parent state before, tokens + eot).
 
   def __init__(self, parent: grain.DatasetIterator, seq_length: int, eot: int):
@@ -215,7 +215,7 @@ class DocSentencesIterDataset(_MlmPackerIterDataset):
   _iterator = _DocSentencesIterator
 
 
-class _PackedMlmIterator(_BufferedDocuments):
+class _PackedMlmIterator(BufferedDocuments):
   # Buffered documents: (parent state before, ordinal, [CLS] tokens [SEP]).
 
   def __init__(self, parent: grain.DatasetIterator, cfg: InstanceConfig, special: SpecialIds,

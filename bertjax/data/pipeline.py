@@ -29,6 +29,7 @@ from bertjax.data.bert_instances import (
   instances_from_document,
 )
 from bertjax.data.errors import CorpusError
+from bertjax.data.schema import SEQ2SEQ
 from bertjax.data.options import LoaderConfig
 from bertjax.data.balance import BalancedRows, EpochTokens, RowItems, piece_of
 from bertjax.data.mixture import (
@@ -47,6 +48,8 @@ from bertjax.data.packing import (
   PackedMlmIterDataset,
   WindowShuffleIterDataset,
 )
+from bertjax.data.seq2seq import (DenoisingIterDataset, SpanCorruptionIterDataset,
+                                  seq2seq_config)
 from bertjax.data.span_masking import ContinuationTable
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
@@ -204,6 +207,10 @@ class RowStreamFactory:
       self.balanced = BalancedRows(EpochTokens(counts, n), n, batch_size, num_epochs,
                                    min_piece=2 * cfg.seq_length, weigh=self._weigh)
     tokenizer = dataset_tokenizer(dataset)
+    if cfg.objective in SEQ2SEQ:
+      self.seq2seq = seq2seq_config(tokenizer, cfg, self.seed)
+      self.continuation = ContinuationTable.of(tokenizer.is_continuation, len(tokenizer))
+      return
     if cfg.objective == "causal_lm":
       self.eot = special_ids(tokenizer).get("eot")
       if self.eot is None:
@@ -235,8 +242,8 @@ class RowStreamFactory:
     instances where a document makes its own sequences (BERT pairs, DOC-SENTENCES), counted
     by making them: an estimate from the length misses by about one in two documents, which
     leaves rows of a few dozen documents 5% apart."""
-    if self.cfg.objective == "causal_lm" or self.cfg.bert_instances in ("full_sentences",
-                                                                          "packed"):
+    if self.cfg.objective in ("causal_lm", *SEQ2SEQ) or self.cfg.bert_instances in (
+        "full_sentences", "packed"):
       return np.asarray(tokens, np.int64) + 1
     if self.cfg.bert_instances == "doc_sentences":
       def sequences(number: int, element: DocumentElement) -> int:
@@ -267,6 +274,12 @@ class RowStreamFactory:
 
   def __call__(self, row: int) -> grain.IterDataset:
     docs = self.documents_of(row)
+    if self.cfg.objective == "span_corruption":
+      return SpanCorruptionIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
+                                       self.seq2seq)
+    if self.cfg.objective == "denoising":
+      return DenoisingIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
+                                  self.seq2seq, self.continuation)
     if self.cfg.objective == "causal_lm":
       return GptPackIterDataset(docs.map(_drop_source).to_iter_dataset(_NO_READ_AHEAD),
                                 self.cfg.seq_length, self.eot)

@@ -21,8 +21,8 @@ from bertjax.data.options import BuildOptions
 from bertjax.data.errors import SkipCounts
 from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, parse_sources, read_source
-from bertjax.data.tokenizers import (MODEL_FILE, load_tokenizer, recorded_lowercase,
-                                     train_sentencepiece)
+from bertjax.data.tokenizers import (MODEL_FILE, appended_pieces, load_tokenizer,
+                                     recorded_lowercase, train_sentencepiece)
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,14 @@ def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
     tokenizer = config.data.tokenizer
     lowercase = build_lowercase(config.data.get("lowercase", ""), tokenizer)
     if not tokenizer:
-      style = "gpt" if config.objective == "causal_lm" else "bert"
+      style = {"causal_lm": "gpt", "span_corruption": "t5", "denoising": "bart"}.get(
+          config.objective, "bert")
       log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
                config.model.vocab_size, config.data.sources)
       coverage = float(config.data.get("character_coverage", 0.9995))
       tokenizer = str(train_sentencepiece(corpus_sentences(sources), local / "tokenizer",
-                                          vocab_size=int(config.model.vocab_size),
+                                          vocab_size=int(config.model.vocab_size)
+                                          - appended_pieces(style),
                                           model_type="unigram", style=style,
                                           lowercase=lowercase, character_coverage=coverage))
     log.info("building %s into %s", config.data.sources, dataset_dir)

@@ -4,7 +4,7 @@ One vocabulary for pre-training and fine-tuning alike (Hugging Face's names wher
 them): `token_type_ids` are the segments A/B of a sentence pair, `attention_mask` marks real
 tokens (1) against padding (0), `document_ids` number the documents packed into one row (0:
 padding) and `positions` restart at 0 in each of them. Shapes are written with B rows, L tokens
-and P masked-LM predictions per row. SpanBERT's span-boundary targets (objective `mlm_sbo`) are
+(an encoder-decoder's encoder), T decoder tokens and P masked-LM predictions per row. SpanBERT's span-boundary targets (objective `mlm_sbo`) are
 aligned with the masked-LM positions.
 
 The loaders produce these fields, the objectives read them, `bertjax compile` compiles against
@@ -23,7 +23,7 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Field:
   name: str
-  # Dimensions by letter: B rows, L tokens, P masked-LM predictions.
+  # Dimensions by letter: B rows, L tokens, T decoder tokens, P masked-LM predictions.
   dims: str
   dtype: str
   # What the field holds (the docs and error messages say it).
@@ -54,6 +54,12 @@ LOSS_MASK = Field("loss_mask", "BL", "int32", "1 = a target that counts in the l
 CLASS_LABELS = Field("labels", "B", "int32", "the class of each row")
 SCORE_LABELS = Field("labels", "B", "float32", "the score of each row (regression)")
 TAG_LABELS = Field("labels", "BL", "int32", "the tag of each token (-100: no loss)")
+DECODER_INPUT_IDS = Field("decoder_input_ids", "BT", "int32",
+                          "the decoder's tokens: the targets shifted right behind its start token")
+DECODER_DOCUMENT_IDS = Field("decoder_document_ids", "BT", "int32",
+                             "the decoder's example of each token, 1, 2, ... (0 = padding)")
+DECODER_TARGET_IDS = Field("target_ids", "BT", "int32", "the decoder's next token at each position")
+DECODER_LOSS_MASK = Field("loss_mask", "BT", "int32", "1 = a decoder target that counts")
 START_POSITIONS = Field("start_positions", "B", "int32",
                         "the answer's first token (0, the [CLS] token: no answer here)")
 END_POSITIONS = Field("end_positions", "B", "int32", "the answer's last token")
@@ -61,6 +67,10 @@ END_POSITIONS = Field("end_positions", "B", "int32", "the answer's last token")
 _MLM = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK, MASKED_LM_POSITIONS, MASKED_LM_IDS,
         MASKED_LM_WEIGHTS, NEXT_SENTENCE_LABELS)
 _ENCODER = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK)
+_SEQ2SEQ = (INPUT_IDS, DOCUMENT_IDS, DECODER_INPUT_IDS, DECODER_DOCUMENT_IDS, DECODER_TARGET_IDS,
+            DECODER_LOSS_MASK)
+# The objectives of the encoder-decoders.
+SEQ2SEQ = ("span_corruption", "denoising")
 
 # Objective -> its fields. Packed BERT rows (data.bert_instances="packed") add PACKED.
 BATCHES: dict[str, tuple[Field, ...]] = {
@@ -70,6 +80,10 @@ BATCHES: dict[str, tuple[Field, ...]] = {
     "mlm_sbo": _MLM + (SPAN_LEFT_POSITIONS, SPAN_RIGHT_POSITIONS, SPAN_OFFSETS),
     "rtd": _MLM,
     "causal_lm": (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
+    # Encoder-decoders (T5's span corruption, BART's denoising): the encoder's rows and the
+    # decoder's, each with its examples' ids.
+    "span_corruption": _SEQ2SEQ,
+    "denoising": _SEQ2SEQ,
     "classification": _ENCODER + (CLASS_LABELS,),
     "regression": _ENCODER + (SCORE_LABELS,),
     "token_classification": _ENCODER + (TAG_LABELS,),
@@ -92,22 +106,24 @@ def fields(objective: str, packed: bool = False) -> tuple[Field, ...]:
   return BATCHES[objective] + (PACKED if packed and is_masked_lm(objective) else ())
 
 
-def shape(field: Field, rows: int, length: int, predictions: int) -> tuple[int, ...]:
-  sizes = {"B": rows, "L": length, "P": predictions}
+def shape(field: Field, rows: int, length: int, predictions: int,
+          decoder_length: int = 0) -> tuple[int, ...]:
+  sizes = {"B": rows, "L": length, "P": predictions, "T": decoder_length}
   return tuple(sizes[d] for d in field.dims)
 
 
 def abstract_batch(objective: str, rows: int, length: int, predictions: int = 0,
-                   packed: bool = False) -> dict[str, Any]:
+                   packed: bool = False, decoder_length: int = 0) -> dict[str, Any]:
   """The batch as jax.ShapeDtypeStructs: what an ahead-of-time compile is given."""
   import jax
-  return {f.name: jax.ShapeDtypeStruct(shape(f, rows, length, predictions), np.dtype(f.dtype))
+  return {f.name: jax.ShapeDtypeStruct(shape(f, rows, length, predictions, decoder_length),
+                                       np.dtype(f.dtype))
           for f in fields(objective, packed)}
 
 
 def example_batch(objective: str, rows: int, length: int, predictions: int = 0, *,
                   vocab_size: int, mask_prob: float = 0.15, packed: bool = False,
-                  seed: int = 0) -> dict[str, np.ndarray]:
+                  seed: int = 0, decoder_length: int = 0) -> dict[str, np.ndarray]:
   """A batch with what real data has, for timing a step: random token ids, two segments,
   round(mask_prob·L) masked positions per row (at most P; padded slots weigh 0), random labels,
   one document per row with a loss on every token."""
@@ -139,6 +155,11 @@ def example_batch(objective: str, rows: int, length: int, predictions: int = 0, 
       "start_positions": rng.randint(0, length, (rows,)).astype(np.int32),
       "end_positions": rng.randint(0, length, (rows,)).astype(np.int32),
   }
+  if objective in SEQ2SEQ:
+    targets = rng.randint(5, vocab_size, (rows, decoder_length)).astype(np.int32)
+    ones = np.ones((rows, decoder_length), np.int32)
+    values.update(decoder_input_ids=np.roll(targets, 1, axis=1), target_ids=targets,
+                  decoder_document_ids=ones, loss_mask=ones)
   batch = {}
   for f in fields(objective, packed):
     if f.name == "labels":

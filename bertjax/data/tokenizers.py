@@ -175,6 +175,12 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
   return out_dir
 
 
+def appended_pieces(style: str) -> int:
+  """How many pieces a style adds after training (T5's 100 sentinels, BART's <mask>): a
+  vocabulary of N ids trains N minus these."""
+  return len(_APPENDED.get(style, []))
+
+
 def _append_pieces(model: bytes, pieces: list[str]) -> bytes:
   """The serialised model with control `pieces` added at the end of its vocabulary
   (SentencePiece's trainer puts its own control symbols first)."""

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax.data import schema
+from bertjax.data import decoder_length, schema
 from bertjax.parallel import distributed, sharding
 from bertjax.training import flops as flops_lib
 from bertjax.tools.hlo import analyze_hlo
@@ -34,7 +34,8 @@ def abstract_batch(config: ml_collections.ConfigDict) -> dict[str, jax.ShapeDtyp
   """The global batch of the config's objective as shapes (bertjax.data.schema)."""
   return schema.abstract_batch(config.objective, int(config.batch_size), int(config.seq_length),
                                int(config.max_predictions),
-                               packed=config.data.bert_instances == "packed")
+                               packed=config.data.bert_instances == "packed",
+                               decoder_length=decoder_length(config))
 
 
 @dataclasses.dataclass
@@ -142,8 +143,7 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
            for k, v in batch.items()}
   mc = trainer.model_config
   params = count_params(state.params)
-  predictions = None if config.objective == "causal_lm" else int(config.max_predictions)
-  analytic = flops_lib.train_flops_per_step(mc, batch_size, seq_length, predictions)
+  analytic = flops_lib.run_flops_per_step(mc, config, batch_size, seq_length)
   rules = config.sharding_rules if isinstance(config.sharding_rules, str) else "custom"
   common = {
       "topology": spec, "mesh": dict(mesh.shape),

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.data import schema
+from bertjax.data import decoder_length, schema
 from bertjax.training import flops as flops_lib
 from bertjax.parallel import sharding
 from bertjax.models.params import count_params
@@ -39,7 +39,8 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
                               int(config.max_predictions),
                               vocab_size=int(config.model.vocab_size),
                               mask_prob=float(config.data.mask_prob),
-                              packed=config.data.bert_instances == "packed", seed=seed)
+                              packed=config.data.bert_instances == "packed", seed=seed,
+                              decoder_length=decoder_length(config))
 
 
 def predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
@@ -214,7 +215,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   for dtype in dtypes:
     log(f"compiling our train step ({dtype})")
     ours[dtype] = OurStep(_with_dtype(config, dtype), batch)
-  model_flops = flops_lib.train_flops_per_step(model, b, l, predictions_per_seq(config))
+  model_flops = flops_lib.run_flops_per_step(model, config)
   references: dict[str, Any] = {}
   first_torch_peaks: dict[str, float] = {}
   if compare == "hf":

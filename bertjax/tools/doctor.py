@@ -131,8 +131,7 @@ def speed_check(step: bench.OurStep, config: ml_collections.ConfigDict, note: st
   seconds = float(np.median(times))
   loss = float(jax.device_get(step.metrics["loss"]))
   model = config_lib.model_config(config)
-  flops = flops_lib.train_flops_per_step(model, int(config.batch_size), int(config.seq_length),
-                                         bench.predictions_per_seq(config))
+  flops = flops_lib.run_flops_per_step(model, config)
   nominal = flops_lib.nominal_peak_flops()
   measured = (flops_lib.measure_matmul_peak(flops_lib.matmul_peak_size(1024),
                                             jnp.dtype(model.dtype))

@@ -25,21 +25,23 @@ def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str
   params = nn.meta.unbox(abstract_params(build_model(config, head)))
   flat = {"/".join(str(getattr(k, "key", k)) for k in path): int(np.prod(leaf.shape))
           for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  # The encoder-decoders' token table is `shared` (T5, BART), BART's positions `positions`.
   embedding_tables = ("word_embeddings/", "position_embeddings/", "token_type_embeddings/",
-                      "wte/", "wpe/")
+                      "wte/", "wpe/", "shared/", "/positions/")
   groups = {"embeddings": 0, "layers": 0, "heads": 0}
   generator = sum(size for name, size in flat.items() if name.startswith("generator/"))
   for name, size in flat.items():
     if name.startswith("generator/"):
       continue
-    if any(t in name for t in embedding_tables) or "embeddings_norm" in name:
+    if (any(t in f"/{name}" for t in embedding_tables) or "embeddings_norm" in name
+        or "embedding_norm" in name):
       groups["embeddings"] += size
     elif "/encoder/" in f"/{name}" or "/decoder/" in f"/{name}" or "final_norm" in name:
       groups["layers"] += size
     else:
       groups["heads"] += size
   total = sum(flat.values())
-  tables = sum(s for n, s in flat.items() if any(t in n for t in embedding_tables))
+  tables = sum(s for n, s in flat.items() if any(t in f"/{n}" for t in embedding_tables))
   counts = {**groups, "total": total, "non_embedding": total - tables}
   if generator:
     counts.update(generator=generator, discriminator=total - generator)

@@ -18,6 +18,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,25 @@ def matmul_params(cfg: ModelConfig) -> int:
   embedding tables and heads."""
   d, f = cfg.hidden_size, cfg.mlp_dim
   return cfg.num_layers * (4 * d * d + (3 if cfg.mlp_gated else 2) * d * f)
+
+
+def encoder_decoder_flops_per_step(cfg: ModelConfig, batch_size: int, encoder_length: int,
+                                   decoder_length: int) -> float:
+  """Model FLOPs of one training step of an encoder-decoder (T5, BART): the encoder's layers
+  over its tokens; the decoder's self-attention, cross-attention (its keys and values projected
+  from every encoder token, in every decoder layer) and MLP over its tokens; the LM head on
+  every decoder token. Attention projections are hidden_size x heads x head_dim (T5's head
+  width need not be hidden_size / heads)."""
+  d, f, inner = cfg.hidden_size, cfg.mlp_dim, cfg.num_heads * cfg.head_dim
+  mlp = (3 if cfg.mlp_gated else 2) * d * f
+  encoder_tokens, decoder_tokens = batch_size * encoder_length, batch_size * decoder_length
+  encoder = cfg.num_layers * (6 * (4 * d * inner + mlp) + 12 * encoder_length * inner)
+  decoder = cfg.decoder_depth * (6 * (6 * d * inner + mlp)
+                                 + 12 * (decoder_length + encoder_length) * inner)
+  cross_kv = cfg.decoder_depth * 6 * 2 * d * inner
+  head = 6 * cfg.vocab_size * d
+  return float(encoder * encoder_tokens + (decoder + head) * decoder_tokens
+               + cross_kv * encoder_tokens)
 
 
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
@@ -75,6 +95,23 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
     pooler = d * d if cfg.pooler else 0
     heads = 6 * d * e * predicted + 6 * (pooler + 2 * d) * batch_size
   return float(stack + projection + vocab + heads)
+
+
+def run_flops_per_step(cfg: ModelConfig, config: Any, batch_size: int | None = None,
+                       seq_length: int | None = None) -> float:
+  """Model FLOPs of one training step of the run `config` (its objective decides which
+  positions reach the vocabulary: MLM's gathered predictions, every position for a causal or
+  encoder-decoder LM, none for a fine-tuning head); `batch_size` and `seq_length` where a phase
+  or a ramp stage differs from the config's."""
+  from bertjax.data import decoder_length, schema
+  b = int(config.batch_size) if batch_size is None else batch_size
+  length = int(config.seq_length) if seq_length is None else seq_length
+  objective = config.objective
+  if cfg.is_encoder_decoder:
+    return encoder_decoder_flops_per_step(cfg, b, length, decoder_length(config))
+  predictions = (None if objective == "causal_lm" else
+                 int(config.max_predictions) if schema.is_masked_lm(objective) else 0)
+  return train_flops_per_step(cfg, b, length, predictions)
 
 
 def device_peak_flops(device: jax.Device) -> float | None:

@@ -31,7 +31,6 @@ from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoi
                                              restore_or_initialize)
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
 from bertjax.config import phases, ramp
-from bertjax.data import schema
 from bertjax.parallel import distributed, sharding
 from bertjax.training import flops, hooks, plot
 from bertjax.training.finetuning import FineTuning
@@ -161,11 +160,8 @@ class _PhaseData:
     # they interleave with other hosts' rows); the data of a row is the same wherever loaded.
     self.layout = distributed.row_layout(trainer.data_sharding(), self.batch_size)
     self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
-    objective = self.config.objective
-    self.flops_per_step = flops.train_flops_per_step(
-        trainer.model_config, self.batch_size, self.seq_length,
-        None if objective == "causal_lm" else
-        int(self.config.max_predictions) if schema.is_masked_lm(objective) else 0)
+    self.flops_per_step = flops.run_flops_per_step(trainer.model_config, self.config,
+                                                   self.batch_size, self.seq_length)
     self.compiled = False
     return True
 

@@ -30,7 +30,8 @@ Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
-PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "mlm_sbo", "rtd", "causal_lm")
+PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "mlm_sbo", "rtd", "causal_lm", "span_corruption",
+               "denoising")
 FINETUNING = ("classification", "regression", "token_classification", "question_answering")
 OBJECTIVES = PRETRAINING + FINETUNING
 
@@ -293,6 +294,30 @@ class CausalLM:
 
 
 @dataclasses.dataclass(frozen=True)
+class Seq2SeqLM:
+  """An encoder-decoder's next-token cross-entropy on the decoder's targets where `loss_mask`
+  is 1 (T5's span corruption, BART's denoising); the examples packed into a row are told apart
+  by their ids in the encoder's and the decoder's rows."""
+
+  model: nn.Module
+
+  def normalizers(self, batch: Batch) -> dict[str, Array]:
+    return {"tokens": jnp.maximum(batch["loss_mask"].sum().astype(jnp.float32), 1e-5)}
+
+  def __call__(self, params: Any, batch: Batch, norm: dict[str, Array],
+               rng: Array | None) -> tuple[Array, dict[str, Array]]:
+    logits = self.model.apply(
+        {"params": params}, batch["input_ids"], batch["decoder_input_ids"],
+        encoder_segments_BS=batch["document_ids"],
+        decoder_segments_BL=batch["decoder_document_ids"], deterministic=rng is None,
+        rngs={"dropout": rng} if rng is not None else {})
+    nll, correct = weighted_nll(logits, batch["target_ids"],
+                                batch["loss_mask"].astype(jnp.float32))
+    loss = nll / norm["tokens"]
+    return loss, {"lm_loss": loss, "lm_accuracy": correct / norm["tokens"]}
+
+
+@dataclasses.dataclass(frozen=True)
 class Finetuning:
   """A task head on BERT: cross-entropy over classes (`classification`: sentence or pair
   on the pooled [CLS]; `token_classification`: every token whose label is not IGNORE), mean
@@ -351,12 +376,12 @@ class Finetuning:
 
 def build_objective(name: str, model: nn.Module, discriminator_weight: float = 50.0
                     ) -> (BertPretraining | SpanBoundaryPretraining | ReplacedTokenDetection
-                          | CausalLM | Finetuning):
+                          | CausalLM | Seq2SeqLM | Finetuning):
   """`mlm_nsp` (BERT), `mlm` (RoBERTa: no sentence task), `mlm_sop` (ALBERT's sentence-order
   prediction: the same 2-way head, labels say whether the segments were swapped), `mlm_sbo`
   (SpanBERT: MLM plus the span-boundary objective), `rtd`
   (ELECTRA, DeBERTa-v3: a generator and its discriminator, `discriminator_weight` λ),
-  `causal_lm` (GPT); `classification`, `regression`, `token_classification`,
+  `causal_lm` (GPT), `span_corruption` (T5), `denoising` (BART); `classification`, `regression`, `token_classification`,
   `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks).
   Knowledge distillation builds on these (bertjax.training.distillation.objective)."""
   family = model.config.family
@@ -364,6 +389,14 @@ def build_objective(name: str, model: nn.Module, discriminator_weight: float = 5
     if family != "gpt":
       raise ValueError("objective causal_lm needs a GPT model (model.family='gpt')")
     return CausalLM(model)
+  if name in ("span_corruption", "denoising"):
+    if not model.config.is_encoder_decoder:
+      raise ValueError(f"objective {name} needs an encoder-decoder (model.family='t5' or "
+                       f"'bart'), got {family!r}")
+    return Seq2SeqLM(model)
+  if model.config.is_encoder_decoder:
+    raise ValueError(f"objective {name!r}: an encoder-decoder ({family}) pre-trains with "
+                     "span_corruption (T5) or denoising (BART)")
   if name == "rtd":
     if family != "bert" or not model.config.has_generator:
       raise ValueError("objective rtd needs an encoder with a generator "

@@ -116,6 +116,11 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
     second = learning_rate_schedule(second_opt, num_train_steps - start)
     return optax.join_schedules([first, second], [start])
   peak, warmup = float(opt.learning_rate), int(opt.warmup_steps)
+  if opt.schedule == "rsqrt":
+    # T5's inverse square root (Raffel et al. 2020, Section 3.1.2): the peak for the first
+    # warmup_steps steps, then peak * sqrt(warmup_steps / step); no ramp.
+    k = float(max(warmup, 1))
+    return lambda step: peak * jnp.sqrt(k / jnp.maximum(jnp.asarray(step, jnp.float32), k))
   if warmup > num_train_steps:
     # A shortened run keeps its config's warmup: one override (num_train_steps) is enough.
     log.warning("optimizer.warmup_steps=%d exceeds the %d steps scheduled: warming up over "
@@ -135,7 +140,7 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, num_train_steps: int,
     decay_fn = _stable_then_decay(peak, peak * float(opt.end_lr_fraction), remaining,
                                   float(opt.decay_fraction), str(opt.decay_shape))
   else:
-    raise ValueError(f"optimizer.schedule must be linear, cosine, constant or wsd, got "
+    raise ValueError(f"optimizer.schedule must be linear, cosine, constant, wsd or rsqrt, got "
                      f"{opt.schedule!r}")
   return optax.join_schedules([warmup_fn, decay_fn], [warmup])
 
