@@ -86,7 +86,7 @@ def get_config(arg=None):
 
 def tiny():
   """2 + 2 layers of width 128 (4 heads of 32, ReLU MLP 512), vocabulary 8,192 (8,092 pieces
-  trained on the embedded sample + 100 sentinels), encoder 128 tokens (targets 30), batch 16,
+  trained on the embedded sample + 100 sentinels), encoder 128 tokens (targets 29), batch 16,
   600 steps of AdamW at 1e-3 (Adafactor's defaults are tuned for T5's sizes), dropout 0.1."""
   config = base_config(t5_model(vocab_size=8192, hidden_size=128, num_layers=2, num_heads=4,
                                 mlp_dim=512, max_positions=128))
