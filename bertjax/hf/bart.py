@@ -132,4 +132,4 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
           "activation_dropout": cfg.activation_dropout, "init_std": cfg.initializer_range,
           "scale_embedding": cfg.scale_embeddings, "tie_word_embeddings": True,
           "is_encoder_decoder": True, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
-          "decoder_start_token_id": 2, "forced_eos_token_id": 2, "torch_dtype": dtype}
+          "decoder_start_token_id": 2, "forced_eos_token_id": None, "torch_dtype": dtype}

@@ -1,5 +1,6 @@
-"""Generation: GPT decoding with a KV cache (`generate`), and BERT fill-mask (`fill_mask`);
-guide: docs/generation.md.
+"""Generation: GPT decoding with a KV cache (`generate`), T5 and BART decoding from their sources
+(`generate_seq2seq`: the encoder once, the decoder's cache in bertjax/inference/seq2seq.py), and
+BERT fill-mask (`fill_mask`); guide: docs/generation.md.
 
 `generate` decodes a batch of prompts of different lengths in one jitted `lax.while_loop`, with
 `transformers`' `generate` semantics (greedy, sampling, beam search, repetition penalty, n-gram
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.models import GPT, BertForPreTraining, ModelConfig
+from bertjax.inference import seq2seq
 from bertjax.models.electra import generator_params
 
 from bertjax.models.params import unscanned
@@ -140,7 +142,8 @@ def _warp(scores_RV: Array, gen: GenerationConfig) -> Array:
 
 def _decode_config(config: ModelConfig) -> ModelConfig:
   if config.family != "gpt":
-    raise ValueError(f"generate needs a GPT model, got family={config.family!r}")
+    raise ValueError(f"generate needs a GPT model, got family={config.family!r} (T5 and BART: "
+                     "generate_seq2seq)")
   return config.replace(remat_policy="none", hidden_dropout=0.0, attention_dropout=0.0)
 
 
@@ -164,34 +167,47 @@ def decode_step(params: Any, config: ModelConfig, cache: Any, ids_RL: Array,
 
 
 def _reorder_cache(cache: Any, rows_R: Array) -> Any:
-  """Gathers the cache rows of the surviving beams (batch axis after the scanned layer axis)."""
+  """Gathers the cache rows of the surviving beams (batch axis after the scanned layer axis);
+  counters and slot records (fewer than 4 axes) are shared."""
   def gather(path, leaf):
-    if "cache_index" in jax.tree_util.keystr(path):
+    if "cache_index" in jax.tree_util.keystr(path) or leaf.ndim < 4:
       return leaf
     return jnp.take(leaf, rows_R, axis=leaf.ndim - 4)
   return jax.tree_util.tree_map_with_path(gather, cache)
 
 
-def _prefill(params, config, ids_RP, pad_R, total):
-  """The prompts into a fresh cache of `total` slots: logits at the last prompt slot."""
+def _prefill(params, config, ids_RP, pad_R, total, source):
+  """The prompts into a fresh cache of `total` slots: logits at the last prompt slot. An
+  encoder-decoder's `source` is encoded first, its prompt the decoder's start token."""
   rows, length = ids_RP.shape
-  cache = init_cache(config, rows, total)
   slots_S = jnp.arange(total)
   key_mask_RS = slots_S[None, :] >= pad_R[:, None]
+  seq_RS = jnp.full((rows, total), 0, jnp.int32).at[:, :length].set(ids_RP)
+  if config.is_encoder_decoder:
+    logits_RV, cache = seq2seq.prefill(params, config, ids_RP, total, source)
+    return logits_RV, cache, seq_RS, key_mask_RS
+  cache = init_cache(config, rows, total)
   positions_RP = jnp.maximum(jnp.arange(length)[None, :] - pad_R[:, None], 0)
   logits, cache = decode_step(params, config, cache, ids_RP, positions_RP, key_mask_RS)
-  seq_RS = jnp.full((rows, total), 0, jnp.int32).at[:, :length].set(ids_RP)
   return logits[:, -1], cache, seq_RS, key_mask_RS
 
 
+def _step(params, config, cache, ids_RL, positions_RL, key_mask_RS, source):
+  if config.is_encoder_decoder:
+    return seq2seq.step(params, config, cache, ids_RL, source)
+  return decode_step(params, config, cache, ids_RL, positions_RL, key_mask_RS)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "gen"))
-def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: GenerationConfig):
+def _sample_loop(params, ids_BP, pad_B, seed, source=None, *, config: ModelConfig,
+                 gen: GenerationConfig):
   """Greedy or sampling; returns generated tokens [B, T] (pad after a stop) and steps run.
 
   The cache holds P + max_new_tokens slots."""
   batch, prompt = ids_BP.shape
   total = prompt + gen.max_new_tokens
-  logits_BV, cache, seq_BS, key_mask_BS = _prefill(params, config, ids_BP, pad_B, total)
+  logits_BV, cache, seq_BS, key_mask_BS = _prefill(params, config, ids_BP, pad_B, total,
+                                                   source)
   lengths_B = prompt - pad_B
   key = jax.random.key(seed)
   stop = jnp.asarray(gen.stop_tokens or (-1,), jnp.int32)
@@ -206,8 +222,8 @@ def _sample_loop(params, ids_BP, pad_B, seed, *, config: ModelConfig, gen: Gener
     token_B = jnp.where(done_B, gen.pad_token, token_B).astype(jnp.int32)
     seq_BS = jax.lax.dynamic_update_slice_in_dim(seq_BS, token_B[:, None], prompt + t, axis=1)
     done_B = done_B | jnp.isin(token_B, stop)
-    logits_B1V, cache = decode_step(params, config, cache, token_B[:, None],
-                                    (lengths_B + t)[:, None], key_mask_BS)
+    logits_B1V, cache = _step(params, config, cache, token_B[:, None],
+                              (lengths_B + t)[:, None], key_mask_BS, source)
     return t + 1, cache, logits_B1V[:, 0], seq_BS, done_B
 
   def cond(state):
@@ -226,7 +242,8 @@ def _gather(x_BK, index_BJ):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gen"))
-def _beam_loop(params, ids_BP, pad_B, *, config: ModelConfig, gen: GenerationConfig):
+def _beam_loop(params, ids_BP, pad_B, source=None, *, config: ModelConfig,
+               gen: GenerationConfig):
   """Hugging Face's vectorised beam search (transformers 5 `_beam_search`) with a KV cache.
 
   Returns the best finished sequence's new tokens [B, T] and its length [B].
@@ -237,7 +254,9 @@ def _beam_loop(params, ids_BP, pad_B, *, config: ModelConfig, gen: GenerationCon
   keep = max(2, 1 + len(gen.stop_tokens)) * beams
   rows = batch * beams
   ids_RP, pad_R = jnp.repeat(ids_BP, beams, axis=0), jnp.repeat(pad_B, beams, axis=0)
-  logits_RV, cache, seq_RS, key_mask_RS = _prefill(params, config, ids_RP, pad_R, total)
+  source = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0), source)
+  logits_RV, cache, seq_RS, key_mask_RS = _prefill(params, config, ids_RP, pad_R, total,
+                                                   source)
   lengths_R = prompt - pad_R
   vocab = logits_RV.shape[-1]
   stop = jnp.asarray(gen.stop_tokens or (-1,), jnp.int32)
@@ -292,8 +311,8 @@ def _beam_loop(params, ids_BP, pad_B, *, config: ModelConfig, gen: GenerationCon
     # Next logits of the surviving beams: their caches, then their newest token.
     cache = _reorder_cache(cache, (jnp.arange(batch)[:, None] * beams + parent_BK).reshape(-1))
     token_R1 = running_BKS[:, :, prompt + t - 1].reshape(rows, 1)
-    logits_R1V, cache = decode_step(params, config, cache, token_R1,
-                                    (lengths_R + t - 1)[:, None], key_mask_RS)
+    logits_R1V, cache = _step(params, config, cache, token_R1,
+                              (lengths_R + t - 1)[:, None], key_mask_RS, source)
     return (t, cache, logits_R1V[:, 0], running_BKS, running_scores_BK, seqs_BKS, scores_BK,
             lengths_BK, finished_BK, unsatisfied_B1, go)
 
@@ -350,12 +369,47 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
     raise ValueError(f"the longest prompt ({longest} tokens) plus max_new_tokens="
                      f"{max_new_tokens} exceeds the model's {model_config.max_positions} "
                      "positions")
-  if num_beams > 1:
-    tokens, lengths = _beam_loop(params, jnp.asarray(ids), jnp.asarray(pad),
+  return _decode(params, model_config, ids, pad, gen, seed)
+
+
+def generate_seq2seq(params: Any, model_config: ModelConfig, sources: Sequence[Sequence[int]],
+                     *, decoder_start: int, seed: int = 0, **settings: Any) -> list[list[int]]:
+  """New tokens for each source (T5, BART): the encoder reads the sources (right-padded), the
+  decoder starts from `decoder_start` (T5's <pad>, BART's </s>: transformers'
+  decoder_start_token_id) and decodes with `settings` as `generate`'s (max_new_tokens,
+  do_sample, num_beams, stop_tokens, ...), each row as transformers' `generate` on the
+  exported model, the start token not returned."""
+  if not model_config.is_encoder_decoder:
+    raise ValueError(f"generate_seq2seq needs an encoder-decoder (T5, BART), got "
+                     f"family={model_config.family!r}")
+  settings["stop_tokens"] = tuple(int(s) for s in settings.get("stop_tokens", ()))
+  gen = GenerationConfig(**settings)
+  if not sources or any(len(s) == 0 for s in sources):
+    raise ValueError("every source needs at least one token")
+  length = max(len(s) for s in sources)
+  ids = np.zeros((len(sources), length), np.int32)
+  mask = np.zeros((len(sources), length), np.int32)
+  for b, s in enumerate(sources):
+    ids[b, :len(s)], mask[b, :len(s)] = s, 1
+  if model_config.family == "bart" and (length > model_config.max_positions
+                                         or 1 + gen.max_new_tokens > model_config.max_positions):
+    raise ValueError(f"BART reads at most {model_config.max_positions} positions on each side")
+  params, model_config = unscanned(params, model_config)
+  start = np.full((len(sources), 1), decoder_start, np.int32)
+  return _decode(params, model_config, start, np.zeros(len(sources), np.int32), gen, seed,
+                 (jnp.asarray(ids), jnp.asarray(mask)))
+
+
+def _decode(params: Any, model_config: ModelConfig, ids: np.ndarray, pad: np.ndarray,
+            gen: GenerationConfig, seed: int, source: Any = None) -> list[list[int]]:
+  """The decoding loops on prompts `ids` (left-padded by `pad`; an encoder-decoder's start
+  tokens, with its `source`): each row's new tokens, up to and including a stop token."""
+  if gen.num_beams > 1:
+    tokens, lengths = _beam_loop(params, jnp.asarray(ids), jnp.asarray(pad), source,
                                  config=model_config, gen=gen)
     tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-    return [tokens[b, :lengths[b]].tolist() for b in range(len(prompts))]
-  tokens, steps = _sample_loop(params, jnp.asarray(ids), jnp.asarray(pad), seed,
+    return [tokens[b, :lengths[b]].tolist() for b in range(len(ids))]
+  tokens, steps = _sample_loop(params, jnp.asarray(ids), jnp.asarray(pad), seed, source,
                                config=model_config, gen=gen)
   tokens, steps = np.asarray(tokens), int(steps)
   out = []

@@ -43,6 +43,7 @@ class Block(nn.Module):
   config: ModelConfig
   decoder: bool = False
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, encoded_BSD: Array | None,
@@ -51,11 +52,12 @@ class Block(nn.Module):
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
     init = layers.kernel_init(cfg)
-    self_attention = layers.SelfAttention(cfg, self.deterministic, name="attention")
+    self_attention = layers.SelfAttention(cfg, self.deterministic, self.decode, name="attention")
     x_BLD = layers.layer_norm(cfg, "attention_norm")(x_BLD + dropout(self_attention(x_BLD, mask)))
     if self.decoder:
       cross_attention = encoder_decoder.CrossAttention(cfg, init, init, init,
                                                        deterministic=self.deterministic,
+                                                       decode=self.decode,
                                                        name="cross_attention")
       x_BLD = layers.layer_norm(cfg, "cross_attention_norm")(
           x_BLD + dropout(cross_attention(x_BLD, encoded_BSD, cross)))
@@ -74,9 +76,17 @@ class Stack(nn.Module):
   @nn.compact
   def __call__(self, tokens_BLD: Array, positions_BL: Array, mask: attention.AttentionMask,
                deterministic: bool, encoded_BSD: Array | None = None,
-               cross: attention.AttentionMask | None = None) -> Array:
+               cross: attention.AttentionMask | None = None, decode: bool = False) -> Array:
+    """`decode=True` (the decoder in generation): the L tokens after the cache's `index`
+    already decoded, at those positions."""
     cfg = self.config
     depth = cfg.decoder_depth if self.decoder else cfg.num_layers
+    if decode:
+      initialized = self.has_variable("cache", "index")
+      index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+      positions_BL = positions_BL + index.value
+      if initialized:
+        index.value = index.value + tokens_BLD.shape[1]
     table = layers.embed(cfg, cfg.max_positions + POSITION_OFFSET, (None, "embed"), "positions")
     x_BLD = tokens_BLD + table(positions_BL + POSITION_OFFSET)
     x_BLD = layers.layer_norm(cfg, "embedding_norm")(x_BLD)
@@ -87,15 +97,15 @@ class Stack(nn.Module):
       block = nn.remat(Block, policy=layers.REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      stack = nn.scan(block, variable_axes={"params": 0},
+      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * 3, length=depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, self.decoder, deterministic, name="layers")(
+      x_BLD, _ = stack(cfg, self.decoder, deterministic, decode, name="layers")(
           x_BLD, mask, encoded_BSD, cross)
     else:
       for i in range(depth):
-        x_BLD, _ = block(cfg, self.decoder, deterministic, name=f"layers_{i}")(
+        x_BLD, _ = block(cfg, self.decoder, deterministic, decode, name=f"layers_{i}")(
             x_BLD, mask, encoded_BSD, cross)
     return x_BLD
 
@@ -129,18 +139,19 @@ class Bart(nn.Module):
     return self.encoder(self._tokens(input_ids_BS), _positions(input_ids_BS, encoder_segments_BS),
                         mask, deterministic)
 
-  def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array,
+  def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array | None,
              attention_mask_BS: Array | None = None, decoder_attention_mask_BL: Array | None = None,
              encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
-             deterministic: bool = True) -> Array:
-    """Next-token logits [B, L, V] in float32 given the encoder's output."""
+             deterministic: bool = True, decode: bool = False) -> Array:
+    """Next-token logits [B, L, V] in float32 given the encoder's output; `decode=True` as
+    T5's (bertjax/models/t5.py)."""
     cfg = self.config
     self_mask, cross = encoder_decoder.decoder_masks(
         decoder_input_ids_BL.shape[1], encoded_BSD, attention_mask_BS, decoder_attention_mask_BL,
-        encoder_segments_BS, decoder_segments_BL)
+        encoder_segments_BS, decoder_segments_BL, decode)
     x_BLD = self.decoder(self._tokens(decoder_input_ids_BL),
                          _positions(decoder_input_ids_BL, decoder_segments_BL), self_mask,
-                         deterministic, encoded_BSD, cross)
+                         deterministic, encoded_BSD, cross, decode)
     logits_BLV = layers.tied_logits(cfg, self.shared, x_BLD)
     return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
 

@@ -34,11 +34,19 @@ def encoder_mask(input_ids_BS: Array, attention_mask_BS: Array | None = None,
                                 encoder_segments_BS)
 
 
-def decoder_masks(decoder_length: int, encoded_BSD: Array, attention_mask_BS: Array | None,
+def decoder_masks(decoder_length: int, encoded_BSD: Array | None, attention_mask_BS: Array | None,
                   decoder_attention_mask_BL: Array | None, encoder_segments_BS: Array | None,
-                  decoder_segments_BL: Array | None
+                  decoder_segments_BL: Array | None, decode: bool = False
                   ) -> tuple[attention.AttentionMask, attention.AttentionMask]:
-  """(the decoder's causal self-attention mask, its cross-attention mask)."""
+  """(the decoder's causal self-attention mask, its cross-attention mask). With `decode`
+  (generation: the decoder's tokens one step at a time over its KV cache) the self-attention
+  mask is all ones, which the attention makes causal by cache slot; the cross-attention mask
+  comes from `attention_mask_BS` (the encoder's output may be absent: cached)."""
+  if decode:
+    if attention_mask_BS is None:
+      raise ValueError("decode=True needs attention_mask_BS (the encoder's padding)")
+    ones = attention.AttentionMask(jnp.ones((attention_mask_BS.shape[0], 1, 1, 1), bool))
+    return ones, attention.cross_mask(decoder_length, attention_mask_BS)
   encoder_valid_BS = valid(encoded_BSD[..., 0], attention_mask_BS, encoder_segments_BS)
   self_mask = attention.decoder_mask(decoder_length, decoder_segments_BL,
                                      decoder_attention_mask_BL)
@@ -50,7 +58,11 @@ def decoder_masks(decoder_length: int, encoded_BSD: Array, attention_mask_BS: Ar
 class CrossAttention(nn.Module):
   """The decoder reading the encoder's output: `query` from the decoder, a fused `kv` [D, 2, N,
   H] from the encoder, `out`; biases where the config has attention biases (BART), scores
-  divided by `score_divisor` (None: sqrt(H); T5: 1.0, its query initialisation carries it)."""
+  divided by `score_divisor` (None: sqrt(H); T5: 1.0, its query initialisation carries it).
+
+  `decode=True` (generation): the keys and values are computed once, when the encoder's output
+  is given, and kept in the "cache" collection (`cross_key`, `cross_value` [B, S, N, H], as
+  the self-attention's cache); calls without it read them."""
 
   config: ModelConfig
   query_init: layers.Initializer
@@ -58,22 +70,33 @@ class CrossAttention(nn.Module):
   out_init: layers.Initializer
   score_divisor: float | None = None
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
-  def __call__(self, x_BLD: Array, encoded_BSD: Array, mask: attention.AttentionMask) -> Array:
+  def __call__(self, x_BLD: Array, encoded_BSD: Array | None,
+               mask: attention.AttentionMask) -> Array:
     cfg = self.config
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     bias = cfg.attention_bias
     q_BLNH = Dense(cfg, "bld,dnh->blnh", (d, n, h), ("embed", "heads", "kv"),
                    (n, h) if bias else None, ("heads", "kv"), init=self.query_init,
                    name="query")(x_BLD)
-    kv_BS2NH = Dense(cfg, "bsd,dtnh->bstnh", (d, 2, n, h), ("embed", "qkv", "heads", "kv"),
-                     (2, n, h) if bias else None, ("qkv", "heads", "kv"), init=self.kv_init,
-                     name="kv")(encoded_BSD)
+    project = Dense(cfg, "bsd,dtnh->bstnh", (d, 2, n, h), ("embed", "qkv", "heads", "kv"),
+                    (2, n, h) if bias else None, ("qkv", "heads", "kv"), init=self.kv_init,
+                    name="kv")
+    if encoded_BSD is not None:
+      kv_BS2NH = project(encoded_BSD)
+      k_BSNH, v_BSNH = kv_BS2NH[:, :, 0], kv_BS2NH[:, :, 1]
+      if self.decode:
+        for name, x in (("cross_key", k_BSNH), ("cross_value", v_BSNH)):
+          self.variable("cache", name, lambda x=x: x).value = x
+    else:  # decoding after the first step: the cached keys and values
+      k_BSNH, v_BSNH = (self.variable("cache", name, lambda: None).value
+                        for name in ("cross_key", "cross_value"))
     q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
     # The XLA core: the fused kernels assume queries and keys of one sequence.
-    out_BLNH = attention.attend(cfg.replace(attention="xla"), q_BLNH, kv_BS2NH[:, :, 0],
-                                kv_BS2NH[:, :, 1], mask, deterministic=self.deterministic,
+    out_BLNH = attention.attend(cfg.replace(attention="xla"), q_BLNH, k_BSNH, v_BSNH, mask,
+                                deterministic=self.deterministic,
                                 score_divisor=self.score_divisor)
     out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),

@@ -94,10 +94,12 @@ class RelativeBias(nn.Module):
 
 class SelfAttention(nn.Module):
   """Multi-head self-attention without biases or score scaling (the relative bias added), its
-  q, k, v fused into one kernel as the other models'."""
+  q, k, v fused into one kernel as the other models'. `decode=True`: the decoder's KV cache,
+  as layers.SelfAttention's (slots written at `cache_index`, causal by slot)."""
 
   config: ModelConfig
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array) -> Array:
@@ -115,13 +117,36 @@ class SelfAttention(nn.Module):
                       None, init=init_qkv, name="qkv")(x_BLD)
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
+    if self.decode:
+      k_BSNH, v_BSNH, mask = _cached(self, k_BSNH, v_BSNH, mask)
     # T5 folds 1/sqrt(H) into the query's initialisation: the scores are not divided.
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
-                                deterministic=self.deterministic, score_bias_BNLS=bias_1NLS,
-                                score_divisor=1.0)
+                                deterministic=self.deterministic, decode=self.decode,
+                                score_bias_BNLS=bias_1NLS, score_divisor=1.0)
     out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), None,
                  init=_init(cfg, n * h), name="out")(out_BLNH)
+
+
+def _cached(module: nn.Module, k_BLNH: Array, v_BLNH: Array, mask: attention.AttentionMask
+            ) -> tuple[Array, Array, attention.AttentionMask]:
+  """The whole cache's keys and values with this call's L written at `cache_index` (the first,
+  creating call makes a cache of L slots), and the mask made causal by slot."""
+  initialized = module.has_variable("cache", "cached_key")
+  key = module.variable("cache", "cached_key", jnp.zeros, k_BLNH.shape, k_BLNH.dtype)
+  value = module.variable("cache", "cached_value", jnp.zeros, v_BLNH.shape, v_BLNH.dtype)
+  index = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+  start = index.value
+  if initialized:
+    key.value = jax.lax.dynamic_update_slice(key.value, k_BLNH.astype(key.value.dtype),
+                                             (0, start, 0, 0))
+    value.value = jax.lax.dynamic_update_slice(value.value, v_BLNH.astype(value.value.dtype),
+                                               (0, start, 0, 0))
+    index.value = start + k_BLNH.shape[1]
+  query_slots_L = start + jnp.arange(k_BLNH.shape[1])
+  causal_LS = jnp.arange(key.value.shape[1])[None, :] <= query_slots_L[:, None]
+  return key.value, value.value, attention.AttentionMask(mask.dense_B1LS
+                                                         & causal_LS[None, None])
 
 
 class Block(nn.Module):
@@ -131,6 +156,7 @@ class Block(nn.Module):
   config: ModelConfig
   decoder: bool = False
   deterministic: bool = True
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, bias_1NLS: Array,
@@ -140,14 +166,15 @@ class Block(nn.Module):
     dropout = functools.partial(Dropout(cfg.hidden_dropout, cfg.dropout_rng),
                                 deterministic=self.deterministic)
     h_BLD = rms_norm(cfg, "attention_norm")(x_BLD)
-    x_BLD = x_BLD + dropout(SelfAttention(cfg, self.deterministic, name="attention")(
-        h_BLD, mask, bias_1NLS))
+    x_BLD = x_BLD + dropout(SelfAttention(cfg, self.deterministic, self.decode,
+                                          name="attention")(h_BLD, mask, bias_1NLS))
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     if self.decoder:
       h_BLD = rms_norm(cfg, "cross_attention_norm")(x_BLD)
       x_BLD = x_BLD + dropout(encoder_decoder.CrossAttention(
           cfg, _query_init(cfg), _init(cfg, d), _init(cfg, n * h), score_divisor=1.0,
-          deterministic=self.deterministic, name="cross_attention")(h_BLD, encoded_BSD, cross))
+          deterministic=self.deterministic, decode=self.decode,
+          name="cross_attention")(h_BLD, encoded_BSD, cross))
     h_BLD = rms_norm(cfg, "mlp_norm")(x_BLD)
     x_BLD = x_BLD + dropout(encoder_decoder.Mlp(cfg, _init(cfg, d), _init(cfg, cfg.mlp_dim),
                                                 self.deterministic, name="mlp")(h_BLD))
@@ -164,28 +191,39 @@ class Stack(nn.Module):
   @nn.compact
   def __call__(self, x_BLD: Array, mask: attention.AttentionMask, deterministic: bool,
                encoded_BSD: Array | None = None,
-               cross: attention.AttentionMask | None = None) -> Array:
+               cross: attention.AttentionMask | None = None, decode: bool = False) -> Array:
+    """`decode=True` (the decoder in generation): the queries are the L tokens after the
+    cache's `index` already decoded, the keys all the cache's slots (as many as the first,
+    creating call's tokens)."""
     cfg = self.config
     depth = cfg.decoder_depth if self.decoder else cfg.num_layers
     dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     x_BLD = layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
-    length = x_BLD.shape[1]
+    length = keys = x_BLD.shape[1]
+    offset = 0
+    if decode:
+      initialized = self.has_variable("cache", "index")
+      slots = self.variable("cache", "slots", jnp.zeros, (length,), jnp.int32)
+      index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+      keys, offset = slots.value.shape[0], index.value
+      if initialized:
+        index.value = offset + length
     bias_1NLS = RelativeBias(cfg, bidirectional=not self.decoder, name="relative_bias")(
-        length, length)
+        length, keys, offset)
     block = Block
     if cfg.remat_policy != "none":
       block = nn.remat(Block, policy=layers.REMAT_POLICIES[cfg.remat_policy],
                        prevent_cse=not cfg.scan_layers)
     if cfg.scan_layers:
-      stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True,
-                                                                     "dropout": True},
+      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+                      split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * 4, length=depth,
                       metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, self.decoder, deterministic, name="layers")(
+      x_BLD, _ = stack(cfg, self.decoder, deterministic, decode, name="layers")(
           x_BLD, mask, bias_1NLS, encoded_BSD, cross)
     else:
       for i in range(depth):
-        x_BLD, _ = block(cfg, self.decoder, deterministic, name=f"layers_{i}")(
+        x_BLD, _ = block(cfg, self.decoder, deterministic, decode, name=f"layers_{i}")(
             x_BLD, mask, bias_1NLS, encoded_BSD, cross)
     x_BLD = rms_norm(cfg, "final_norm")(x_BLD)
     return layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
@@ -215,18 +253,22 @@ class T5(nn.Module):
     mask = encoder_decoder.encoder_mask(input_ids_BS, attention_mask_BS, encoder_segments_BS)
     return self.encoder(self.shared(input_ids_BS), mask, deterministic)
 
-  def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array,
+  def decode(self, decoder_input_ids_BL: Array, encoded_BSD: Array | None,
              attention_mask_BS: Array | None = None, decoder_attention_mask_BL: Array | None = None,
              encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
-             deterministic: bool = True) -> Array:
-    """Next-token logits [B, L, V] in float32 given the encoder's output."""
+             deterministic: bool = True, decode: bool = False) -> Array:
+    """Next-token logits [B, L, V] in float32 given the encoder's output. `decode=True`
+    (generation, bertjax/inference/seq2seq.py; apply with `mutable=["cache"]`): the L tokens
+    after those already in the decoder's KV cache; the cross-attention keys and values are
+    computed when `encoded_BSD` is given and cached for the calls without it, whose
+    `attention_mask_BS` is the encoder's padding."""
     cfg = self.config
     length = decoder_input_ids_BL.shape[1]
     self_mask, cross = encoder_decoder.decoder_masks(
         length, encoded_BSD, attention_mask_BS, decoder_attention_mask_BL, encoder_segments_BS,
-        decoder_segments_BL)
+        decoder_segments_BL, decode)
     x_BLD = self.decoder(self.shared(decoder_input_ids_BL), self_mask, deterministic,
-                         encoded_BSD, cross)
+                         encoded_BSD, cross, decode)
     if cfg.scale_decoder_outputs:
       x_BLD = x_BLD * cfg.hidden_size ** -0.5
     logits_BLV = layers.tied_logits(cfg, self.shared, x_BLD)
