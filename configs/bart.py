@@ -29,8 +29,8 @@ from bertjax.config import bart_model, base_config, choose, parse_arg
 
 # size: (layers per stack, d_model, heads, d_ff, parameters, micro-batches).
 SIZES = {
-    "base": (6, 768, 12, 3072, 139_420_416, 2),
-    "large": (12, 1024, 16, 4096, 406_291_456, 4),
+    "base": (6, 768, 12, 3072, 139_420_416, 20),
+    "large": (12, 1024, 16, 4096, 406_291_456, 20),
 }
 # Every config this file makes (the tests load each).
 VARIANTS = ("size=tiny",) + tuple(f"size={size}" for size in SIZES)

@@ -14,7 +14,8 @@ d_kv; parameters as transformers counts the released checkpoints):
   11b     24      1024    65536    128 x 128   11,307,321,344    v5p-256
 
 ReLU MLP, dropout 0.1, the decoder's output scaled by d_model ** -0.5 before the LM head tied to
-the token table. T5 1.1 (google-research/text-to-text-transfer-transformer's released_checkpoints
+the token table. The slices are the plan; small and base are compiled for theirs (their reports
+under docs/compile_reports/, with the micro-batches in SIZES), the larger sizes not yet. T5 1.1 (google-research/text-to-text-transfer-transformer's released_checkpoints
 .md): gated GeLU, no output scaling, no dropout in pre-training; its head is untied there, but
 transformers 5 ties every T5's head (bertjax/hf/t5.py), so these configs tie it; their counts
 are transformers' for the tied model (the released ones less the head's 32,128 x d_model):
@@ -45,8 +46,8 @@ from bertjax.config import base_config, choose, parse_arg, t5_model
 
 # size: (layers per stack, d_model, d_ff, heads, d_kv, parameters, micro-batches).
 SIZES = {
-    "small": (6, 512, 2048, 8, 64, 60_506_624, 1),
-    "base": (12, 768, 3072, 12, 64, 222_903_552, 1),
+    "small": (6, 512, 2048, 8, 64, 60_506_624, 4),
+    "base": (12, 768, 3072, 12, 64, 222_903_552, 4),
     "large": (24, 1024, 4096, 16, 64, 737_668_096, 2),
     "3b": (24, 1024, 16384, 32, 128, 2_851_598_336, 4),
     "11b": (24, 1024, 65536, 128, 128, 11_307_321_344, 8),

@@ -14,7 +14,7 @@ Overrides = list[tuple[str, str]]
 def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.inference import generate
   from bertjax.checkpoints.weights import load_weights
-  from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.data.tokenizers import load_tokenizer, special_ids
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
   weights = load_weights(args.params)
   params, model = weights.params, weights.config
@@ -31,19 +31,48 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
           print(f"  {prob:.4f}  {token}")
     return 0
   stops = [tokenizer.token_id(t) for t in args.stop]
-  if not args.stop and getattr(tokenizer, "style", None) == "gpt":
-    stops = [tokenizer.token_id("<|endoftext|>")]
+  style = getattr(tokenizer, "style", None)
+  if not args.stop and style in ("gpt", "t5", "bart"):
+    stops = [tokenizer.token_id("<|endoftext|>" if style == "gpt" else "</s>")]
+  settings = dict(max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  num_beams=args.num_beams, length_penalty=args.length_penalty,
+                  repetition_penalty=args.repetition_penalty,
+                  no_repeat_ngram_size=args.no_repeat_ngram_size, stop_tokens=stops)
+  if model.is_encoder_decoder:
+    # The prompt is the encoder's text (T5: "... <extra_id_0> ..." spans to fill), with the
+    # end token the encoders trained with; the output is the decoder's.
+    ids = special_ids(tokenizer)
+    if ids.get("eos") is None:
+      raise ValueError(f"{tokenizer_path}: a {model.family} model needs its t5- or bart-style "
+                       "tokenizer (with </s>)")
+    sources = [([ids["bos"]] if ids.get("bos") is not None else []) + _encode_marked(
+        tokenizer, p) + [ids["eos"]] for p in args.prompt]
+    start = ids["eos"] if model.family == "bart" else ids["pad"]
+    outputs = generate.generate_seq2seq(params, model, sources, decoder_start=start,
+                                        seed=args.seed, **settings)
+    for text, new in zip(args.prompt, outputs):
+      print(f"{text}\n  -> {tokenizer.decode(new, skip_special_tokens=False)}")
+    return 0
   prompts = [tokenizer.encode(p) for p in args.prompt]
-  outputs = generate.generate(
-      params, model, prompts,
-      max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-      num_beams=args.num_beams, length_penalty=args.length_penalty,
-      repetition_penalty=args.repetition_penalty,
-      no_repeat_ngram_size=args.no_repeat_ngram_size, stop_tokens=stops, seed=args.seed)
+  outputs = generate.generate(params, model, prompts, seed=args.seed, **settings)
   for text, prompt, new in zip(args.prompt, prompts, outputs):
     print(f"{text}{generate.continuation_text(tokenizer, prompt, new)}")
   return 0
+
+
+def _encode_marked(tokenizer, text: str) -> list[int]:
+  """`text`'s ids with T5's sentinels (<extra_id_N>) and BART's <mask> written in it as those
+  tokens (SentencePiece would spell them out in pieces): the text between them is encoded on
+  its own."""
+  import re
+  out: list[int] = []
+  for part in re.split(r"(<extra_id_\d+>|<mask>)", text):
+    if re.fullmatch(r"<extra_id_\d+>|<mask>", part):
+      out.append(tokenizer.token_id(part))
+    elif part.strip():
+      out += tokenizer.encode(part.strip())
+  return out
 
 
 def cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:

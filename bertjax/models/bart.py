@@ -61,7 +61,7 @@ class Block(nn.Module):
                                                        name="cross_attention")
       x_BLD = layers.layer_norm(cfg, "cross_attention_norm")(
           x_BLD + dropout(cross_attention(x_BLD, encoded_BSD, cross)))
-    mlp = encoder_decoder.Mlp(cfg, init, init, self.deterministic, name="mlp")
+    mlp = layers.Mlp(cfg, self.deterministic, cfg.activation_dropout, init, init, name="mlp")
     x_BLD = layers.layer_norm(cfg, "mlp_norm")(x_BLD + dropout(mlp(x_BLD)))
     return layers.constrain(x_BLD, layers.ACT_BLD), None
 
@@ -110,15 +110,13 @@ class Stack(nn.Module):
     return x_BLD
 
 
-class Bart(nn.Module):
+class Bart(encoder_decoder.EncoderDecoder):
   """The encoder-decoder with its tied LM head (transformers' BartForConditionalGeneration).
 
   Inputs as T5's (bertjax/models/t5.py): the encoder's tokens [B, S], the decoder's [B, L]
   (the targets shifted right behind the decoder start token, BART's </s>), masks 1 = token, and
   with packing the examples' segment ids.
   """
-
-  config: ModelConfig
 
   def setup(self) -> None:
     cfg = self.config
@@ -145,23 +143,13 @@ class Bart(nn.Module):
              deterministic: bool = True, decode: bool = False) -> Array:
     """Next-token logits [B, L, V] in float32 given the encoder's output; `decode=True` as
     T5's (bertjax/models/t5.py)."""
-    cfg = self.config
     self_mask, cross = encoder_decoder.decoder_masks(
         decoder_input_ids_BL.shape[1], encoded_BSD, attention_mask_BS, decoder_attention_mask_BL,
         encoder_segments_BS, decoder_segments_BL, decode)
     x_BLD = self.decoder(self._tokens(decoder_input_ids_BL),
                          _positions(decoder_input_ids_BL, decoder_segments_BL), self_mask,
                          deterministic, encoded_BSD, cross, decode)
-    logits_BLV = layers.tied_logits(cfg, self.shared, x_BLD)
-    return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
-
-  def __call__(self, input_ids_BS: Array, decoder_input_ids_BL: Array,
-               attention_mask_BS: Array | None = None,
-               decoder_attention_mask_BL: Array | None = None,
-               encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
-               deterministic: bool = True) -> Array:
-    encoded_BSD = self.encode(input_ids_BS, attention_mask_BS, encoder_segments_BS,
-                              deterministic)
+    return self.lm_logits(self.shared, x_BLD)
     return self.decode(decoder_input_ids_BL, encoded_BSD, attention_mask_BS,
                        decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
                        deterministic)

@@ -1,7 +1,8 @@
 """What the encoder-decoders (T5: bertjax/models/t5.py, BART: bertjax/models/bart.py) share: the
-decoder's cross-attention over the encoder's output, the MLP with dropout on its hidden
-activations, and the masks of one batch (padding and packed examples, numbered by segment ids in
-the encoder's and the decoder's rows alike).
+model's call (encode, then decode) and LM head, the decoder's cross-attention over the encoder's
+output, and the masks of one batch (padding and packed examples, numbered by segment ids in the
+encoder's and the decoder's rows alike). Their MLP is layers.Mlp with `activation_dropout` on its
+hidden activations.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention, layers
-from bertjax.models.activations import activation_fn
 from bertjax.models.config import ModelConfig
-from bertjax.models.dropout import Dropout
 
 Array = jax.Array
 Dense = layers.Dense
@@ -103,32 +102,24 @@ class CrossAttention(nn.Module):
                  (d,) if bias else None, ("embed",), init=self.out_init, name="out")(out_BLNH)
 
 
-class Mlp(nn.Module):
-  """wo(dropout(act(wi x))), or gated: wo(dropout(act(wi_0 x) * wi_1 x)) with the gated kernel
-  [D, 2, F] as the other models' GLUs; biases where the config has MLP biases (BART; T5 none);
-  the dropout at `config.activation_dropout`."""
+class EncoderDecoder(nn.Module):
+  """An encoder-decoder's call: `encode` the encoder's tokens, `decode` the decoder's against
+  them (T5 and BART define both); `lm_logits` is their head, tied to the token table."""
 
   config: ModelConfig
-  wi_init: layers.Initializer
-  wo_init: layers.Initializer
-  deterministic: bool = True
 
-  @nn.compact
-  def __call__(self, x_BLD: Array) -> Array:
-    cfg = self.config
-    d, f = cfg.hidden_size, cfg.mlp_dim
-    bias = cfg.mlp_bias
-    act = activation_fn(cfg.activation)
-    if cfg.mlp_gated:
-      h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"),
-                     (2, f) if bias else None, (None, "mlp"), init=self.wi_init,
-                     name="wi")(x_BLD)
-      h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
-    else:
-      h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,) if bias else None,
-                        ("mlp",), init=self.wi_init, name="wi")(x_BLD))
-    h_BLF = layers.constrain(h_BLF, layers.ACT_BLF)
-    h_BLF = Dropout(cfg.activation_dropout, cfg.dropout_rng)(h_BLF,
-                                                            deterministic=self.deterministic)
-    return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,) if bias else None,
-                 ("embed",), init=self.wo_init, name="wo")(h_BLF)
+  def lm_logits(self, table: layers.Embed, x_BLD: Array) -> Array:
+    """Next-token logits [B, L, V] in float32 from the decoder's final states."""
+    logits_BLV = layers.tied_logits(self.config, table, x_BLD)
+    return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
+
+  def __call__(self, input_ids_BS: Array, decoder_input_ids_BL: Array,
+               attention_mask_BS: Array | None = None,
+               decoder_attention_mask_BL: Array | None = None,
+               encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
+               deterministic: bool = True) -> Array:
+    encoded_BSD = self.encode(input_ids_BS, attention_mask_BS, encoder_segments_BS,
+                              deterministic)
+    return self.decode(decoder_input_ids_BL, encoded_BSD, attention_mask_BS,
+                       decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
+                       deterministic)

@@ -335,8 +335,14 @@ class SelfAttention(nn.Module):
 
 class Mlp(nn.Module):
   config: ModelConfig
-  # Only LoRA's input dropout reads it; the block applies the residual dropout.
+  # LoRA's input dropout and the hidden activations' (`hidden_dropout`) read it; the block
+  # applies the residual dropout.
   deterministic: bool = True
+  # Dropout on the hidden activations (the encoder-decoders' activation_dropout); 0: none.
+  hidden_dropout: float = 0.0
+  # Initialisers where they are not kernel_init's and residual_init's (T5's fan-in scaled).
+  wi_init: Initializer | None = None
+  wo_init: Initializer | None = None
 
   @nn.compact
   def __call__(self, x_BLD: Array) -> Array:
@@ -348,17 +354,20 @@ class Mlp(nn.Module):
     if cfg.mlp_gated:
       # [D, 2, F]: the activated half and the gate (Hugging Face's Wi rows, chunked in two).
       h_BL2F = Dense(cfg, "bld,dgf->blgf", (d, 2, f), ("embed", None, "mlp"),
-                     (2, f) if bias else None, (None, "mlp"), lora=lora,
+                     (2, f) if bias else None, (None, "mlp"), init=self.wi_init, lora=lora,
                      deterministic=self.deterministic, name="wi")(x_BLD)
       h_BLF = act(h_BL2F[:, :, 0]) * h_BL2F[:, :, 1]
     else:
       h_BLF = act(Dense(cfg, "bld,df->blf", (d, f), ("embed", "mlp"), (f,) if bias else None,
-                        ("mlp",), lora=lora, deterministic=self.deterministic,
-                        name="wi")(x_BLD))
+                        ("mlp",), init=self.wi_init, lora=lora,
+                        deterministic=self.deterministic, name="wi")(x_BLD))
     h_BLF = constrain(h_BLF, ACT_BLF)
+    if self.hidden_dropout:
+      h_BLF = Dropout(self.hidden_dropout, cfg.dropout_rng)(h_BLF,
+                                                            deterministic=self.deterministic)
     return Dense(cfg, "blf,fd->bld", (f, d), ("mlp", "embed"), (d,) if bias else None,
                  ("embed",),
-                 init=residual_init(cfg), lora=lora_updates(cfg, ("mlp", "wo")),
+                 init=self.wo_init or residual_init(cfg), lora=lora_updates(cfg, ("mlp", "wo")),
                  deterministic=self.deterministic, name="wo")(h_BLF)
 
 

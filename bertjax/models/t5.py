@@ -176,8 +176,9 @@ class Block(nn.Module):
           deterministic=self.deterministic, decode=self.decode,
           name="cross_attention")(h_BLD, encoded_BSD, cross))
     h_BLD = rms_norm(cfg, "mlp_norm")(x_BLD)
-    x_BLD = x_BLD + dropout(encoder_decoder.Mlp(cfg, _init(cfg, d), _init(cfg, cfg.mlp_dim),
-                                                self.deterministic, name="mlp")(h_BLD))
+    mlp = layers.Mlp(cfg, self.deterministic, cfg.activation_dropout, _init(cfg, d),
+                     _init(cfg, cfg.mlp_dim), name="mlp")
+    x_BLD = x_BLD + dropout(mlp(h_BLD))
     return layers.constrain(x_BLD, layers.ACT_BLD), None
 
 
@@ -229,7 +230,7 @@ class Stack(nn.Module):
     return layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
 
 
-class T5(nn.Module):
+class T5(encoder_decoder.EncoderDecoder):
   """The encoder-decoder with its LM head (transformers' T5ForConditionalGeneration).
 
   Inputs: the encoder's tokens [B, S] and the decoder's [B, L] (the targets shifted right behind
@@ -237,8 +238,6 @@ class T5(nn.Module):
   packing, `encoder_segments` and `decoder_segments` number the examples in each row (0 =
   padding; decoder position reads only the encoder positions of its own example).
   """
-
-  config: ModelConfig
 
   def setup(self) -> None:
     cfg = self.config
@@ -271,16 +270,7 @@ class T5(nn.Module):
                          encoded_BSD, cross, decode)
     if cfg.scale_decoder_outputs:
       x_BLD = x_BLD * cfg.hidden_size ** -0.5
-    logits_BLV = layers.tied_logits(cfg, self.shared, x_BLD)
-    return layers.constrain(logits_BLV, ("batch", "length", "vocab")).astype(jnp.float32)
-
-  def __call__(self, input_ids_BS: Array, decoder_input_ids_BL: Array,
-               attention_mask_BS: Array | None = None,
-               decoder_attention_mask_BL: Array | None = None,
-               encoder_segments_BS: Array | None = None, decoder_segments_BL: Array | None = None,
-               deterministic: bool = True) -> Array:
-    encoded_BSD = self.encode(input_ids_BS, attention_mask_BS, encoder_segments_BS,
-                              deterministic)
+    return self.lm_logits(self.shared, x_BLD)
     return self.decode(decoder_input_ids_BL, encoded_BSD, attention_mask_BS,
                        decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
                        deterministic)

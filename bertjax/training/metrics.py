@@ -168,7 +168,9 @@ def summary_lines(workdir: str, records: plot.Records, step: int, total_steps: i
     lines.append(f"  plot         {root}/{plot.PLOT_NAME}  (compare runs: bertjax plot "
                  f"{root} OTHER_WORKDIR --out runs.png)")
   if params and state == "finished":
-    prompt = "The capital of France is [MASK]." if family == "bert" else "Once upon a time"
+    prompt = {"bert": "The capital of France is [MASK].",
+              "t5": "The city lies on the <extra_id_0> of the river.",
+              "bart": "The city lies on the <mask> of the river."}.get(family, "Once upon a time")
     lines += [f"  parameters   {root}/params",
               "next:",
               f"  bertjax export --params {root}/params --format hf --out {root}/hf",
