@@ -144,14 +144,16 @@ GPT_BATCH_RAMP = GPT_SYNTHETIC + ["--config.batch_ramp.start_batch_size=4",
                                   "--config.batch_ramp.samples=96"]
 
 
-# T5's span corruption on the embedded corpus (its t5-style tokenizer trained and the corpus
-# built on first use, in each workdir alike): the noise of every example resumes too.
+# T5's span corruption and BART's denoising on the embedded corpus (their tokenizers trained and
+# the corpus built on first use, in each workdir alike): the noise of every example resumes too.
 T5_CORPUS = ["--config", "configs/t5.py:size=tiny", "--config.model.vocab_size=1024",
              "--config.data.sources=embedded", "--config.data.num_workers=2"]
+BART_CORPUS = ["--config", "configs/bart.py:size=tiny", "--config.model.vocab_size=1024",
+               "--config.data.sources=embedded"]
 
 
 @pytest.mark.parametrize("family", ["gpt-batch-ramp", "bert-corpus-2-workers", "electra",
-                                    "t5-corpus-2-workers"])
+                                    "t5-corpus-2-workers", "bart-corpus"])
 @pytest.mark.slow
 def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
   """Killed three times (SIGKILL, the whole process group): at a random step; right after the
@@ -159,7 +161,7 @@ def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
   run's restore is in flight. Every metric every run logs after its restore, and the final
   parameters, equal the uninterrupted run's bit for bit."""
   args = ({"gpt-batch-ramp": GPT_BATCH_RAMP, "electra": ELECTRA_SYNTHETIC,
-           "t5-corpus-2-workers": T5_CORPUS}.get(family)
+           "t5-corpus-2-workers": T5_CORPUS, "bart-corpus": BART_CORPUS}.get(family)
           or _bert_corpus_args(corpus, workers=2)) + [
       "--config.checkpoint.every=2"]
   steps = 24

@@ -135,6 +135,17 @@ def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path, caplog):
   lock.acquire()
   assert "last heartbeat was" in caplog.text
   lock.release()
+  # An empty lock: a run killed while refreshing it (before heartbeats replaced the file
+  # whole). It failed a T5 multi-process resume in CI with "another run took the lock".
+  lock_path.write_text("")
+  lock = WorkdirLock(tmp_path)
+  lock.acquire()
+  assert "does not parse" in caplog.text
+  lock._beat = -1e9  # a heartbeat now: the file is replaced, never truncated
+  lock.heartbeat()
+  assert json.loads(lock_path.read_text())["pid"] == os.getpid()
+  assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]
+  lock.release()
 
 
 @pytest.mark.slow

@@ -107,13 +107,21 @@ class WorkdirLock:
     self.held = False
 
   def _read(self) -> dict[str, Any] | None:
+    """The holder's record; None without a lock; {"unreadable": True} for a file that does not
+    parse (a write cut short by a kill: locks are created whole, by a link, and refreshed by an
+    atomic replace, so no live run leaves one)."""
     try:
-      return json.loads(self.path.read_text())
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+      record = json.loads(self.path.read_text())
+    except FileNotFoundError:
       return None
+    except (ValueError, UnicodeDecodeError):
+      return {"unreadable": True}
+    return record if isinstance(record, dict) else {"unreadable": True}
 
   def _stale_because(self, holder: dict[str, Any]) -> str | None:
     """Why the holder is gone, or None when it may still be running."""
+    if holder.get("unreadable"):
+      return "the lock file does not parse (a write cut short by a killed run)"
     host, pid = holder.get("host"), int(holder.get("pid", -1))
     if host == socket.gethostname():
       if pid == os.getpid() and holder.get("token") != self.token:
@@ -182,8 +190,14 @@ class WorkdirLock:
       return
     self._beat = time.monotonic()
     self._record["heartbeat"] = time.time()
+    text = json.dumps(self._record, indent=2) + "\n"
     try:
-      self.path.write_text(json.dumps(self._record, indent=2) + "\n")
+      if paths.is_remote(self.path):  # an object is replaced whole
+        self.path.write_text(text)
+      else:  # a kill between truncating and writing would leave an empty lock: replace it
+        temporary = self.path.parent / f"{LOCK_FILE}.{self.token}.beat"
+        temporary.write_text(text)
+        os.replace(temporary, self.path)
     except OSError as e:  # a full disk must not stop training; the next beat tries again
       log.warning("could not refresh %s: %s", self.path, e)
 
