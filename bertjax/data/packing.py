@@ -56,6 +56,26 @@ class BufferedDocuments(grain.DatasetIterator):
     self._docs.clear()
     self._offset = state["offset"]
 
+  def _pieces(self, n: int) -> list[np.ndarray]:
+    """The next (at most) `n` buffered tokens from the offset, one piece per document."""
+    pieces, offset, taken = [], self._offset, 0
+    for *_, tokens in self._docs:
+      pieces.append(tokens[offset:offset + n - taken])
+      taken += len(pieces[-1])
+      offset = 0
+      if taken == n:
+        break
+    return pieces
+
+  def _advance(self, n: int) -> None:
+    """Past `n` tokens: fully read documents leave the buffer; the state moves to the first
+    document still buffered (or the parent's next)."""
+    self._offset += n
+    while self._docs and self._offset >= len(self._docs[0][-1]):
+      self._offset -= len(self._docs[0][-1])
+      self._docs.popleft()
+    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+
 
 class _GptPackIterator(BufferedDocuments):
   # Buffered documents: (parent state before, tokens + eot).
@@ -78,21 +98,12 @@ class _GptPackIterator(BufferedDocuments):
   def __next__(self) -> dict[str, np.ndarray]:
     n = self._n
     self._fill(n + 1)
-    pieces, offset = [], self._offset
-    for _, tokens in self._docs:
-      pieces.append(tokens[offset:offset + n + 1 - sum(len(p) for p in pieces)])
-      offset = 0
-      if sum(len(p) for p in pieces) == n + 1:
-        break
+    pieces = self._pieces(n + 1)
     window = np.concatenate(pieces)
     segments = np.concatenate([np.full(len(p), i + 1, np.int32) for i, p in enumerate(pieces)])
     positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in pieces])
     # Advance by n tokens: the last target token starts the next window.
-    self._offset += n
-    while self._docs and self._offset >= len(self._docs[0][1]):
-      self._offset -= len(self._docs[0][1])
-      self._docs.popleft()
-    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+    self._advance(n)
     return {
         "input_ids": window[:n],
         "target_ids": window[1:],
@@ -245,20 +256,10 @@ class _PackedMlmIterator(BufferedDocuments):
       raise StopIteration
     # The mask's seed: where this row starts in the global document stream.
     rng = random.Random(f"{self._seed}:{self._docs[0][1]}:{self._offset}")
-    pieces, offset, taken = [], self._offset, 0
-    for _, _, tokens in self._docs:
-      pieces.append(tokens[offset:offset + n - taken])
-      taken += len(pieces[-1])
-      offset = 0
-      if taken == n:
-        break
+    pieces = self._pieces(n)
     row = np.concatenate(pieces)
-    # Advance past the row: fully read documents leave the buffer.
-    self._offset += taken
-    while self._docs and self._offset >= len(self._docs[0][2]):
-      self._offset -= len(self._docs[0][2])
-      self._docs.popleft()
-    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+    taken = len(row)
+    self._advance(taken)  # past the row
     masked, positions, labels = mask_tokens(row.tolist(), self._cfg, self._special,
                                             self._is_continuation, rng)
     features = Instance(masked, [0] * taken, False, positions, labels).features(

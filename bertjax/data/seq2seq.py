@@ -119,19 +119,8 @@ class _SpanCorruptionIterator(BufferedDocuments):
     self._fill(n)
     # The noise's seed: where this example starts in the global document stream.
     rng = np.random.default_rng([cfg.seed, self._docs[0][1], self._offset])
-    pieces, offset, taken = [], self._offset, 0
-    for *_, tokens in self._docs:
-      pieces.append(tokens[offset:offset + n - taken])
-      taken += len(pieces[-1])
-      offset = 0
-      if taken == n:
-        break
-    tokens = np.concatenate(pieces)
-    self._offset += n
-    while self._docs and self._offset >= len(self._docs[0][-1]):
-      self._offset -= len(self._docs[0][-1])
-      self._docs.popleft()
-    self._start_state = self._docs[0][0] if self._docs else self._parent.get_state()
+    tokens = np.concatenate(self._pieces(n))
+    self._advance(n)
     mask = denoising.random_spans_noise_mask(n, cfg.noise_density, cfg.mean_noise_span_length,
                                              rng)
     inputs, targets = denoising.span_corruption(tokens, mask, cfg.first_sentinel)
