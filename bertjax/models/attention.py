@@ -97,6 +97,31 @@ def cross_mask(decoder_length: int, encoder_mask_BS: Array,
   return AttentionMask(dense_BLS[:, None])
 
 
+def kv_cache(module: nn.Module, k_BLNH: Array, v_BLNH: Array, mask: AttentionMask
+             ) -> tuple[Array, Array, AttentionMask]:
+  """A self-attention's KV cache in generation (the "cache" collection of `module`:
+  `cached_key`/`cached_value` [B, S, N, H] and `cache_index`, the slot the next token is written
+  to). The first (init) call creates it with S = this call's length; later calls write their L
+  keys and values at `cache_index` and advance it. Returns the keys and values to attend (the
+  whole cache) and the mask made causal by slot: the query in slot index + l sees slots <= it."""
+  initialized = module.has_variable("cache", "cached_key")
+  cached_key = module.variable("cache", "cached_key", jnp.zeros, k_BLNH.shape, k_BLNH.dtype)
+  cached_value = module.variable("cache", "cached_value", jnp.zeros, v_BLNH.shape,
+                                 v_BLNH.dtype)
+  cache_index = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+  index, length = cache_index.value, k_BLNH.shape[1]
+  if initialized:
+    k_BLNH = jax.lax.dynamic_update_slice(cached_key.value, k_BLNH.astype(
+        cached_key.value.dtype), (0, index, 0, 0))
+    v_BLNH = jax.lax.dynamic_update_slice(cached_value.value, v_BLNH.astype(
+        cached_value.value.dtype), (0, index, 0, 0))
+    cached_key.value, cached_value.value = k_BLNH, v_BLNH
+    cache_index.value = index + length
+  query_slots_L = index + jnp.arange(length)
+  causal_LS = jnp.arange(k_BLNH.shape[1])[None, :] <= query_slots_L[:, None]
+  return k_BLNH, v_BLNH, AttentionMask(mask.dense_B1LS & causal_LS[None, None])
+
+
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
   """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
   "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration

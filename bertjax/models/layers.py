@@ -250,24 +250,7 @@ class SelfAttention(nn.Module):
       k_BSNH = positions.apply_rotary(k_BSNH, positions_BL, inv_freq_K)
     q_BLNH = constrain(q_BLNH, ACT_BLNH)
     if self.decode:
-      initialized = self.has_variable("cache", "cached_key")
-      cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BSNH.shape, k_BSNH.dtype)
-      cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BSNH.shape,
-                                   v_BSNH.dtype)
-      cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-      index = cache_index.value
-      if initialized:
-        length = x_BLD.shape[1]
-        k_BSNH = jax.lax.dynamic_update_slice(cached_key.value, k_BSNH.astype(
-            cached_key.value.dtype), (0, index, 0, 0))
-        v_BSNH = jax.lax.dynamic_update_slice(cached_value.value, v_BSNH.astype(
-            cached_value.value.dtype), (0, index, 0, 0))
-        cached_key.value, cached_value.value = k_BSNH, v_BSNH
-        cache_index.value = index + length
-      # Causal by cache slot: the query in slot index + l sees slots <= index + l.
-      query_slots_L = index + jnp.arange(x_BLD.shape[1])
-      causal_LS = jnp.arange(k_BSNH.shape[1])[None, :] <= query_slots_L[:, None]
-      mask = attention.AttentionMask(mask.dense_B1LS & causal_LS[None, None])
+      k_BSNH, v_BSNH, mask = attention.kv_cache(self, k_BSNH, v_BSNH, mask)
     if cfg.prefix_length:
       k_BSNH, v_BSNH, mask = self._prepend_prefix(k_BSNH, v_BSNH, mask)
     score_bias, divisor = None, None

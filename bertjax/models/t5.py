@@ -95,7 +95,7 @@ class RelativeBias(nn.Module):
 class SelfAttention(nn.Module):
   """Multi-head self-attention without biases or score scaling (the relative bias added), its
   q, k, v fused into one kernel as the other models'. `decode=True`: the decoder's KV cache,
-  as layers.SelfAttention's (slots written at `cache_index`, causal by slot)."""
+  as the other models' (attention.kv_cache)."""
 
   config: ModelConfig
   deterministic: bool = True
@@ -118,7 +118,7 @@ class SelfAttention(nn.Module):
     q_BLNH, k_BSNH, v_BSNH = (qkv_BL3NH[:, :, i] for i in range(3))
     q_BLNH = layers.constrain(q_BLNH, layers.ACT_BLNH)
     if self.decode:
-      k_BSNH, v_BSNH, mask = _cached(self, k_BSNH, v_BSNH, mask)
+      k_BSNH, v_BSNH, mask = attention.kv_cache(self, k_BSNH, v_BSNH, mask)
     # T5 folds 1/sqrt(H) into the query's initialisation: the scores are not divided.
     out_BLNH = attention.attend(cfg, q_BLNH, k_BSNH, v_BSNH, mask,
                                 deterministic=self.deterministic, decode=self.decode,
@@ -126,27 +126,6 @@ class SelfAttention(nn.Module):
     out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"), None,
                  init=_init(cfg, n * h), name="out")(out_BLNH)
-
-
-def _cached(module: nn.Module, k_BLNH: Array, v_BLNH: Array, mask: attention.AttentionMask
-            ) -> tuple[Array, Array, attention.AttentionMask]:
-  """The whole cache's keys and values with this call's L written at `cache_index` (the first,
-  creating call makes a cache of L slots), and the mask made causal by slot."""
-  initialized = module.has_variable("cache", "cached_key")
-  key = module.variable("cache", "cached_key", jnp.zeros, k_BLNH.shape, k_BLNH.dtype)
-  value = module.variable("cache", "cached_value", jnp.zeros, v_BLNH.shape, v_BLNH.dtype)
-  index = module.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-  start = index.value
-  if initialized:
-    key.value = jax.lax.dynamic_update_slice(key.value, k_BLNH.astype(key.value.dtype),
-                                             (0, start, 0, 0))
-    value.value = jax.lax.dynamic_update_slice(value.value, v_BLNH.astype(value.value.dtype),
-                                               (0, start, 0, 0))
-    index.value = start + k_BLNH.shape[1]
-  query_slots_L = start + jnp.arange(k_BLNH.shape[1])
-  causal_LS = jnp.arange(key.value.shape[1])[None, :] <= query_slots_L[:, None]
-  return key.value, value.value, attention.AttentionMask(mask.dense_B1LS
-                                                         & causal_LS[None, None])
 
 
 class Block(nn.Module):
