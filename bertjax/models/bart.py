@@ -80,7 +80,6 @@ class Stack(nn.Module):
     """`decode=True` (the decoder in generation): the L tokens after the cache's `index`
     already decoded, at those positions."""
     cfg = self.config
-    depth = cfg.decoder_depth if self.decoder else cfg.num_layers
     if decode:
       initialized = self.has_variable("cache", "index")
       index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
@@ -92,22 +91,8 @@ class Stack(nn.Module):
     x_BLD = layers.layer_norm(cfg, "embedding_norm")(x_BLD)
     x_BLD = Dropout(cfg.hidden_dropout, cfg.dropout_rng)(x_BLD, deterministic=deterministic)
     x_BLD = layers.constrain(x_BLD, layers.ACT_BLD)
-    block = Block
-    if cfg.remat_policy != "none":
-      block = nn.remat(Block, policy=layers.REMAT_POLICIES[cfg.remat_policy],
-                       prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
-                      split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,) * 3, length=depth,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, self.decoder, deterministic, decode, name="layers")(
-          x_BLD, mask, encoded_BSD, cross)
-    else:
-      for i in range(depth):
-        x_BLD, _ = block(cfg, self.decoder, deterministic, decode, name=f"layers_{i}")(
-            x_BLD, mask, encoded_BSD, cross)
-    return x_BLD
+    return encoder_decoder.run_layers(Block, cfg, self.decoder, deterministic, decode, x_BLD,
+                                      mask, encoded_BSD, cross)
 
 
 class Bart(encoder_decoder.EncoderDecoder):

@@ -7,6 +7,8 @@ hidden activations.
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -100,6 +102,30 @@ class CrossAttention(nn.Module):
     out_BLNH = layers.constrain(out_BLNH, layers.ACT_BLNH)
     return Dense(cfg, "blnh,nhd->bld", (n, h, d), ("heads", "kv", "embed"),
                  (d,) if bias else None, ("embed",), init=self.out_init, name="out")(out_BLNH)
+
+
+def run_layers(block: type[nn.Module], config: ModelConfig, decoder: bool, deterministic: bool,
+               decode: bool, x_BLD: Array, *broadcast: Any) -> Array:
+  """The encoder's or the decoder's `block`s over `x_BLD` (called from a stack's compact
+  method, whose children they become): `layers` scanned (parameters and KV cache sliced per
+  layer) or `layers_{i}` unrolled, with the config's remat policy; `broadcast`: the arguments
+  every layer reads whole (masks, a relative bias, the encoder's output). A block is built as
+  `block(config, decoder, deterministic, decode)` and returns `(x, None)`."""
+  depth = config.decoder_depth if decoder else config.num_layers
+  if config.remat_policy != "none":
+    block = nn.remat(block, policy=layers.REMAT_POLICIES[config.remat_policy],
+                     prevent_cse=not config.scan_layers)
+  if config.scan_layers:
+    stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+                    split_rngs={"params": True, "dropout": True},
+                    in_axes=(nn.broadcast,) * len(broadcast), length=depth,
+                    metadata_params={nn.PARTITION_NAME: "layers"})
+    x_BLD, _ = stack(config, decoder, deterministic, decode, name="layers")(x_BLD, *broadcast)
+    return x_BLD
+  for i in range(depth):
+    x_BLD, _ = block(config, decoder, deterministic, decode, name=f"layers_{i}")(x_BLD,
+                                                                                 *broadcast)
+  return x_BLD
 
 
 class EncoderDecoder(nn.Module):

@@ -176,7 +176,6 @@ class Stack(nn.Module):
     cache's `index` already decoded, the keys all the cache's slots (as many as the first,
     creating call's tokens)."""
     cfg = self.config
-    depth = cfg.decoder_depth if self.decoder else cfg.num_layers
     dropout = Dropout(cfg.hidden_dropout, cfg.dropout_rng)
     x_BLD = layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
     length = keys = x_BLD.shape[1]
@@ -190,21 +189,8 @@ class Stack(nn.Module):
         index.value = offset + length
     bias_1NLS = RelativeBias(cfg, bidirectional=not self.decoder, name="relative_bias")(
         length, keys, offset)
-    block = Block
-    if cfg.remat_policy != "none":
-      block = nn.remat(Block, policy=layers.REMAT_POLICIES[cfg.remat_policy],
-                       prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
-      stack = nn.scan(block, variable_axes={"params": 0, "cache": 0},
-                      split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,) * 4, length=depth,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BLD, _ = stack(cfg, self.decoder, deterministic, decode, name="layers")(
-          x_BLD, mask, bias_1NLS, encoded_BSD, cross)
-    else:
-      for i in range(depth):
-        x_BLD, _ = block(cfg, self.decoder, deterministic, decode, name=f"layers_{i}")(
-            x_BLD, mask, bias_1NLS, encoded_BSD, cross)
+    x_BLD = encoder_decoder.run_layers(Block, cfg, self.decoder, deterministic, decode, x_BLD,
+                                       mask, bias_1NLS, encoded_BSD, cross)
     x_BLD = rms_norm(cfg, "final_norm")(x_BLD)
     return layers.constrain(dropout(x_BLD, deterministic=deterministic), layers.ACT_BLD)
 
