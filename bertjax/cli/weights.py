@@ -46,8 +46,9 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
     if ids.get("eos") is None:
       raise ValueError(f"{tokenizer_path}: a {model.family} model needs its t5- or bart-style "
                        "tokenizer (with </s>)")
-    sources = [([ids["bos"]] if ids.get("bos") is not None else []) + _encode_marked(
-        tokenizer, p) + [ids["eos"]] for p in args.prompt]
+    # The encoders' sentinels and masks written in a prompt are those tokens.
+    sources = [([ids["bos"]] if ids.get("bos") is not None else []) + generate.encode_marked(
+        tokenizer, p, r"<extra_id_\d+>|<mask>") + [ids["eos"]] for p in args.prompt]
     start = ids["eos"] if model.family == "bart" else ids["pad"]
     outputs = generate.generate_seq2seq(params, model, sources, decoder_start=start,
                                         seed=args.seed, **settings)
@@ -59,20 +60,6 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   for text, prompt, new in zip(args.prompt, prompts, outputs):
     print(f"{text}{generate.continuation_text(tokenizer, prompt, new)}")
   return 0
-
-
-def _encode_marked(tokenizer, text: str) -> list[int]:
-  """`text`'s ids with T5's sentinels (<extra_id_N>) and BART's <mask> written in it as those
-  tokens (SentencePiece would spell them out in pieces): the text between them is encoded on
-  its own."""
-  import re
-  out: list[int] = []
-  for part in re.split(r"(<extra_id_\d+>|<mask>)", text):
-    if re.fullmatch(r"<extra_id_\d+>|<mask>", part):
-      out.append(tokenizer.token_id(part))
-    elif part.strip():
-      out += tokenizer.encode(part.strip())
-  return out
 
 
 def cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -428,6 +429,20 @@ def _unused_nsp(config: ModelConfig) -> dict[str, Any]:
   return {"kernel": jnp.zeros((d, 2), jnp.float32), "bias": jnp.zeros((2,), jnp.float32)}
 
 
+def encode_marked(tokenizer: Any, text: str, markers: str) -> list[int]:
+  """`text`'s ids with the special tokens the regex `markers` (no groups of its own) matches
+  written in it as those tokens (BERT's [MASK], T5's <extra_id_N>, BART's <mask>): the text
+  between them is encoded on its own, stripped, since SentencePiece would spell a marker out
+  in pieces (WordPiece keeps [MASK] whole; splitting gives it the same ids)."""
+  out: list[int] = []
+  for i, part in enumerate(re.split(f"({markers})", text)):
+    if i % 2:
+      out.append(tokenizer.token_id(part))
+    elif part.strip():
+      out += list(tokenizer.encode(part.strip()))
+  return out
+
+
 def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
               top_k: int = 5) -> list[tuple[str, float]] | list[list[tuple[str, float]]]:
   """Top-k (token, probability) at the [MASK] in `text` (one list per [MASK] when there are
@@ -443,15 +458,8 @@ def fill_mask(params: Any, model_config: ModelConfig, tokenizer: Any, text: str,
         model_config.generator_config()
     params = {**params, "nsp": _unused_nsp(model_config)}
   mask_id = tokenizer.token_id("[MASK]")
-  # The text around each [MASK] is encoded on its own: SentencePiece would spell the literal
-  # "[MASK]" in pieces (WordPiece keeps it whole; splitting gives it the same ids).
-  ids = [tokenizer.token_id("[CLS]")]
-  for i, part in enumerate(text.split("[MASK]")):
-    if i:
-      ids.append(mask_id)
-    if part.strip():
-      ids += list(tokenizer.encode(part.strip()))
-  ids.append(tokenizer.token_id("[SEP]"))
+  ids = ([tokenizer.token_id("[CLS]")] + encode_marked(tokenizer, text, r"\[MASK\]")
+         + [tokenizer.token_id("[SEP]")])
   positions = [i for i, token in enumerate(ids) if token == mask_id]
   if not positions:
     raise ValueError(f"no [MASK] token in {text!r}")
