@@ -63,6 +63,12 @@ def batch(vocab: int, batch_size: int = 3, length: int = 12, seed: int = 0):
   return ids, types, mask, lengths
 
 
+def max_diff_at(ours, theirs, lengths) -> float:
+  """Max abs difference over each row's real (non-padded) positions."""
+  return max(float(np.abs(np.asarray(ours[b, :n]) - theirs[b, :n]).max())
+             for b, n in enumerate(lengths))
+
+
 def run(model, **inputs):
   with torch.no_grad():
     return model(**{k: torch.tensor(v) if isinstance(v, np.ndarray) else v

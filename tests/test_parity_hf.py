@@ -21,12 +21,6 @@ BERT_SHAPES = [
 ]
 
 
-def _max_diff_at(ours, theirs, lengths):
-  """Max abs difference over each row's real (non-padded) positions."""
-  return max(float(np.abs(np.asarray(ours[b, :n]) - theirs[b, :n]).max())
-             for b, n in enumerate(lengths))
-
-
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 @pytest.mark.parametrize("shape,tol", BERT_SHAPES)
 def test_bert_pretraining_parity(tmp_path, shape, tol, scan):
@@ -39,9 +33,9 @@ def test_bert_pretraining_parity(tmp_path, shape, tol, scan):
   model = build_model(cfg)
   ours = model.apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
                      jnp.asarray(mask))
-  assert _max_diff_at(ours.mlm_logits, theirs.prediction_logits.numpy(), lengths) <= tol
+  assert hf_models.max_diff_at(ours.mlm_logits, theirs.prediction_logits.numpy(), lengths) <= tol
   assert np.abs(np.asarray(ours.nsp_logits) - theirs.seq_relationship_logits.numpy()).max() <= tol
-  assert _max_diff_at(ours.sequence, theirs.hidden_states[-1].numpy(), lengths) <= tol
+  assert hf_models.max_diff_at(ours.sequence, theirs.hidden_states[-1].numpy(), lengths) <= tol
   # Pooled output against BertModel's pooler on the same weights.
   pooled = hf_models.run(ref.bert, input_ids=ids, token_type_ids=types,
                          attention_mask=mask).pooler_output.numpy()
@@ -78,7 +72,7 @@ def test_gpt2_parity(tmp_path, shape, tol, scan):
   theirs = hf_models.run(ref, input_ids=ids, attention_mask=mask).logits.numpy()
   ours = build_model(cfg).apply({"params": params}, jnp.asarray(ids),
                                 attention_mask_BL=jnp.asarray(mask))
-  assert _max_diff_at(ours, theirs, lengths) <= tol
+  assert hf_models.max_diff_at(ours, theirs, lengths) <= tol
 
 
 def test_gpt1_parity(tmp_path):
@@ -101,7 +95,7 @@ def test_masked_lm_import_reports_fresh_heads(tmp_path):
   theirs = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
   ours = build_model(cfg).apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
                                 jnp.asarray(mask))
-  assert _max_diff_at(ours.mlm_logits, theirs.logits.numpy(), lengths) <= 1e-5
+  assert hf_models.max_diff_at(ours.mlm_logits, theirs.logits.numpy(), lengths) <= 1e-5
 
 
 def test_bare_bert_model_import(tmp_path):
@@ -113,5 +107,5 @@ def test_bare_bert_model_import(tmp_path):
   theirs = hf_models.run(ref, input_ids=ids, token_type_ids=types, attention_mask=mask)
   ours = build_model(cfg).apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
                                 jnp.asarray(mask))
-  assert _max_diff_at(ours.sequence, theirs.last_hidden_state.numpy(), lengths) <= 1e-5
+  assert hf_models.max_diff_at(ours.sequence, theirs.last_hidden_state.numpy(), lengths) <= 1e-5
   assert np.abs(np.asarray(ours.pooled) - theirs.pooler_output.numpy()).max() <= 1e-5
