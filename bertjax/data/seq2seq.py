@@ -25,6 +25,7 @@ from bertjax.data import denoising
 from bertjax.data.errors import CorpusError
 from bertjax.data.options import LoaderConfig
 from bertjax.data.packing import BufferedDocuments, DocumentElement
+from bertjax.data.span_masking import continuations
 from bertjax.data.tokenizers import special_ids
 
 
@@ -189,7 +190,7 @@ class _DenoisingIterator(grain.DatasetIterator):
     original = [t for sentence in block for t in sentence]
     source = np.asarray([t for s in denoising.permute_sentences(block, rng) for t in s],
                         np.int32)
-    starts = ~np.asarray([self._is_continuation(int(t)) for t in source], bool)
+    starts = ~continuations(source, self._is_continuation)
     noised = denoising.text_infilling(source, rng, cfg.mask, cfg.mask_ratio,
                                       cfg.poisson_lambda, starts)[:cfg.seq_length - 2]
     return _example([cfg.bos, *noised.tolist(), cfg.eos], [cfg.bos, *original, cfg.eos],

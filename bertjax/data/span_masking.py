@@ -61,7 +61,9 @@ class ContinuationTable:
     return self._answers[token_id]
 
 
-def _continuations(tokens: np.ndarray, is_continuation: Callable[[int], bool]) -> np.ndarray:
+def continuations(tokens: np.ndarray, is_continuation: Callable[[int], bool]) -> np.ndarray:
+  """Per token, whether it continues a word: one gather from a ContinuationTable, else a call
+  per token."""
   table = getattr(is_continuation, "table", None)
   if table is not None:
     return table[tokens]
@@ -110,7 +112,7 @@ def _words(tokens: np.ndarray, special: SpecialTokens,
   right after [CLS]/[SEP] or at position 0 (a packed row that begins mid-word) starts a word."""
   n = len(tokens)
   boundary = (tokens == special.cls) | (tokens == special.sep)
-  continues = _continuations(tokens, is_continuation)
+  continues = continuations(tokens, is_continuation)
   after_boundary = np.concatenate([[True], boundary[:-1]])
   start = ~boundary & (~continues | after_boundary)
   starts = np.flatnonzero(start)
