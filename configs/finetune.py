@@ -18,7 +18,7 @@ from bertjax.config import parse_arg
 from bertjax.config.finetune import finetune_run_config
 from bertjax.finetune.recipes import recipe_values
 
-VARIANTS = ("", "recipe=glue", "recipe=squad", "recipe=completion+lora")
+VARIANTS = ("", "recipe=glue", "recipe=squad", "recipe=completion+lora", "recipe=t5")
 
 
 def get_config(arg=None):

@@ -112,8 +112,8 @@ def test_a_field_the_schema_lacks_fails_where_the_step_compiles():
 def test_objectives_read_the_schemas_fields_only(objective):
   """Each objective's loss runs on the schema's example batch of its objective, and fails
   without each field it reads."""
-  family = {"causal_lm": "gpt", "span_corruption": "t5", "denoising": "bart"}.get(objective,
-                                                                                  "bert")
+  family = {"causal_lm": "gpt", "span_corruption": "t5", "denoising": "bart",
+            "text_to_text": "t5"}.get(objective, "bert")
   config = ModelConfig(family=family, vocab_size=64, hidden_size=16, num_layers=1,
                        num_heads=2, mlp_dim=32, max_positions=16,
                        type_vocab_size=0 if family == "gpt" else 2, num_labels=3)

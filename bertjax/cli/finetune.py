@@ -183,14 +183,17 @@ def _mesh(text: str) -> dict[str, str]:
 
 
 def register(add: Add) -> None:
-  p = add("finetune", "fine-tune BERT or GPT on a task",
+  p = add("finetune", "fine-tune BERT, GPT, T5 or BART on a task",
           "Fine-tunes pre-trained weights (a params checkpoint, a training run's directory or a "
           "Hugging Face directory): BERT on sentence or sentence-pair classification (GLUE), "
           "regression (STS-B) or token classification (NER), read from GLUE TSV, CSV or JSONL "
           "with named columns, or on extractive question answering (SQuAD v1.1/v2.0 JSON, "
           "--task question_answering: exact match and F1); GPT on prompt/completion or chat "
           "JSONL (--task completion: loss on the completions, dev perplexity, generations of "
-          "the first dev prompts in OUT/generations.jsonl). Devlin et al.'s recipe by default "
+          "the first dev prompts in OUT/generations.jsonl); T5 or BART on any of these as text "
+          "to text (--task text_to_text: SQuAD as \"question: ... context: ...\" -> the answer, "
+          "label words, prompt -> completion; scored on the greedy generation of every dev "
+          "input). Devlin et al.'s recipe by default "
           "(AdamW lr 2e-5, batch 32, 3 epochs, 10% warmup then linear decay, weight decay "
           "0.01); --recipe picks a named preset (" + ", ".join(RECIPES) + "; join with +, "
           "e.g. completion+lora), flags override it, and any --config.KEY=VALUE too (the flags "

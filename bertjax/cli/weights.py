@@ -14,7 +14,8 @@ Overrides = list[tuple[str, str]]
 def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.inference import generate
   from bertjax.checkpoints.weights import load_weights
-  from bertjax.data.tokenizers import load_tokenizer, special_ids
+  from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.inference.seq2seq import specials
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
   weights = load_weights(args.params)
   params, model = weights.params, weights.config
@@ -42,15 +43,14 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   if model.is_encoder_decoder:
     # The prompt is the encoder's text (T5: "... <extra_id_0> ..." spans to fill), with the
     # end token the encoders trained with; the output is the decoder's.
-    ids = special_ids(tokenizer)
-    if ids.get("eos") is None:
-      raise ValueError(f"{tokenizer_path}: a {model.family} model needs its t5- or bart-style "
-                       "tokenizer (with </s>)")
+    try:
+      frame = specials(tokenizer)
+    except ValueError as e:
+      raise ValueError(f"{tokenizer_path}: a {model.family} model: {e}") from None
     # The encoders' sentinels and masks written in a prompt are those tokens.
-    sources = [([ids["bos"]] if ids.get("bos") is not None else []) + generate.encode_marked(
-        tokenizer, p, r"<extra_id_\d+>|<mask>") + [ids["eos"]] for p in args.prompt]
-    start = ids["eos"] if model.family == "bart" else ids["pad"]
-    outputs = generate.generate_seq2seq(params, model, sources, decoder_start=start,
+    sources = [frame.wrap(generate.encode_marked(tokenizer, p, r"<extra_id_\d+>|<mask>"))[0]
+               for p in args.prompt]
+    outputs = generate.generate_seq2seq(params, model, sources, decoder_start=frame.start,
                                         seed=args.seed, **settings)
     for text, new in zip(args.prompt, outputs):
       print(f"{text}\n  -> {tokenizer.decode(new, skip_special_tokens=False)}")

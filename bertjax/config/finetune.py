@@ -24,6 +24,8 @@ from bertjax.models.config import ModelConfig
 SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     **{key: ((f"finetune.{key}",), text) for key, (_, text) in FINETUNE_KEYS.items()
        if key not in ("train", "dev")},
+    "optimizer": (("optimizer.name",), "adamw | stable_adamw | lamb | adafactor"),
+    "schedule": (("optimizer.schedule",), "after warmup: linear | cosine | constant | wsd"),
     "learning_rate": (("optimizer.learning_rate",), "peak learning rate"),
     "head_learning_rate": (("optimizer.head_learning_rate",),
                            "the new head's peak learning rate (0: learning_rate)"),
@@ -31,7 +33,7 @@ SETTINGS: dict[str, tuple[tuple[str, ...], str]] = {
     "grad_accum_steps": (("grad_accum_steps",), "micro-batches per step, accumulated inside "
                          "the step (batch_size must divide by it)"),
     "seq_length": (("seq_length",), "tokens per row: a sentence (pair), a question-answering "
-                   "window, a packed completion row"),
+                   "window, a packed completion row, an encoder-decoder's input"),
     "weight_decay": (("optimizer.weight_decay",), "decoupled weight decay"),
     "clip_norm": (("optimizer.clip_norm",), "global-norm gradient clipping (0: off)"),
     "freeze": (("optimizer.freeze",), "none | embeddings | bottom:K | all_but_head | base "

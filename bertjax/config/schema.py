@@ -12,8 +12,7 @@ from typing import Any
 
 import ml_collections
 
-from bertjax.data.options import BuildOptions
-from bertjax.data.options import LoaderConfig
+from bertjax.data.options import BuildOptions, LoaderConfig
 from bertjax.models.config import ModelConfig
 
 ConfigDict = ml_collections.ConfigDict
@@ -316,7 +315,8 @@ def data_group() -> ConfigDict:
 # `bertjax finetune` flags' (bertjax.cli.finetune).
 FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
     "task": ("", "fine-tune on a task: classification | regression | token_classification | "
-             "question_answering (BERT) | completion (GPT); empty: pre-training"),
+             "question_answering (BERT) | completion (GPT) | text_to_text (T5, BART); empty: "
+             "pre-training"),
     "train": ("", "training examples (.tsv, .csv, .jsonl; SQuAD .json)"),
     "dev": ("", "dev examples, scored after every epoch (or every eval_every steps)"),
     "second_dev": ("", "labelled tasks: a second dev set scored beside dev at every evaluation "
@@ -329,7 +329,7 @@ FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
     "header": (True, "TSV/CSV files have a header row (CoLA's do not: give column numbers)"),
     "num_labels": (0, "number of labels, checked against the training labels (0: inferred)"),
     "metric": ("", "dev metric that selects the best parameters and stops early (empty: the "
-               "task's: accuracy, pearson, f1, f1, loss)"),
+               "task's: accuracy, pearson, f1, f1, loss; text_to_text: its data's)"),
     "epochs": (3.0, "epochs over the training rows (fractions allowed)"),
     "warmup_fraction": (0.1, "linear warmup over this fraction of the steps, then linear decay"),
     "eval_batch_size": (0, "dev batch size (0: batch_size)"),
@@ -342,6 +342,8 @@ FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
                        "span beats the null score by more than this"),
     "generate_examples": (8, "completion: dev prompts generated from after training"),
     "max_new_tokens": (32, "completion: tokens generated per dev prompt (greedy)"),
+    "target_length": (32, "text_to_text: decoder tokens per example (target and end token), "
+                      "also the longest dev answer generated"),
     "dropout": (-1.0, "hidden and attention dropout (-1: the weights' own)"),
     "tokenizer": ("", "tokenizer: vocab.txt, spm .model or a directory (empty: the weights')"),
     "lowercase": ("", "lower-case the text: true | false (empty: the tokenizer's default)"),
@@ -426,9 +428,8 @@ def base_config(model: ConfigDict) -> ConfigDict:
   })
   # Resume from this checkpoint step instead of the latest (-1: latest).
   config.restore_step = -1
-  # Resume even though the config differs from the checkpoint's in what the run computes (the
-  # model, data, optimizer; bertjax.checkpoints.workdir lists what may change freely). False:
-  # refused.
+  # Resume though the config differs from the checkpoint's in what the run computes (model,
+  # data, optimizer; bertjax.checkpoints.workdir lists what may change freely). False: refused.
   config.resume_with_changes = False
   # Start a new run from these weights (continued pre-training, fine-tuning): a params-only
   # checkpoint, a fine-tuned OUT/best, a training workdir or a Hugging Face directory.

@@ -25,8 +25,10 @@ def validate_training(config: ConfigDict) -> None:
 
   need("batch_size", int(config.batch_size) >= 1, "must be at least 1")
   need("num_train_steps", int(config.num_train_steps) >= 1, "must be at least 1")
-  # A fine-tune's model is its weights' (checked once they are read).
-  positions = (int(config.model.max_positions) if not config.finetune.task
+  # A fine-tune's model is its weights' (checked once they are read); T5's relative positions
+  # have no table to run past.
+  positions = (int(config.model.max_positions)
+               if not config.finetune.task and config.model.family != "t5"
                else int(config.seq_length))
   need("seq_length", 1 <= int(config.seq_length) <= positions,
        f"must be between 1 and model.max_positions ({positions})")

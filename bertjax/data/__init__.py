@@ -56,13 +56,15 @@ def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConf
 
 def decoder_length(config: ml_collections.ConfigDict) -> int:
   """The decoder's length in an encoder-decoder's batches (0 for the other objectives): T5's
-  target length, fixed by the encoder's length and the noise (bertjax.data.denoising), or
-  BART's, the encoder's."""
+  target length, fixed by the encoder's length and the noise (bertjax.data.denoising), BART's,
+  the encoder's, or a text-to-text fine-tune's finetune.target_length."""
   if config.objective == "span_corruption":
     from bertjax.data.denoising import t5_lengths
     d = config.data
     return t5_lengths(int(config.seq_length), float(d.mask_prob),
                       float(d.get("noise_span_length", LoaderConfig.noise_span_length)))[1]
+  if config.objective == "text_to_text":  # a fine-tune's targets
+    return int(config.finetune.target_length)
   return int(config.seq_length) if config.objective == "denoising" else 0
 
 

@@ -88,6 +88,7 @@ BATCHES: dict[str, tuple[Field, ...]] = {
     "regression": _ENCODER + (SCORE_LABELS,),
     "token_classification": _ENCODER + (TAG_LABELS,),
     "question_answering": _ENCODER + (START_POSITIONS, END_POSITIONS),
+    "text_to_text": _SEQ2SEQ,
 }
 PACKED = (DOCUMENT_IDS, POSITIONS)
 # The objectives whose batches are BERT's masked-LM instances (pairs, full sentences or packed).
@@ -155,7 +156,7 @@ def example_batch(objective: str, rows: int, length: int, predictions: int = 0, 
       "start_positions": rng.randint(0, length, (rows,)).astype(np.int32),
       "end_positions": rng.randint(0, length, (rows,)).astype(np.int32),
   }
-  if objective in SEQ2SEQ:
+  if objective in (*SEQ2SEQ, "text_to_text"):
     targets = rng.randint(5, vocab_size, (rows, decoder_length)).astype(np.int32)
     ones = np.ones((rows, decoder_length), np.int32)
     values.update(decoder_input_ids=np.roll(targets, 1, axis=1), target_ids=targets,

@@ -6,8 +6,10 @@ override its values.
 Sources: Devlin et al. 2019 (GLUE: lr among 2e-5..5e-5, batch 32, 3 epochs; SQuAD), the course
 table this project serves (SQuAD lr 3e-5 for 2 epochs with full fine-tuning; GPT generation lr
 1e-5..3e-5 for 2-5 epochs; domain NER with the bottom layers frozen), Hu et al. 2021 (LoRA),
-Houlsby et al. 2019 (adapters), Li & Liang 2021 (prefix tuning). The rates are for BERT-base /
-GPT-2-small-sized models; a tiny model wants larger ones (docs/finetuning.md).
+Houlsby et al. 2019 (adapters), Li & Liang 2021 (prefix tuning), Raffel et al. 2020 (T5:
+Adafactor, constant 1e-3, batch 128 of 512 tokens), Lewis et al. 2020 and fairseq's BART
+recipes. The rates are for BERT-base / GPT-2-small-sized models; a tiny model wants larger ones
+(docs/finetuning.md).
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ RECIPES: dict[str, Recipe] = {
         "GPT on chat transcripts (`messages` JSONL): loss on the assistant turns",
         dict(task="completion", learning_rate=1e-5, batch_size=8, epochs=3.0,
              warmup_fraction=0.03, weight_decay=0.0, seq_length=1024)),
+    "t5": Recipe(
+        "T5 text to text (SQuAD as \"question: … context: …\", label words, prompt/"
+        "completion): Raffel et al.'s fine-tuning, Adafactor at a constant 1e-3, batch 128",
+        dict(task="text_to_text", optimizer="adafactor", schedule="constant",
+             learning_rate=1e-3, batch_size=128, epochs=3.0, warmup_fraction=0.0,
+             weight_decay=0.0, seq_length=512, target_length=64)),
+    "bart": Recipe(
+        "BART text to text (the same formats): AdamW at 3e-5, 6% warmup then linear decay, "
+        "as fairseq's BART fine-tuning",
+        dict(task="text_to_text", learning_rate=3e-5, batch_size=32, epochs=3.0,
+             warmup_fraction=0.06, weight_decay=0.01, seq_length=512, target_length=64)),
     "lora": Recipe(
         "parameter-efficient tuning with LoRA (rank 16, alpha 32; BERT query,value or "
         "GPT qkv): only the low-rank updates and the head train and are saved",

@@ -12,7 +12,8 @@ import dataclasses
 class Task:
   """Every fact about a fine-tuning task that more than one module needs."""
 
-  # The model family it fine-tunes: "bert" (a fresh head on the encoder) or "gpt" (the LM).
+  # The model family it fine-tunes: "bert" (a fresh head on the encoder), "gpt" (the LM) or
+  # "encoder_decoder" (T5 or BART, the LM head on the decoder).
   family: str
   # The trainer's objective (bertjax.training.objectives).
   objective: str
@@ -28,7 +29,11 @@ TASKS: dict[str, Task] = {
     "token_classification": Task("bert", "token_classification", "token_classification", "f1"),
     "question_answering": Task("bert", "question_answering", "question_answering", "f1"),
     "completion": Task("gpt", "causal_lm", "pretraining", "loss"),
+    # Its selection metric is its data's (bertjax.finetune.text_to_text.FORMATS).
+    "text_to_text": Task("encoder_decoder", "text_to_text", "pretraining", "f1"),
 }
+# The model families of each task family.
+FAMILIES = {"bert": ("bert",), "gpt": ("gpt",), "encoder_decoder": ("t5", "bart")}
 # Metrics where lower is better; every other selection metric is maximised.
 LOWER_IS_BETTER = ("mse", "loss", "perplexity")
 

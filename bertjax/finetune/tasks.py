@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import math
+from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 import jax
@@ -32,9 +33,11 @@ from jax.sharding import NamedSharding
 
 from bertjax import paths
 
-from bertjax.finetune import completions, labeled, scores, squad
+from bertjax.data.errors import CorpusError
+from bertjax.finetune import completions, labeled, scores, squad, text_to_text
 from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.inference import generate
+from bertjax.inference.seq2seq import specials
 from bertjax.parallel.distributed import to_host
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ class TaskData:
   info: dict[str, Any]
   # (trainer, best params, OUT) -> summary, run once after training (generations).
   final: Callable[[Trainer, Any, paths.PathLike], dict[str, Any]] | None = None
+  # The dev metric that selects, where the data decide it (text-to-text); else the registry's.
+  metric: str | None = None
 
 
 def put(arrays: Rows, shardings: dict[str, NamedSharding]) -> dict[str, jax.Array]:
@@ -242,6 +247,63 @@ def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
                   final)
 
 
+# --- T5 and BART, text to text ------------------------------------------------------------
+
+def text_to_text_task(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
+  ft = config.finetune
+  seq_length, target_length = int(config.seq_length), int(ft.target_length)
+  if target_length < 2:
+    raise ValueError(f"target_length={target_length}: a target needs a token and its end")
+  frame = specials(tokenizer)
+  train_path, dev_path = Path(paths.local_copy(ft.train)), Path(paths.local_copy(ft.dev))
+  kind = text_to_text.format_of(train_path)
+  if text_to_text.format_of(dev_path) != kind:
+    raise CorpusError(f"{dev_path}: {text_to_text.format_of(dev_path)} data, but "
+                      f"{train_path} is {kind} data")
+  examples = {name: text_to_text.read_examples(path, kind, ft)
+              for name, path in (("train", train_path), ("dev", dev_path))}
+  encoded = {name: text_to_text.encode(e, tokenizer, frame, seq_length, target_length)
+             for name, e in examples.items()}
+  for name, enc in encoded.items():
+    if enc.cut_sources or enc.cut_targets:
+      log.warning("text_to_text %s: %d of %d inputs cut to seq_length=%d, %d targets to "
+                  "target_length=%d", name, enc.cut_sources, len(examples[name]), seq_length,
+                  enc.cut_targets, target_length)
+  rows = {name: text_to_text.pack(enc, seq_length, target_length, frame)
+          for name, enc in encoded.items()}
+  dev_examples = examples["dev"]
+
+  def dev_generations(trainer: Trainer, params: Any) -> list[str]:
+    host = to_host(params)  # every process: the parameters may be spread over processes
+    return text_to_text.generate_texts(host, trainer.model_config, tokenizer, frame,
+                                       encoded["dev"].sources, eval_batch_size(config),
+                                       seq_length, target_length)
+
+  def evaluate(trainer: Trainer, params: Any) -> dict[str, float]:
+    result = text_to_text.score(kind, dev_examples, dev_generations(trainer, params))
+    loss = lm_loss_over_rows(trainer, params, rows["dev"], eval_batch_size(config))
+    return {**result, "loss": loss["loss"]}
+
+  def final(trainer: Trainer, params: Any, out: paths.PathLike) -> dict[str, Any]:
+    """Every dev example's greedy generation beside its references (OUT/generations.jsonl)."""
+    generated = dev_generations(trainer, params)
+    path = paths.path(out) / "generations.jsonl"
+    if jax.process_index() == 0:
+      path.write_text("".join(
+          json.dumps({"id": e.id, "input": e.source, "references": list(e.answers),
+                      "generated": g}) + "\n" for e, g in zip(dev_examples, generated)))
+    return {"generations": str(path)}
+
+  log.info("text_to_text (%s): %d train examples in %d rows, %d dev examples in %d rows",
+           kind, len(examples["train"]), len(rows["train"]["input_ids"]), len(dev_examples),
+           len(rows["dev"]["input_ids"]))
+  cut = {f"{name}_{side}": getattr(enc, f"cut_{side}") for name, enc in encoded.items()
+         for side in ("sources", "targets")}
+  return TaskData(rows["train"], len(examples["train"]), len(dev_examples), evaluate, {},
+                  {"format": kind, "target_length": target_length, "cut": cut}, final,
+                  metric=text_to_text.FORMATS[kind])
+
+
 def build(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   """The data of the run's task (`finetune.task`), read from `finetune.train` and `.dev`."""
   name = config.finetune.task
@@ -249,4 +311,6 @@ def build(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
     return question_answering(config, tokenizer)
   if name == "completion":
     return completion(config, tokenizer)
+  if name == "text_to_text":
+    return text_to_text_task(config, tokenizer)
   return labelled(config, tokenizer)

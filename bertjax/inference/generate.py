@@ -374,8 +374,10 @@ def generate(params: Any, model_config: ModelConfig, prompts: Sequence[Sequence[
 
 
 def generate_seq2seq(params: Any, model_config: ModelConfig, sources: Sequence[Sequence[int]],
-                     *, decoder_start: int, seed: int = 0, **settings: Any) -> list[list[int]]:
-  """New tokens for each source (T5, BART): the encoder reads the sources (right-padded), the
+                     *, decoder_start: int, seed: int = 0, source_length: int = 0,
+                     **settings: Any) -> list[list[int]]:
+  """New tokens for each source (T5, BART): the encoder reads the sources (right-padded to the
+  longest, or to `source_length` when longer: one program for batches of any lengths), the
   decoder starts from `decoder_start` (T5's <pad>, BART's </s>: transformers'
   decoder_start_token_id) and decodes with `settings` as `generate`'s (max_new_tokens,
   do_sample, num_beams, stop_tokens, ...), each row as transformers' `generate` on the
@@ -387,7 +389,7 @@ def generate_seq2seq(params: Any, model_config: ModelConfig, sources: Sequence[S
   gen = GenerationConfig(**settings)
   if not sources or any(len(s) == 0 for s in sources):
     raise ValueError("every source needs at least one token")
-  length = max(len(s) for s in sources)
+  length = max(source_length, *(len(s) for s in sources))
   ids = np.zeros((len(sources), length), np.int32)
   mask = np.zeros((len(sources), length), np.int32)
   for b, s in enumerate(sources):

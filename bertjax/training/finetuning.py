@@ -100,19 +100,23 @@ class FineTuning:
                             "checkpoint to resume; choose a new output directory")
     self.start = self._start_weights(config)
     model = self.start.config
-    if int(config.seq_length) > model.max_positions:
+    if int(config.seq_length) > model.max_positions and model.family != "t5":  # T5: relative
       raise ValueError(f"seq_length={config.seq_length} exceeds the model's max_positions="
                        f"{model.max_positions} (a --recipe sets its paper's length; give "
                        "--seq-length)")
     if self.task.family == "gpt" and int(ft.max_new_tokens) >= model.max_positions:
       raise ValueError(f"max_new_tokens={ft.max_new_tokens} leaves no room for a prompt in the "
                        f"model's {model.max_positions} positions")
+    if model.family == "bart" and int(ft.target_length) > model.max_positions:
+      raise ValueError(f"target_length={ft.target_length} exceeds BART's "
+                       f"{model.max_positions} decoder positions")
     self.tokenizer_path = ft.tokenizer or self.start.tokenizer
     if not self.tokenizer_path:
       raise ValueError(f"{self.start.source} ships no tokenizer: set finetune.tokenizer")
+    # An encoder-decoder's tokenizer is its family's (T5's sentinels, BART's <s> and <mask>).
+    require = model.family if self.task.family == "encoder_decoder" else self.task.family
     tokenizer = load_tokenizer(paths.local_copy(self.tokenizer_path),
-                               _lowercase(ft.lowercase, self.tokenizer_path),
-                               require=self.task.family)
+                               _lowercase(ft.lowercase, self.tokenizer_path), require=require)
     self.data = tasks.build(config, tokenizer)
     # The weights' own additions stay unless the config sets others (a LoRA OUT/best goes on
     # with its LoRA).
@@ -131,7 +135,7 @@ class FineTuning:
     self.rows = len(next(iter(self.data.train.values())))
     self.steps_per_epoch = math.ceil(self.rows / int(config.batch_size))
     self.config = self._resolved(config, model)
-    self.metric = ft.metric or self.task.metric
+    self.metric = ft.metric or self.data.metric or self.task.metric
     # What the loop checkpoints besides the train state ("run"), and the best parameters.
     self.best: dict[str, Any] = {"value": None, "step": 0, "epoch": 0.0}
     self.stale, self.stopped, self.history = 0, False, []
@@ -156,9 +160,10 @@ class FineTuning:
       if saved.get("init_from") == config.init_from and int(saved.get("init_step", -1)) >= 0:
         step = int(saved["init_step"])
     start = describe_weights(config.init_from, None if step < 0 else step)
-    if start.config.family != self.task.family:
+    families = registry.FAMILIES[self.task.family]
+    if start.config.family not in families:
       raise ValueError(f"{config.init_from}: a {start.config.family} model; task "
-                       f"{config.finetune.task} needs a {self.task.family} model")
+                       f"{config.finetune.task} needs a {' or '.join(families)} model")
     return start
 
   def _resolved(self, config: ml_collections.ConfigDict, model: Any) -> ml_collections.ConfigDict:

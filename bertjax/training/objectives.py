@@ -32,7 +32,8 @@ LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dic
 
 PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "mlm_sbo", "rtd", "causal_lm", "span_corruption",
                "denoising")
-FINETUNING = ("classification", "regression", "token_classification", "question_answering")
+FINETUNING = ("classification", "regression", "token_classification", "question_answering",
+              "text_to_text")
 OBJECTIVES = PRETRAINING + FINETUNING
 
 
@@ -296,8 +297,8 @@ class CausalLM:
 @dataclasses.dataclass(frozen=True)
 class Seq2SeqLM:
   """An encoder-decoder's next-token cross-entropy on the decoder's targets where `loss_mask`
-  is 1 (T5's span corruption, BART's denoising); the examples packed into a row are told apart
-  by their ids in the encoder's and the decoder's rows."""
+  is 1 (T5's span corruption, BART's denoising, text-to-text fine-tuning); the examples packed
+  into a row are told apart by their ids in the encoder's and the decoder's rows."""
 
   model: nn.Module
 
@@ -381,15 +382,16 @@ def build_objective(name: str, model: nn.Module, discriminator_weight: float = 5
   prediction: the same 2-way head, labels say whether the segments were swapped), `mlm_sbo`
   (SpanBERT: MLM plus the span-boundary objective), `rtd`
   (ELECTRA, DeBERTa-v3: a generator and its discriminator, `discriminator_weight` λ),
-  `causal_lm` (GPT), `span_corruption` (T5), `denoising` (BART); `classification`, `regression`, `token_classification`,
-  `question_answering` (BERT with its fine-tuning task's head: bertjax.finetune.tasks).
+  `causal_lm` (GPT), `span_corruption` (T5), `denoising` (BART); `classification`,
+  `regression`, `token_classification`, `question_answering` (BERT with its fine-tuning task's
+  head: bertjax.finetune.tasks) and `text_to_text` (T5, BART: the decoder's targets).
   Knowledge distillation builds on these (bertjax.training.distillation.objective)."""
   family = model.config.family
   if name == "causal_lm":
     if family != "gpt":
       raise ValueError("objective causal_lm needs a GPT model (model.family='gpt')")
     return CausalLM(model)
-  if name in ("span_corruption", "denoising"):
+  if name in ("span_corruption", "denoising", "text_to_text"):
     if not model.config.is_encoder_decoder:
       raise ValueError(f"objective {name} needs an encoder-decoder (model.family='t5' or "
                        f"'bart'), got {family!r}")
