@@ -269,8 +269,9 @@ def test_generate_and_fill_mask_commands(tmp_path, capsys):
 
 
 def test_printed_continuation_keeps_the_space_after_the_prompt(tmp_path):
-  """`bertjax generate` prints prompt + continuation_text: SentencePiece drops the "▁" that
-  starts what it decodes, so the new ids decoded alone would glue "the" to "of"."""
+  """`bertjax generate` prints prompt + continuation_text: the new ids keep the space before
+  them, decoded alone (a GPT-style model has no dummy prefix, so SentencePiece drops no "▁")
+  or after the prompt (a model with one, where decoding them alone would glue "the" to "of")."""
   import itertools
   from bertjax.data import wikipedia
   from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
@@ -282,5 +283,11 @@ def test_printed_continuation_keeps_the_space_after_the_prompt(tmp_path):
   full = tokenizer.encode("The history of the river Été")
   assert full[:len(prompt)] == prompt
   new = full[len(prompt):]
-  assert tokenizer.decode(new) == "the river Été"
+  assert tokenizer.decode(new) == " the river Été"
   assert gen.continuation_text(tokenizer, prompt, new) == " the river Été"
+  bert_style = load_tokenizer(train_sentencepiece(sentences, tmp_path / "bert", vocab_size=600,
+                                                  model_type="unigram", style="bert"))
+  prompt = bert_style.encode("The history of")
+  new = bert_style.encode("The history of the river")[len(prompt):]
+  assert bert_style.decode(new) == "the river"
+  assert gen.continuation_text(bert_style, prompt, new) == " the river"

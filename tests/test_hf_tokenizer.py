@@ -162,23 +162,22 @@ def test_autotokenizer_ids_equal_bertjax(run, corpus):
 def test_autotokenizer_decodes_as_bertjax(run, corpus):
   """transformers' decode of an export equals bertjax's decode of the same ids, special and
   unknown tokens skipped or spelled out, for every sentence of the embedded sample, and with the
-  special tokens its encode adds. Not yet GPT's: its export keeps the space SentencePiece's
-  dummy prefix puts before the first word, since transformers' text-generation pipeline decodes
-  the new tokens alone and appends them to the prompt (test_greedy_text_generation_equals_bertjax);
-  pinned here: that space is the only difference."""
+  special tokens its encode adds. GPT's too: its SentencePiece model has no dummy prefix (as
+  GPT-2), so a text's first word has no space to drop and a continuation's tokens decode with
+  their space (transformers' text-generation pipeline decodes the new tokens alone and appends
+  them to the prompt: test_greedy_text_generation_equals_bertjax)."""
   _, export, tokenizer, family = run
   theirs = transformers.AutoTokenizer.from_pretrained(export)
-  leading = " " if family == "gpt" else ""
   unk = special_ids(tokenizer)["unk"]
   for text in corpus[2]:
     ids = tokenizer.encode(text)
     with_specials = _with_specials(tokenizer, family, ids)
     for skip in (True, False):
-      assert theirs.decode(ids, skip_special_tokens=skip) == leading + tokenizer.decode(
+      assert theirs.decode(ids, skip_special_tokens=skip) == tokenizer.decode(
           ids, skip_special_tokens=skip), text
     if unk not in ids:  # transformers' WordPiece drops [UNK] there, keeping it without them
-      assert theirs.decode(with_specials, skip_special_tokens=True) == (
-          leading + tokenizer.decode(ids)), text
+      assert theirs.decode(with_specials, skip_special_tokens=True) == tokenizer.decode(
+          ids), text
 
 
 def test_whole_sample_differs_only_where_scores_tie(run, corpus):

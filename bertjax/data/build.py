@@ -94,6 +94,9 @@ def _tokenize_chunk(chunk: list[tuple[str, TextDocument]], language: str, keep_l
           texts.append(paragraph)
       else:
         texts.extend(split_sentences(paragraph, language))
+    if not getattr(_worker_tokenizer, "dummy_prefix", True):
+      # Without a dummy prefix (gpt) a sentence after the first carries the space before it.
+      texts[start + 1:] = [" " + text for text in texts[start + 1:]]
     spans.append((start, len(texts)))
   ids = _worker_tokenizer.encode_batch(texts) if texts else []
   out = []

@@ -7,7 +7,8 @@ text with no language-specific pre-tokenizer (as T5, ALBERT, XLNet and LLaMA do)
 Special-token ids are fixed per style, so that configs and checkpoints agree. bert: 0 [PAD],
 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control symbols, added by the instance builders), pieces
 from 5. gpt: 0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces, pieces from 259; byte
-fallback and, unless lower-cased, no normalisation, so decode(encode(text)) == text. t5: 0 <pad>,
+fallback, no dummy prefix (a text's first word has no space before it, as GPT-2's) and, unless
+lower-cased, no normalisation, so decode(encode(text)) == text. t5: 0 <pad>,
 1 </s>, 2 <unk>, pieces from 3, then 100 sentinels <extra_id_99> ... <extra_id_0> (control
 pieces; <extra_id_0> is the last id, as T5's vocabularies). bart: 0 <s>, 1 <pad>, 2 </s>, 3
 <unk>, the byte pieces, pieces, then <mask> last (fairseq's layout; lossless as gpt). `encode`
@@ -140,6 +141,9 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
                 eos_piece="</s>", unk_piece="<unk>"))
     options.update(
         **ids, byte_fallback=True,
+        # GPT: no space before a text's first word, so a continuation's tokens decode with
+        # theirs in any tokenizer (transformers' pipeline decodes the new tokens alone).
+        add_dummy_prefix=style != "gpt",
         # Lossless: no NFKC folding, no whitespace squeezing (only case folding if asked).
         normalization_rule_name="nfkc_cf" if lowercase else "identity",
         remove_extra_whitespaces=False)
@@ -274,6 +278,9 @@ class SentencePieceTokenizer:
       self.style = None
     # Case folding lives in the model's normalisation rule; probe it.
     self.lowercase = processor.normalize("ABC").replace(WORD_START, "") == "abc"
+    # Whether a text's first word gets a word-start space (SentencePiece's dummy prefix: bert,
+    # t5, bart). Without it (gpt, as GPT-2) texts that follow one another carry their spaces.
+    self.dummy_prefix = processor.encode("a", out_type=str)[0].startswith(WORD_START)
     # Control and unknown pieces: what `decode` skips or spells out.
     self._is_special = [processor.is_control(i) or processor.is_unknown(i) for i in range(size)]
     # Precomputed: masking asks once per token.
@@ -384,7 +391,8 @@ class SentencePieceTokenizer:
 
   def is_continuation(self, token_id: int) -> bool:
     """True for pieces that continue a word (no leading "▁", not special or byte), which
-    whole-word masking groups with the previous piece."""
+    whole-word masking groups with the previous piece (without a dummy prefix, gpt, also a
+    text's first piece)."""
     if not 0 <= token_id < len(self._continuation):
       raise IndexError(f"token id {token_id} outside the vocabulary (size "
                        f"{len(self._continuation)})")
