@@ -14,18 +14,19 @@ d_kv; parameters as transformers counts the released checkpoints):
   11b     24      1024    65536    128 x 128   11,307,321,344    v5p-256
 
 ReLU MLP, dropout 0.1, the decoder's output scaled by d_model ** -0.5 before the LM head tied to
-the token table. The slices are the plan; small and base are compiled for theirs (their reports
-under docs/compile_reports/, with the micro-batches in SIZES), the larger sizes not yet. T5 1.1 (google-research/text-to-text-transfer-transformer's released_checkpoints
-.md): gated GeLU, no output scaling, no dropout in pre-training; its head is untied there, but
-transformers 5 ties every T5's head (bertjax/hf/t5.py), so these configs tie it; their counts
-are transformers' for the tied model (the released ones less the head's 32,128 x d_model):
+the token table. Every size is compiled for its slice with the micro-batches in SIZES (the
+reports under docs/compile_reports/, the table in docs/reproducing.md). T5 1.1
+(google-research/text-to-text-transfer-transformer's released_checkpoints.md): gated GeLU, no
+output scaling, no dropout in pre-training; its head is untied there, but transformers 5 ties
+every T5's head (bertjax/hf/t5.py), so these configs tie it; their counts are transformers' for
+the tied model (the released ones less the head's 32,128 x d_model):
 
-  size    layers  d_model  d_ff    heads x d_kv  params (tied)
-  small   8        512     1024      6 x 64        60,511,616
-  base    12       768     2048     12 x 64       222,903,552
-  large   24      1024     2816     16 x 64       750,251,008
-  xl      24      2048     5120     32 x 64     2,783,959,040
-  xxl     24      4096    10240     64 x 64    11,003,736,064
+  size    layers  d_model  d_ff    heads x d_kv  params (tied)   slice
+  small   8        512     1024      6 x 64        60,511,616    v4-8
+  base    12       768     2048     12 x 64       222,903,552    v4-16
+  large   24      1024     2816     16 x 64       750,251,008    v4-32
+  xl      24      2048     5120     32 x 64     2,783,959,040    v5p-64
+  xxl     24      4096    10240     64 x 64    11,003,736,064    v5p-256
 
 Pre-training, every size (Sections 3.1.2, 3.1.4, 3.7): span corruption with noise density 0.15
 and mean span length 3 (inputs 512 tokens, targets 114: `t5_lengths`, no padding), a batch of
@@ -48,14 +49,14 @@ from bertjax.config import base_config, choose, parse_arg, t5_model
 SIZES = {
     "small": (6, 512, 2048, 8, 64, 60_506_624, 4),
     "base": (12, 768, 3072, 12, 64, 222_903_552, 4),
-    "large": (24, 1024, 4096, 16, 64, 737_668_096, 2),
+    "large": (24, 1024, 4096, 16, 64, 737_668_096, 8),
     "3b": (24, 1024, 16384, 32, 128, 2_851_598_336, 4),
     "11b": (24, 1024, 65536, 128, 128, 11_307_321_344, 8),
 }
 SIZES_1_1 = {
-    "small": (8, 512, 1024, 6, 64, 60_511_616, 1),
-    "base": (12, 768, 2048, 12, 64, 222_903_552, 1),
-    "large": (24, 1024, 2816, 16, 64, 750_251_008, 2),
+    "small": (8, 512, 1024, 6, 64, 60_511_616, 4),
+    "base": (12, 768, 2048, 12, 64, 222_903_552, 4),
+    "large": (24, 1024, 2816, 16, 64, 750_251_008, 8),
     "xl": (24, 2048, 5120, 32, 64, 2_783_959_040, 4),
     "xxl": (24, 4096, 10240, 64, 64, 11_003_736_064, 8),
 }
