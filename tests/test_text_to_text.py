@@ -226,6 +226,11 @@ def test_user_errors_are_one_line(tmp_path, tokenizers, capsys):
   assert cli.main(args) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "t5" in err[0], err
+  # Rows too short for the special tokens and one token of text.
+  assert cli.main(base + ["--dev", str(train), "--target-length", "1", "--out",
+                          str(tmp_path / "d")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "target_length=1: a text needs its 1 special token(s)" in err[0], err
   # A GPT is no encoder-decoder.
   gpt = tmp_path / "gpt"
   assert cli.main(["init", "--config", "gpt_tiny", "--out", str(gpt)]) == 0

@@ -252,9 +252,12 @@ def completion(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
 def text_to_text_task(config: ml_collections.ConfigDict, tokenizer: Any) -> TaskData:
   ft = config.finetune
   seq_length, target_length = int(config.seq_length), int(ft.target_length)
-  if target_length < 2:
-    raise ValueError(f"target_length={target_length}: a target needs a token and its end")
   frame = specials(tokenizer)
+  need = 2 + (frame.bos is not None)  # T5's </s> or BART's <s> and </s>, and a token
+  for name, length in (("seq_length", seq_length), ("target_length", target_length)):
+    if length < need:
+      raise ValueError(f"{name}={length}: a text needs its {need - 1} special token(s) and a "
+                       "token")
   train_path, dev_path = Path(paths.local_copy(ft.train)), Path(paths.local_copy(ft.dev))
   kind = text_to_text.format_of(train_path)
   if text_to_text.format_of(dev_path) != kind:

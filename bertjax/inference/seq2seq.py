@@ -34,7 +34,7 @@ class Specials:
   def wrap(self, ids: Sequence[int], length: int | None = None) -> tuple[list[int], bool]:
     """`ids` between bos and eos, cut on the right to `length` tokens (None: uncut); and
     whether cut."""
-    room = len(ids) if length is None else length - 1 - (self.bos is not None)
+    room = len(ids) if length is None else max(0, length - 1 - (self.bos is not None))
     head = [self.bos] if self.bos is not None else []
     return head + list(ids[:room]) + [self.eos], len(ids) > room
 
