@@ -31,9 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [f"w{t}x{j}" for t in range(2) for j in range(6)]
-RIVERS = ["Avon", "Severn", "Thames", "Trent", "Wye", "Tees", "Exe", "Dee"]
-TOWNS = ["Bath", "Gloucester", "London", "Nottingham", "Hereford", "Stockton", "Exeter",
-         "Chester"]
+RIVERS, TOWNS = train_helpers.RIVERS, train_helpers.TOWNS
 
 
 def _pairs(path: Path, n: int, seed: int) -> None:

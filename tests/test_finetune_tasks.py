@@ -25,9 +25,7 @@ from bertjax.models import ModelConfig, build_model, jit_init
 GPT = ModelConfig(family="gpt", vocab_size=300, hidden_size=32, num_layers=2, num_heads=2,
                   mlp_dim=64, max_positions=64, type_vocab_size=0, norm_position="pre",
                   activation="gelu_tanh", hidden_dropout=0.0, attention_dropout=0.0)
-RIVERS = ["Avon", "Severn", "Thames", "Trent", "Wye", "Tees", "Exe", "Dee"]
-TOWNS = ["Bath", "Gloucester", "London", "Nottingham", "Hereford", "Stockton", "Exeter",
-         "Chester"]
+RIVERS, TOWNS = train_helpers.RIVERS, train_helpers.TOWNS
 
 
 @pytest.fixture(scope="module")

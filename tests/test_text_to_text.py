@@ -17,11 +17,9 @@ from bertjax.config import load_config, model_config
 from bertjax.data.errors import CorpusError
 from bertjax.data.tokenizers import appended_pieces, load_tokenizer, train_sentencepiece
 from bertjax.finetune import squad, text_to_text
-from bertjax.inference.seq2seq import specials
+from bertjax.data.seq2seq import specials
 
-RIVERS = ["Avon", "Severn", "Thames", "Trent", "Wye", "Tees", "Exe", "Dee"]
-TOWNS = ["Bath", "Gloucester", "London", "Nottingham", "Hereford", "Stockton", "Exeter",
-         "Chester"]
+RIVERS, TOWNS = train_helpers.RIVERS, train_helpers.TOWNS
 SENTENCES = ([(f"The town of {t} is on a river.", "town") for t in TOWNS]
              + [(f"The river {r} flows past a town.", "river") for r in RIVERS])
 # Pieces SentencePiece can learn from SENTENCES, beside each style's bytes (BART: 256 + <s>).

@@ -165,6 +165,11 @@ def finetune(out, init_from=None, train=None, dev=None, **values):
 
 
 # --- corpora -------------------------------------------------------------------------------
+# Rivers and the towns on them: small text tasks a tiny model learns in seconds (GPT completions,
+# T5/BART label words).
+RIVERS = ["Avon", "Severn", "Thames", "Trent", "Wye", "Tees", "Exe", "Dee"]
+TOWNS = ["Bath", "Gloucester", "London", "Nottingham", "Hereford", "Stockton", "Exeter",
+         "Chester"]
 # Several tests build a corpus of random words in google-research/bert's format with a
 # WordPiece vocabulary for it; the words and sizes are each test's, the making is shared here.
 

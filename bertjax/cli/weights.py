@@ -15,7 +15,7 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.inference import generate
   from bertjax.checkpoints.weights import load_weights
   from bertjax.data.tokenizers import load_tokenizer
-  from bertjax.inference.seq2seq import specials
+  from bertjax.data.seq2seq import specials
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
   weights = load_weights(args.params)
   params, model = weights.params, weights.config

@@ -8,6 +8,7 @@ import ml_collections
 
 from bertjax.data.options import ROW_BALANCE_MODES
 from bertjax.finetune.registry import task
+from bertjax.models.config import UNBOUNDED_POSITIONS
 from bertjax.models.groups import FREEZE_KINDS, parse_freeze
 
 ConfigDict = ml_collections.ConfigDict
@@ -25,10 +26,9 @@ def validate_training(config: ConfigDict) -> None:
 
   need("batch_size", int(config.batch_size) >= 1, "must be at least 1")
   need("num_train_steps", int(config.num_train_steps) >= 1, "must be at least 1")
-  # A fine-tune's model is its weights' (checked once they are read); T5's relative positions
-  # have no table to run past.
+  # A fine-tune's model is its weights' (checked once they are read).
   positions = (int(config.model.max_positions)
-               if not config.finetune.task and config.model.family != "t5"
+               if not config.finetune.task and config.model.family not in UNBOUNDED_POSITIONS
                else int(config.seq_length))
   need("seq_length", 1 <= int(config.seq_length) <= positions,
        f"must be between 1 and model.max_positions ({positions})")

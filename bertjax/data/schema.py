@@ -156,7 +156,7 @@ def example_batch(objective: str, rows: int, length: int, predictions: int = 0, 
       "start_positions": rng.randint(0, length, (rows,)).astype(np.int32),
       "end_positions": rng.randint(0, length, (rows,)).astype(np.int32),
   }
-  if objective in (*SEQ2SEQ, "text_to_text"):
+  if DECODER_INPUT_IDS in fields(objective):
     targets = rng.randint(5, vocab_size, (rows, decoder_length)).astype(np.int32)
     ones = np.ones((rows, decoder_length), np.int32)
     values.update(decoder_input_ids=np.roll(targets, 1, axis=1), target_ids=targets,

@@ -11,12 +11,16 @@ Fields (bertjax.data.schema, the objectives span_corruption and denoising): the 
 `input_ids` and `document_ids` (1 = a token, 0 = padding), the decoder's `decoder_input_ids`
 (the targets shifted right behind the start token: T5's <pad>, BART's </s>),
 `decoder_document_ids`, `target_ids` and `loss_mask`.
+
+`specials` is a t5- or bart-style tokenizer's frame (`Specials`: what goes around a text, and
+the decoder's start token) for text-to-text fine-tuning, `bertjax generate` and the exports'
+config.json.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import grain
 import numpy as np
@@ -27,6 +31,34 @@ from bertjax.data.options import LoaderConfig
 from bertjax.data.packing import BufferedDocuments, DocumentElement
 from bertjax.data.span_masking import continuations
 from bertjax.data.tokenizers import special_ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Specials:
+  """An encoder-decoder tokenizer's frame: `bos` (BART's <s>; None for T5) and `eos` around a
+  text, `pad`, and the decoder's start token (transformers' decoder_start_token_id)."""
+
+  bos: int | None
+  eos: int
+  pad: int
+  start: int
+
+  def wrap(self, ids: Sequence[int], length: int | None = None) -> tuple[list[int], bool]:
+    """`ids` between bos and eos, cut on the right to `length` tokens (None: uncut); and
+    whether cut."""
+    room = len(ids) if length is None else max(0, length - 1 - (self.bos is not None))
+    head = [self.bos] if self.bos is not None else []
+    return head + list(ids[:room]) + [self.eos], len(ids) > room
+
+
+def specials(tokenizer: Any) -> Specials:
+  """The frame of a t5- or bart-style tokenizer (a ValueError for any other)."""
+  ids = special_ids(tokenizer)
+  if ids.get("eos") is None or ids.get("pad") is None:
+    raise ValueError("an encoder-decoder needs its t5- or bart-style tokenizer (with </s> and "
+                     "<pad>): bertjax tokenizer train --style t5 (or bart)")
+  bos = ids.get("bos")
+  return Specials(bos, ids["eos"], ids["pad"], ids["pad"] if bos is None else ids["eos"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,7 @@ from bertjax.data.errors import CorpusError
 from bertjax.finetune import completions, labeled, scores, squad, text_to_text
 from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.inference import generate
-from bertjax.inference.seq2seq import specials
+from bertjax.data.seq2seq import specials
 from bertjax.parallel.distributed import to_host
 
 log = logging.getLogger(__name__)
@@ -259,10 +259,9 @@ def text_to_text_task(config: ml_collections.ConfigDict, tokenizer: Any) -> Task
       raise ValueError(f"{name}={length}: a text needs its {need - 1} special token(s) and a "
                        "token")
   train_path, dev_path = Path(paths.local_copy(ft.train)), Path(paths.local_copy(ft.dev))
-  kind = text_to_text.format_of(train_path)
-  if text_to_text.format_of(dev_path) != kind:
-    raise CorpusError(f"{dev_path}: {text_to_text.format_of(dev_path)} data, but "
-                      f"{train_path} is {kind} data")
+  kind, dev_kind = text_to_text.format_of(train_path), text_to_text.format_of(dev_path)
+  if dev_kind != kind:
+    raise CorpusError(f"{dev_path}: {dev_kind} data, but {train_path} is {kind} data")
   examples = {name: text_to_text.read_examples(path, kind, ft)
               for name, path in (("train", train_path), ("dev", dev_path))}
   encoded = {name: text_to_text.encode(e, tokenizer, frame, seq_length, target_length)

@@ -33,17 +33,16 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
+from bertjax.data import schema
 from bertjax.data.errors import CorpusError
 from bertjax.finetune import labeled, scores, squad
 from bertjax.inference import generate
-from bertjax.inference.seq2seq import Specials
+from bertjax.data.seq2seq import Specials
 
 
 # Format -> the dev metric that selects the best parameters.
 FORMATS = {"squad": "f1", "prompt_completion": "f1", "labels": "accuracy"}
 NO_ANSWER = "unanswerable"  # the target of an unanswerable SQuAD v2.0 question
-BATCH_KEYS = ("input_ids", "document_ids", "decoder_input_ids", "decoder_document_ids",
-              "target_ids", "loss_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +138,8 @@ def pack(encoded: Encoded, seq_length: int, target_length: int, frame: Specials
       used = (0, 0)
     placed[-1].append(i)
     used = (used[0] + len(s), used[1] + len(t))
-  rows = {k: np.zeros((len(placed), target_length if k.startswith("decoder") or k in (
-      "target_ids", "loss_mask") else seq_length), np.int32) for k in BATCH_KEYS}
+  rows = {f.name: np.zeros(schema.shape(f, len(placed), seq_length, 0, target_length), f.dtype)
+          for f in schema.fields("text_to_text")}
   for key in ("input_ids", "decoder_input_ids", "target_ids"):
     rows[key][:] = frame.pad
   for r, members in enumerate(placed):

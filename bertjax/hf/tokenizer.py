@@ -217,12 +217,14 @@ def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
   tokenizer_dir = Path(tokenizer_dir)
   if not ((tokenizer_dir / MODEL_FILE).is_file() or (tokenizer_dir / "vocab.txt").is_file()):
     return None
-  ids = special_ids(load_tokenizer(tokenizer_dir))
+  tokenizer = load_tokenizer(tokenizer_dir)
+  ids = special_ids(tokenizer)
   if ids.get("eos") is not None:  # T5 (decoding starts at <pad>) and BART (at </s>)
-    start = ids["pad"] if ids.get("bos") is None else ids["eos"]
-    return {"pad_token_id": ids["pad"], "eos_token_id": ids["eos"],
-            "decoder_start_token_id": start,
-            **({"bos_token_id": ids["bos"]} if ids.get("bos") is not None else {})}
+    from bertjax.data.seq2seq import specials
+    frame = specials(tokenizer)
+    return {"pad_token_id": frame.pad, "eos_token_id": frame.eos,
+            "decoder_start_token_id": frame.start,
+            **({"bos_token_id": frame.bos} if frame.bos is not None else {})}
   eot = ids.get("eot")
   if eot is None:
     if ids.get("cls") is None or ids.get("sep") is None:

@@ -8,45 +8,15 @@ the one start token (T5's <pad>, BART's </s>), so the decoder's rows need no pad
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from bertjax.data.tokenizers import special_ids
 from bertjax.models import ModelConfig, build_model
 
 Array = jax.Array
 Source = tuple[Array, Array]
-
-
-@dataclasses.dataclass(frozen=True)
-class Specials:
-  """An encoder-decoder tokenizer's frame: `bos` (BART's <s>; None for T5) and `eos` around a
-  text, `pad`, and the decoder's start token (transformers' decoder_start_token_id)."""
-
-  bos: int | None
-  eos: int
-  pad: int
-  start: int
-
-  def wrap(self, ids: Sequence[int], length: int | None = None) -> tuple[list[int], bool]:
-    """`ids` between bos and eos, cut on the right to `length` tokens (None: uncut); and
-    whether cut."""
-    room = len(ids) if length is None else max(0, length - 1 - (self.bos is not None))
-    head = [self.bos] if self.bos is not None else []
-    return head + list(ids[:room]) + [self.eos], len(ids) > room
-
-
-def specials(tokenizer: Any) -> Specials:
-  """The frame of a t5- or bart-style tokenizer (a ValueError for any other)."""
-  ids = special_ids(tokenizer)
-  if ids.get("eos") is None or ids.get("pad") is None:
-    raise ValueError("an encoder-decoder needs its t5- or bart-style tokenizer (with </s> and "
-                     "<pad>): bertjax tokenizer train --style t5 (or bart)")
-  bos = ids.get("bos")
-  return Specials(bos, ids["eos"], ids["pad"], ids["pad"] if bos is None else ids["eos"])
 
 
 def _model(config: ModelConfig) -> Any:

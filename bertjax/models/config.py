@@ -16,6 +16,7 @@ import jax.numpy as jnp
 # bertjax/models/bart.py).
 Family = Literal["bert", "gpt", "t5", "bart"]
 ENCODER_DECODERS = ("t5", "bart")
+UNBOUNDED_POSITIONS = ("t5",)  # relative buckets, no position table: inputs of any length
 NormPosition = Literal["post", "pre"]
 # "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
 # used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").

@@ -39,6 +39,7 @@ from bertjax.data.rows import EpochBatches
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.finetune import registry, tasks
 from bertjax.models import ModelConfig, peft
+from bertjax.models.config import UNBOUNDED_POSITIONS
 from bertjax.parallel import distributed, sharding
 from bertjax.training import hooks
 from bertjax.training.metrics import MetricsWriter
@@ -100,7 +101,7 @@ class FineTuning:
                             "checkpoint to resume; choose a new output directory")
     self.start = self._start_weights(config)
     model = self.start.config
-    if int(config.seq_length) > model.max_positions and model.family != "t5":  # T5: relative
+    if int(config.seq_length) > model.max_positions and model.family not in UNBOUNDED_POSITIONS:
       raise ValueError(f"seq_length={config.seq_length} exceeds the model's max_positions="
                        f"{model.max_positions} (a --recipe sets its paper's length; give "
                        "--seq-length)")
