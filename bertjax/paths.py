@@ -4,8 +4,9 @@ guide: docs/training.md, 'Workdirs on object stores'.
 
 Three kinds of file need a local copy, and this module gives them one. `local_copy`: files read
 by libraries that open local files only (SentencePiece, `tokenizers`, safetensors), and built
-datasets, read by random access that object-store latency makes far too slow; copied once per
-host into `BERTJAX_CACHE` (default ~/.cache/bertjax). `LocalMirror`: files written
+datasets of formats 2-3 (ArrayRecord, whose reader over-reads an object store; format 4 is
+read by byte range, bertjax.data.shards); copied once per host into `BERTJAX_CACHE` (default
+~/.cache/bertjax). `LocalMirror`: files written
 incrementally (metrics.jsonl, TensorBoard events, profiler traces), uploaded at each `sync()`,
 since object stores cannot append. `local_output`: writers of local files only (ArrayRecord,
 SentencePiece training), uploaded when done.

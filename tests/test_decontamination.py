@@ -13,6 +13,7 @@ import pytest
 
 from bertjax import cli
 from bertjax.data import records
+from bertjax.data.shards import ShardRecords
 from bertjax.data.build import build_dataset
 from bertjax.data.decontamination import NgramIndex, eval_texts, words
 from bertjax.data.errors import CorpusError
@@ -161,22 +162,19 @@ def _corpus(tmp_path):
 
 
 def _documents(built) -> dict[str, bytes]:
-  from array_record.python.array_record_module import ArrayRecordReader
   dataset = records.BuiltDataset.open(built)
   out = {}
   for name in dataset.source_names:
     for split in records.SPLITS:
       for path in dataset.shard_paths(name, split):
-        reader = ArrayRecordReader(str(path))
-        for record in reader.read_all():
+        for record in ShardRecords([path]):
           out[records.decode_record(record).key] = record
-        reader.close()
   return out
 
 
 def _shard_bytes(built) -> dict[str, bytes]:
   return {str(p.relative_to(built)): p.read_bytes()
-          for p in sorted(built.glob("*/*.array_record"))}
+          for p in sorted(built.glob("*/*-of-*.*"))}
 
 
 def test_a_build_drops_and_counts_exactly_the_contaminated_documents(tmp_path, vocab, capsys):

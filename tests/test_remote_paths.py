@@ -61,7 +61,7 @@ def test_a_run_on_gcs_builds_trains_resumes_and_exports(gcs, tmp_path):
   assert {"spm/spm.model", "spm/bertjax_tokenizer.json"} <= set(_objects(url, "spm/"))
   _bertjax(env, "data", "build", "--source", "embedded", "--tokenizer", f"{gs}/spm",
            "--out", f"{gs}/wiki", "--num-shards", "2", "--eval-fraction", "0.05")
-  shards = [n for n in _objects(url, "wiki/") if n.endswith(".array_record")]
+  shards = [n for n in _objects(url, "wiki/") if n.endswith(".records")]
   assert len(shards) == 4 and "wiki/dataset.json" in _objects(url, "wiki/")
 
   train = ["train", "--config", "bert_tiny", f"--config.data.dataset={gs}/wiki", *TINY]

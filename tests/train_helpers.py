@@ -194,3 +194,29 @@ def write_vocab(path: Path, words: list[str]) -> Path:
   """A WordPiece vocab.txt: the special tokens, ".", then `words`."""
   path.write_text("\n".join(SPECIALS + ["."] + list(words)) + "\n")
   return path
+
+
+def as_format_3(built: Path, out: Path, token_counts: bool = True) -> Path:
+  """A copy of the built dataset `built` as bertjax wrote it before format 4: ArrayRecord
+  shards (snappy, one record per group), with or without the token counts beside them, so
+  that tests read a dataset built by an older bertjax."""
+  import shutil
+  from array_record.python.array_record_module import ArrayRecordWriter
+  from bertjax.data import records
+  from bertjax.data.shards import ShardRecords
+  shutil.copytree(built, out, ignore=shutil.ignore_patterns("*-of-*.*"))
+  dataset = records.BuiltDataset.open(built)
+  for name in dataset.source_names:
+    for split in records.SPLITS:
+      for path in dataset.shard_paths(name, split):
+        target = out / name / records.shard_name(split, int(path.name.split("-")[1]),
+                                                  dataset.num_shards, format_version=3)
+        writer = ArrayRecordWriter(str(target), "group_size:1,snappy")
+        for record in ShardRecords([path]):
+          writer.write(record)
+        writer.close()
+        if token_counts:
+          shutil.copyfile(records.token_counts_path(path), records.token_counts_path(target))
+  meta = json.loads((out / "dataset.json").read_text())
+  (out / "dataset.json").write_text(json.dumps({**meta, "format_version": 3}))
+  return out

@@ -14,21 +14,21 @@ import fractions
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import grain
 import numpy as np
 
-from bertjax.data import records
+from bertjax.data import records, shards
 from bertjax.data.errors import CorpusError
 from bertjax.data.packing import DocumentElement
 
 log = logging.getLogger(__name__)
 
 
-def source_records(dataset: records.BuiltDataset, name: str,
-                   split: str) -> grain.sources.ArrayRecordDataSource:
+def source_records(dataset: records.BuiltDataset, name: str, split: str) -> Any:
   """Random access to the records of one source's split (all its shards)."""
-  return grain.sources.ArrayRecordDataSource([str(p) for p in dataset.shard_paths(name, split)])
+  return shards.open_records(dataset, name, split)
 
 
 def source_token_counts(dataset: records.BuiltDataset, name: str, split: str) -> np.ndarray:
@@ -37,18 +37,23 @@ def source_token_counts(dataset: records.BuiltDataset, name: str, split: str) ->
   the records' headers, read once."""
   parts = []
   for path in dataset.shard_paths(name, split):
-    shard = grain.sources.ArrayRecordDataSource([str(path)])
     counts_path = records.token_counts_path(path)
-    if counts_path.is_file():
-      counts = np.load(counts_path)
+    if dataset.format_version >= 4:
+      counts = records.load_array(counts_path)
+      size = len(records.load_array(records.offsets_path(path))) - 1
     else:
-      log.info("%s: no token counts beside the shard (built before them): reading its %d "
-               "records' headers", path, len(shard))
-      counts = np.fromiter((records.record_token_count(shard[i]) for i in range(len(shard))),
-                           np.int64, len(shard))
-    if len(counts) != len(shard):
+      shard = grain.sources.ArrayRecordDataSource([str(path)])
+      size = len(shard)
+      if counts_path.is_file():
+        counts = records.load_array(counts_path)
+      else:
+        log.info("%s: no token counts beside the shard (built before them): reading its %d "
+                 "records' headers", path, size)
+        counts = np.fromiter((records.record_token_count(shard[i]) for i in range(size)),
+                             np.int64, size)
+    if len(counts) != size:
       raise CorpusError(f"{counts_path}: {len(counts)} token counts for the shard's "
-                        f"{len(shard)} documents; rebuild the dataset")
+                        f"{size} documents; rebuild the dataset")
     parts.append(counts.astype(np.int64))
   return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -117,7 +122,6 @@ def mixture(dataset: records.BuiltDataset, split: str, *, weights: str = "",
   `epoch_documents` documents (0: as many as the mixed sources hold), apportioned by weight.
   Eval: every document once, whatever the weights."""
   names = dataset.source_names
-  sizes = {name: len(source_records(dataset, name, split)) for name in names}
   stated: dict[str, float | None] = dict.fromkeys(names)
   if split == "train":
     stated = {**dataset.weights, **_parse_weights(weights, names)}
@@ -130,6 +134,8 @@ def mixture(dataset: records.BuiltDataset, split: str, *, weights: str = "",
   mixed = [name for name in names if stated[name] != 0]
   if not mixed:
     raise ValueError(f"data.weights={weights!r} leaves out every source of {dataset.root}")
+  # Only the mixed sources are opened: the ones left out cost nothing at start-up.
+  sizes = {name: len(source_records(dataset, name, split)) for name in mixed}
   unstated = [name for name in mixed if stated[name] is None]
   if unstated and len(unstated) < len(mixed):
     given = [name for name in mixed if stated[name] is not None]

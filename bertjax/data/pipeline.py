@@ -61,7 +61,7 @@ BERT_INSTANCE_MODES = ("pairs", "full_sentences", "doc_sentences", "packed")
 class _DocumentView:
   """Random access to the token sentences of one source (BERT's "random other document")."""
 
-  def __init__(self, source: grain.sources.ArrayRecordDataSource):
+  def __init__(self, source: Any):
     self._source = source
 
   def __len__(self) -> int:
@@ -232,8 +232,10 @@ class RowStreamFactory:
     whole_words = cfg.whole_word_mask or cfg.masking != "token"
     self.continuation = (ContinuationTable.of(tokenizer.is_continuation, len(tokenizer))
                          if whole_words else _never)
+    # Views of the mixed sources only (indexed by source number): the others are not opened.
     self.views = [_DocumentView(source_records(dataset, name, split))
-                  for name in dataset.source_names]
+                  if number in self.mixture.numbers else None
+                  for number, name in enumerate(dataset.source_names)]
 
   def _weigh(self, positions: np.ndarray, piece: np.ndarray, pieces: np.ndarray,
              tokens: np.ndarray) -> np.ndarray:

@@ -73,19 +73,16 @@ def build_lowercase(value: str | bool, tokenizer: str) -> bool:
 
 def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
                    build: bool = True) -> str:
-  """The built dataset a `data.source="corpus"` run reads, as a local directory: `data.dataset`
-  (on an object store: copied once to this host's cache, see `bertjax.paths.local_copy`), or
+  """The built dataset a `data.source="corpus"` run reads (`readable`): `data.dataset`, or
   WORKDIR/data/dataset, built on first use (locally, then uploaded when the workdir is
   remote) unless `build` is False (processes other than the one that builds)."""
   if config.data.dataset:
-    local = paths.local_copy(config.data.dataset)
-    records.BuiltDataset.open(local)  # fail now, not at the first batch
-    return str(local)
+    return readable(config.data.dataset)
   target = paths.path(workdir) / "data"
   dataset_dir = target / "dataset"
   if (dataset_dir / "dataset.json").is_file() and (dataset_dir / "parts").is_dir() and any(
       (dataset_dir / "parts").iterdir()):
-    return str(paths.local_copy(dataset_dir))
+    return readable(dataset_dir)
   if not build:
     raise ValueError(f"{dataset_dir} was not built (data.dataset is empty and the process that "
                      "builds on first use did not write it: is the workdir shared by all hosts?)")
@@ -112,4 +109,17 @@ def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
                                          num_workers=int(config.data.build_workers)))
     for line in summary.lines():
       log.info("%s", line)
-  return str(paths.local_copy(dataset_dir))
+  return readable(dataset_dir)
+
+
+def readable(dataset: paths.PathLike) -> str:
+  """Where the loader reads the built dataset at `dataset` (checked now, not at the first
+  batch): the path itself, local or on an object store (records are read as byte ranges,
+  bertjax.data.shards); a remote dataset of format 2 or 3 (ArrayRecord, whose reader fetches
+  far more than a record from an object store) is copied whole to this host's cache first."""
+  opened = records.BuiltDataset.open(dataset)
+  if paths.is_remote(dataset) and opened.format_version < 4:
+    log.info("%s: format %d (ArrayRecord) is copied to this host before reading; rebuild it "
+             "with this bertjax to stream it", dataset, opened.format_version)
+    return str(paths.local_copy(dataset))
+  return str(opened.root)

@@ -1,42 +1,46 @@
-"""Built datasets: tokenized documents in ArrayRecord shards, and the metadata that describes them.
+"""Built datasets: tokenized documents in record shards, and the metadata that describes them.
 
-A built dataset is a directory written by `bertjax data build`:
+A built dataset is a directory (local or on an object store) written by `bertjax data build`:
 
     dataset.json                     sources (name, kind, path, weight or null), tokenizer, shards
     tokenizer/                       the tokenizer the ids came from (vocab.txt or spm.model)
-    <source>/<split>-SSSSS-of-NNNNN.array_record   one record per document
-    <source>/<split>-SSSSS-of-NNNNN.tokens.npy     its documents' token counts (uint32)
+    <source>/<split>-SSSSS-of-NNNNN.records       its documents' records, one after another
+    <source>/<split>-SSSSS-of-NNNNN.offsets.npy   where each record starts, and the end (uint64)
+    <source>/<split>-SSSSS-of-NNNNN.tokens.npy    its documents' token counts (uint32)
     parts/process-P.json             what process P wrote: counts and skips
 
 One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
 are sentence-based): a fixed header, the document key, the sentence lengths and the token ids,
-all little-endian, so decoding is two `np.frombuffer` calls. ArrayRecord gives random access
-by index, which the loader's global shuffle and BERT's "random next document" need.
+all little-endian, so decoding is two `np.frombuffer` calls. The offsets give random access by
+index (the loader's global shuffle, BERT's "random next document") as one exact byte range per
+document, which an object store serves without the rest of the shard (bertjax.data.shards).
+Formats 2 and 3 stored the records in ArrayRecord files (`.array_record`), still read; their
+readers over-read on object stores (docs/data.md, 'Streaming from object stores').
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
-from array_record.python.array_record_module import ArrayRecordWriter
+from etils import epath
 
+from bertjax import paths
 from bertjax.data.errors import CorpusError
 
 _MAGIC = b"BJD1"
 _HEADER = struct.Struct("<4sIIII")  # magic, key bytes, sentences, tokens, bytes per token
 # Vocabularies up to 65,536 (BERT's 30,522, GPT-2's 50,257) store 2 bytes per token.
 _TOKEN_DTYPES = {2: "<u2", 4: "<i4"}
-# Snappy: a random read of a 24 KB document takes ~12 µs against ~35 µs with the default
-# zstd (BERT's random-next documents are random reads on the loader's hot path).
-WRITER_OPTIONS = "group_size:1,snappy"
 SPLITS = ("train", "eval")
-# 3: a source's "weight" is null where the build stated none. 2 (still read) wrote 1.0 there.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# 4: record shards with byte offsets. 3: ArrayRecord shards, a source's "weight" null where the
+# build stated none. 2: ArrayRecord, 1.0 written there. All three read.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,32 +96,50 @@ def decode_record(record: bytes) -> TokenizedDocument:
   return TokenizedDocument(key, lengths, tokens)
 
 
-def shard_name(split: str, shard: int, num_shards: int) -> str:
-  return f"{split}-{shard:05d}-of-{num_shards:05d}.array_record"
+def shard_name(split: str, shard: int, num_shards: int,
+               format_version: int = FORMAT_VERSION) -> str:
+  suffix = ".records" if format_version >= 4 else ".array_record"
+  return f"{split}-{shard:05d}-of-{num_shards:05d}{suffix}"
 
 
-def token_counts_path(shard: Path) -> Path:
+def _beside(shard: epath.Path, suffix: str) -> epath.Path:
+  return shard.with_name(shard.name.rsplit(".", 1)[0] + suffix)
+
+
+def token_counts_path(shard: epath.Path) -> epath.Path:
   """The token counts beside a shard: the loader balances rows by them without reading the
   documents (datasets built before them are read once instead)."""
-  return shard.with_name(shard.name.replace(".array_record", ".tokens.npy"))
+  return _beside(shard, ".tokens.npy")
+
+
+def offsets_path(shard: epath.Path) -> epath.Path:
+  """The byte offsets beside a record shard: record i is bytes [offsets[i], offsets[i + 1])."""
+  return _beside(shard, ".offsets.npy")
+
+
+def load_array(path: epath.Path) -> np.ndarray:
+  """A .npy file, local or on an object store (one read of the whole file)."""
+  return np.load(io.BytesIO(path.read_bytes()))
 
 
 class ShardWriter:
-  """One shard: its records, and on `close` the token count of each beside it."""
+  """One shard: its records, and on `close` the offsets and token count of each beside it."""
 
   def __init__(self, path: Path):
-    self._path, self._tokens = Path(path), []
-    self._writer = ArrayRecordWriter(str(path), WRITER_OPTIONS)
+    self._path, self._tokens, self._offsets = Path(path), [], [0]
+    self._file = open(path, "wb")
 
   def write(self, record: bytes, num_tokens: int) -> None:
-    self._writer.write(record)
+    self._file.write(record)
+    self._offsets.append(self._offsets[-1] + len(record))
     self._tokens.append(num_tokens)
 
   def close(self) -> None:
-    if self._writer is not None:
-      self._writer.close()
+    if self._file is not None:
+      self._file.close()
+      np.save(offsets_path(self._path), np.asarray(self._offsets, "<u8"))
       np.save(token_counts_path(self._path), np.asarray(self._tokens, "<u4"))
-      self._writer = None
+      self._file = None
 
 
 def record_token_count(record: bytes) -> int:
@@ -127,14 +149,20 @@ def record_token_count(record: bytes) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class BuiltDataset:
-  """A built dataset directory, validated: every shard of every source and split present."""
+  """A built dataset directory (local or on an object store). Opening reads dataset.json only;
+  a source's shards are checked when the loader first asks for them (`shard_paths`), so that
+  sources a run leaves out cost nothing at start-up."""
 
-  root: Path
+  root: epath.Path
   meta: dict
+  # source -> the names in its directory (one listing per source used, not a stat per shard)
+  _listings: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+  # (source, split) -> its records' reader, opened once per process (bertjax.data.shards)
+  readers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def open(cls, root: str | Path) -> "BuiltDataset":
-    root = Path(root)
+  def open(cls, root: str | Path | epath.Path) -> "BuiltDataset":
+    root = paths.path(root)
     meta_path = root / "dataset.json"
     if not meta_path.is_file():
       raise CorpusError(f"{root}: not a built dataset (no dataset.json); create one with "
@@ -142,15 +170,13 @@ class BuiltDataset:
     meta = json.loads(meta_path.read_text())
     if meta.get("format_version") not in READABLE_VERSIONS:
       raise CorpusError(f"{meta_path}: format version {meta.get('format_version')}, this "
-                        f"bertjax reads {' and '.join(map(str, READABLE_VERSIONS))}; rebuild "
+                        f"bertjax reads {', '.join(map(str, READABLE_VERSIONS))}; rebuild "
                         "the dataset")
-    dataset = cls(root, meta)
-    missing = [str(p) for name in dataset.source_names for split in SPLITS
-               for p in dataset.shard_paths(name, split) if not p.is_file()]
-    if missing:
-      raise CorpusError(f"{root}: {len(missing)} shard(s) missing, e.g. {missing[0]} — the "
-                        "build did not finish on every process")
-    return dataset
+    return cls(root, meta)
+
+  @property
+  def format_version(self) -> int:
+    return int(self.meta["format_version"])
 
   @property
   def source_names(self) -> list[str]:
@@ -173,11 +199,29 @@ class BuiltDataset:
 
   @property
   def tokenizer_dir(self) -> Path:
-    return self.root / "tokenizer"
+    """The tokenizer's files as a local directory (copied once per host from an object
+    store: SentencePiece reads local files)."""
+    return paths.local_copy(self.root / "tokenizer")
 
-  def shard_paths(self, source: str, split: str) -> list[Path]:
-    return [self.root / source / shard_name(split, s, self.num_shards)
-            for s in range(self.num_shards)]
+  def shard_paths(self, source: str, split: str) -> list[epath.Path]:
+    """The shards of one source's split, checked present (CorpusError naming one missing)."""
+    if source not in self.source_names:
+      raise CorpusError(f"{self.root}: no source {source!r}; its sources are "
+                        f"{self.source_names}")
+    shards = [self.root / source / shard_name(split, s, self.num_shards, self.format_version)
+              for s in range(self.num_shards)]
+    if source not in self._listings:
+      folder = self.root / source
+      self._listings[source] = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    needed = [p for shard in shards for p in (
+        (shard, offsets_path(shard), token_counts_path(shard)) if self.format_version >= 4
+        else (shard,))]
+    missing = [str(p) for p in needed if p.name not in self._listings[source]]
+    if missing:
+      raise CorpusError(f"{self.root}: {len(missing)} shard file(s) of {source}/{split} "
+                        f"missing, e.g. {missing[0]} — the build did not finish on every "
+                        "process")
+    return shards
 
   def parts(self) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((self.root / "parts").glob("*.json"))]

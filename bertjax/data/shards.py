@@ -1,0 +1,136 @@
+"""Random access to the records of a built dataset's shards, on local disk or on an object store
+(`gs://` and every other fsspec store the path layer reads); guide: docs/data.md, 'Streaming
+from object stores'.
+
+`ShardRecords` reads record i of a list of shards as the one byte range the shard's offsets give
+(bertjax.data.records): `os.pread` on local disk; on an object store one ranged GET of exactly
+that range, so a host fetches only the documents its rows read, and starting costs one read of
+each used shard's offsets, whatever the dataset's size. Nothing is copied to local disk; the
+records read last stay in memory, bounded (`cache_bytes`: BERT's random-next documents and a
+restored stream re-read a few). Datasets of formats 2 and 3 (ArrayRecord) are read through
+Grain's ArrayRecord source (`open_records`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import os
+import threading
+from typing import Any
+
+import fsspec
+import grain
+import numpy as np
+
+from bertjax import paths
+from bertjax.data import records
+from bertjax.data.errors import CorpusError
+
+# Enough for the few hundred documents a process's rows and BERT's random-next reads revisit.
+DEFAULT_CACHE_BYTES = 64 << 20
+
+
+class ShardRecords:
+  """Grain random-access source over record shards: `len`, `[i]` -> the record's bytes, in the
+  order of `shards` then of their records. Picklable (loader workers reopen files and clients)."""
+
+  def __init__(self, shards: list[Any], cache_bytes: int = DEFAULT_CACHE_BYTES):
+    self._shards = [os.fspath(s) for s in shards]
+    self._offsets = []
+    for shard in shards:
+      offsets = records.load_array(records.offsets_path(paths.path(shard))).astype(np.int64)
+      if len(offsets) < 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise CorpusError(f"{records.offsets_path(paths.path(shard))}: not a shard's offsets "
+                          "(they must start at 0 and never decrease); rebuild the dataset")
+      self._offsets.append(offsets)
+    self._ends = np.cumsum([len(o) - 1 for o in self._offsets]).tolist()
+    self._remote = [paths.is_remote(s) for s in self._shards]
+    self._cache_bytes = int(cache_bytes)
+    self._open()
+
+  def _open(self) -> None:
+    self._lock = threading.Lock()
+    self._files: dict[int, Any] = {}  # shard -> fd (local) or (filesystem, path) (remote)
+    self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+    self._cached = 0
+    self.bytes_read = 0  # fetched from the files by this process (cache hits not counted)
+
+  def __getstate__(self) -> dict:
+    state = self.__dict__.copy()
+    for key in ("_lock", "_files", "_cache", "_cached", "bytes_read"):
+      state.pop(key)
+    return state
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self._open()
+
+  def __len__(self) -> int:
+    return self._ends[-1] if self._ends else 0
+
+  def __repr__(self) -> str:
+    return f"ShardRecords({len(self._shards)} shards, {len(self)} records)"
+
+  def _handle(self, shard: int) -> Any:
+    with self._lock:
+      if shard not in self._files:
+        name = self._shards[shard]
+        if self._remote[shard]:
+          self._files[shard] = fsspec.core.url_to_fs(name)
+        else:
+          self._files[shard] = os.open(name, os.O_RDONLY)
+      return self._files[shard]
+
+  def __getitem__(self, index: int) -> bytes:
+    index = int(index)
+    if not 0 <= index < len(self):
+      raise IndexError(f"record {index} of {len(self)}")
+    with self._lock:
+      if index in self._cache:
+        self._cache.move_to_end(index)
+        return self._cache[index]
+    shard = bisect.bisect_right(self._ends, index)
+    i = index - (self._ends[shard - 1] if shard else 0)
+    start, end = int(self._offsets[shard][i]), int(self._offsets[shard][i + 1])
+    handle = self._handle(shard)
+    if self._remote[shard]:
+      fs, path = handle
+      data = fs.cat_file(path, start=start, end=end)
+    else:
+      data = os.pread(handle, end - start, start)
+    if len(data) != end - start:
+      raise CorpusError(f"{self._shards[shard]}: record {i} should be bytes [{start}, {end}) "
+                        f"but {len(data)} were read (a truncated shard); rebuild the dataset")
+    with self._lock:
+      self.bytes_read += len(data)
+      if len(data) <= self._cache_bytes:
+        self._cache[index] = data
+        self._cached += len(data)
+        while self._cached > self._cache_bytes:
+          self._cached -= len(self._cache.popitem(last=False)[1])
+    return data
+
+  def close(self) -> None:
+    with self._lock:
+      for handle in self._files.values():
+        if isinstance(handle, int):
+          os.close(handle)
+      self._files.clear()
+
+  def __del__(self) -> None:
+    try:
+      self.close()
+    except Exception:  # interpreter shutdown: the fds go with the process
+      pass
+
+
+def open_records(dataset: records.BuiltDataset, source: str, split: str) -> Any:
+  """Random access to the records of one source's split (all its shards, in order); one reader
+  per dataset, source and split (its offsets read once, its cache shared)."""
+  if (source, split) not in dataset.readers:
+    shards = dataset.shard_paths(source, split)
+    dataset.readers[source, split] = (
+        ShardRecords(shards) if dataset.format_version >= 4 else
+        grain.sources.ArrayRecordDataSource([os.fspath(p) for p in shards]))
+  return dataset.readers[source, split]
