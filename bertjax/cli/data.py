@@ -24,8 +24,16 @@ def cmd_data_build(args: argparse.Namespace, overrides: Overrides) -> int:
                          dedup=not args.keep_duplicates,
                          decontaminate=tuple(args.decontaminate or ()),
                          decontamination_ngram=args.decontamination_ngram)
-  summary = build_dataset(parse_sources(args.source), args.tokenizer, args.out, options)
-  print(f"built {args.out} (process {args.process_index} of {args.process_count})")
+  if args.runner:
+    from bertjax.data import beam_build
+    runner = beam_build.known_runner(args.runner)
+    summary = beam_build.build_with_beam(
+        parse_sources(args.source), args.tokenizer, args.out, options,
+        beam_build.runner_args(runner, list(args.beam_option or ()), args.workers))
+    print(f"built {args.out} (Apache Beam, {runner})")
+  else:
+    summary = build_dataset(parse_sources(args.source), args.tokenizer, args.out, options)
+    print(f"built {args.out} (process {args.process_index} of {args.process_count})")
   for line in summary.lines():
     print("  " + line)
   return 0
@@ -111,15 +119,19 @@ def register(add: Add) -> None:
              "--out runs/wiki\n  bertjax data bench --source embedded", None)
   data_sub = data.add_subparsers(dest="data_command", required=True, metavar="command")
   p = data_sub.add_parser(
-      "build", help="raw corpora -> tokenized documents (ArrayRecord shards)",
+      "build", help="raw corpora -> tokenized documents (record shards)",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Streams each source, cleans, splits sentences, tokenizes and writes one "
-      "record per document (sentence boundaries kept) into NUM_SHARDS ArrayRecord shards per "
+      "record per document (sentence boundaries kept) into NUM_SHARDS record shards per "
       "split, deterministically whatever the worker or process count. Multi-host: run with "
-      "--process-index/--process-count on each host; each writes its own shards.",
+      "--process-index/--process-count on each host; each writes its own shards; or run it "
+      "as an Apache Beam pipeline (--runner), the same bytes.",
       epilog="examples:\n  bertjax data build --source wikipedia:enwiki-latest-pages-articles"
       ".xml.bz2@0.75 --source text:books/@0.25 --tokenizer vocab.txt --out data/bert --workers 8"
-      "\n  bertjax data build --source embedded --tokenizer runs/spm --out runs/wiki")
+      "\n  bertjax data build --source embedded --tokenizer runs/spm --out runs/wiki"
+      "\n  bertjax data build --source wikipedia:enwiki-latest-pages-articles-multistream.xml.bz2"
+      " --tokenizer gs://b/spm --out gs://b/wiki --runner DataflowRunner --beam-option="
+      "--project=P --beam-option=--region=us-central1 --beam-option=--temp_location=gs://b/tmp")
   p.set_defaults(fn=cmd_data_build)
   p.add_argument("--source", action="append", required=True, help=SOURCE_HELP)
   p.add_argument("--tokenizer", required=True,
@@ -152,6 +164,13 @@ def register(add: Add) -> None:
   p.add_argument("--decontamination-ngram", type=int, default=build.decontamination_ngram,
                  help=f"the n of --decontaminate's n-grams, in words "
                  f"({build.decontamination_ngram}, as GPT-3)")
+  p.add_argument("--runner", default="",
+                 help="build as an Apache Beam pipeline on this runner (DirectRunner: this "
+                 "machine, --workers processes; DataflowRunner, FlinkRunner, SparkRunner); "
+                 "empty: the local build (pip install 'bertjax[beam]')")
+  p.add_argument("--beam-option", action="append", metavar="--NAME=VALUE",
+                 help="a Beam pipeline option for --runner (e.g. --beam-option=--project=P); "
+                 "repeatable")
 
   p = _task_set(
       data_sub, "task", "a labelled article-classification task from a corpus",
