@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import IO, Iterator
 
 from etils import epath
 
@@ -41,6 +41,17 @@ def path(p: PathLike) -> epath.Path:
 def is_remote(p: PathLike) -> bool:
   """Whether `p` names an object store (a URL with a scheme), not a local file."""
   return "://" in os.fspath(p)
+
+
+def open_binary(p: PathLike) -> IO[bytes]:
+  """`p` opened for binary reading with random access: a local file, or an object on a store
+  (fsspec: a seek is a new ranged read), so a reader of byte ranges fetches only those."""
+  return open(os.fspath(p), "rb") if not is_remote(p) else path(p).open("rb")
+
+
+def file_size(p: PathLike) -> int:
+  """The size of file `p` in bytes, local or on an object store."""
+  return os.stat(os.fspath(p)).st_size if not is_remote(p) else path(p).stat().length
 
 
 def cache_root() -> Path:

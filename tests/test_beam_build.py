@@ -102,3 +102,42 @@ def test_beam_build_user_errors(tmp_path, corpus, capsys):
     assert cli.main(base + extra) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.slow  # against the GCS emulator
+def test_a_multistream_dump_on_gcs_is_read_by_byte_ranges(gcs, tmp_path, corpus, monkeypatch):
+  """The dump and its index on `gs://` (fake-gcs-server): the local build and the Beam build
+  (multi-processing DirectRunner) read its streams by ranged reads and write the bytes of the
+  build from the local file."""
+  import urllib.parse
+  import urllib.request
+  from conftest import BUCKET
+  url, env = gcs
+  for key in ("STORAGE_EMULATOR_HOST", "FSSPEC_GCS_TOKEN", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
+              "BERTJAX_CACHE"):
+    monkeypatch.setenv(key, env[key])
+  vocab, sources = corpus
+  dump = Path(sources[0].split(":", 1)[1].split("?")[0])
+  for f in (dump, dump.with_name(dump.name.replace(".xml.bz2", "-index.txt.bz2"))):
+    query = urllib.parse.urlencode({"uploadType": "media", "name": f"dumps/{f.name}"})
+    urllib.request.urlopen(urllib.request.Request(
+        f"{url}/upload/storage/v1/b/{BUCKET}/o?{query}", data=f.read_bytes(), method="POST",
+        headers={"Content-Type": "application/octet-stream"})).read()
+  remote = [f"wikipedia:gs://{BUCKET}/dumps/{dump.name}?name=wiki"]
+  options = BuildOptions(num_shards=4, eval_fraction=0.1)
+  build_dataset(parse_sources(sources[:1]), vocab, tmp_path / "local", options)
+  from_gcs = build_dataset(parse_sources(remote), vocab, tmp_path / "from_gcs", options)
+
+  def same_as_local(built: Path) -> None:  # dataset.json names the source's own path
+    ours, theirs = _written(built), _written(tmp_path / "local")
+    assert ours.pop("dataset.json").replace(f"gs://{BUCKET}/dumps".encode(), str(
+        dump.parent).encode()) == theirs.pop("dataset.json")
+    assert ours == theirs
+
+  same_as_local(tmp_path / "from_gcs")
+  read = json.loads((tmp_path / "from_gcs" / "parts" / "process-0.json").read_text())["read"]
+  assert read["wiki"]["index"] and read["wiki"]["bytes"] == dump.stat().st_size
+  beam_build.build_with_beam(parse_sources(remote), vocab, tmp_path / "beam", options,
+                             beam_build.runner_args("DirectRunner", [], 2))
+  same_as_local(tmp_path / "beam")
+  assert from_gcs.counts["wiki"]["train"]["documents"] > 50

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bertjax import paths
 from bertjax.data import multistream, wikipedia
 from bertjax.data.errors import CorpusError, SkipCounts
 from multistream_dump import split_dump, write_multistream_dump
@@ -142,8 +143,8 @@ def test_readers_read_only_their_own_bytes(dump, starts, monkeypatch):
   index = multistream.find_index(dump)
   size = dump.stat().st_size
   recorder = _Recorder(dump.name)
-  monkeypatch.setattr(multistream, "open", recorder.open, raising=False)
-  monkeypatch.setattr(wikipedia, "open", recorder.open, raising=False)
+  # The readers open files through bertjax.paths (local files, or objects on a store).
+  monkeypatch.setattr(paths, "open", recorder.open, raising=False)
   total = 0
   for lo, hi in _slices(size, 3):
     # With an index, finding the ranges reads nothing of the dump; reading them, exactly them.

@@ -181,7 +181,7 @@ def build_with_beam(sources: list[SourceSpec], tokenizer_path: str | Path, out_d
     if dump is None:
       streams.append((number, spec))
       continue
-    size, index = dump.stat().st_size, multistream.find_index(dump)
+    size, index = paths.file_size(dump), multistream.find_index(dump)
     for shard in range(options.num_shards):
       lo, hi = shard * size // options.num_shards, (shard + 1) * size // options.num_shards
       for t, a in enumerate(range(lo, hi, build._TASK_BYTES)):

@@ -135,10 +135,12 @@ def _build_streams(dump: str, lo: int, hi: int, index: str | None, name: str,
 
 
 def _multistream_file(spec: SourceSpec, options: BuildOptions) -> Path | None:
-  """The dump a source names when it is read by bytes (one multistream file), else None."""
+  """The dump a source names when it is read by bytes (one multistream file, local or on an
+  object store: its byte ranges are ranged reads), else None."""
   if spec.kind != "wikipedia" or options.max_documents:
     return None
-  path = EMBEDDED_DUMP if spec.path == "embedded" else Path(spec.path).expanduser()
+  path = (EMBEDDED_DUMP if spec.path == "embedded" else paths.path(spec.path)
+          if paths.is_remote(spec.path) else Path(spec.path).expanduser())
   if not path.is_file() or not multistream.is_multistream(path):
     return None
   return path
@@ -363,7 +365,7 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
 def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
                        options: BuildOptions) -> tuple[dict, dict, dict]:
   """This process's shards of a multistream dump: (counts, skips, bytes read)."""
-  size = dump.stat().st_size
+  size = paths.file_size(dump)
   index = multistream.find_index(dump)
   index_arg = None if index is None else str(index)
   (out / spec.name).mkdir(exist_ok=True)

@@ -15,8 +15,11 @@ from __future__ import annotations
 import array
 import bisect
 import bz2
+import contextlib
+import os
 from pathlib import Path
 
+from bertjax import paths
 from bertjax.data.errors import CorpusError
 
 STREAM_MAGIC = b"BZh"
@@ -40,7 +43,7 @@ _INDEX_CACHE: dict[tuple[str, int, int], array.array] = {}
 def find_index(dump: str | Path) -> Path | None:
   """The index next to a multistream dump, by the dump naming convention
   (`…-multistream.xml.bz2` -> `…-multistream-index.txt.bz2`, else `.txt`); None if absent."""
-  dump = Path(dump)
+  dump = paths.path(dump)
   if not dump.name.endswith("-multistream.xml.bz2"):
     return None
   stem = dump.name[: -len(".xml.bz2")]
@@ -57,7 +60,7 @@ def is_multistream(dump: str | Path) -> bool:
   first stream (a few KiB); anything else, unreadable files included, is False (read it whole
   with `wikipedia.read_pages`, which reports what is wrong with it)."""
   try:
-    with open(dump, "rb") as file:
+    with paths.open_binary(dump) as file:
       if not is_stream_header(file.read(HEADER_BYTES), 0):
         return False
       file.seek(0)
@@ -83,13 +86,13 @@ def stream_starts(dump: str | Path, lo: int, hi: int, index: str | Path | None =
   """Byte offsets of the bz2 streams that start in [lo, hi), ascending. With an index: its
   distinct offsets and 0 (the header stream); the dump is not read. Without: a scan of the
   dump's bytes [lo, hi + 9) (a header starting before hi ends before hi + 10)."""
-  dump = Path(dump)
+  dump = paths.path(dump)
   size = _size(dump)
   lo, hi = max(lo, 0), min(hi, size)
   if lo >= hi:
     return []
   if index is not None:
-    offsets = _checked_offsets(dump, Path(index), size)
+    offsets = _checked_offsets(dump, paths.path(index), size)
     return list(offsets[bisect.bisect_left(offsets, lo): bisect.bisect_left(offsets, hi)])
   with _open_dump(dump) as file:
     starts = _scan(file, lo, hi, min(size, hi + HEADER_BYTES - 1), read_log)
@@ -103,13 +106,13 @@ def next_stream_start(dump: str | Path, pos: int, index: str | Path | None = Non
   """The offset of the first bz2 stream that starts at or after `pos`; the file's size if none
   does. With an index the dump is not read; without, it is scanned forward from `pos` until a
   header, reading at most `SCAN_CHUNK` bytes past that header."""
-  dump = Path(dump)
+  dump = paths.path(dump)
   size = _size(dump)
   if pos >= size:
     return size
   pos = max(pos, 0)
   if index is not None:
-    offsets = _checked_offsets(dump, Path(index), size)
+    offsets = _checked_offsets(dump, paths.path(index), size)
     i = bisect.bisect_left(offsets, pos)
     return offsets[i] if i < len(offsets) else size
   with _open_dump(dump) as file:
@@ -158,12 +161,13 @@ def index_offsets(index: str | Path) -> array.array:
   """The distinct stream offsets of an index file and 0 (the header stream, which holds no
   page), ascending; read once per process (streamed: the file may be large). A malformed line,
   or an offset smaller than the one before it, is a `CorpusError` naming the line."""
-  index = Path(index)
+  index = paths.path(index)
   try:
-    stat = index.stat()
+    size = paths.file_size(index)
+    mtime = 0 if paths.is_remote(index) else os.stat(index).st_mtime_ns
   except OSError as e:
-    raise CorpusError(f"{index}: cannot be read ({e.strerror})") from None
-  key = (str(index.resolve()), stat.st_mtime_ns, stat.st_size)
+    raise CorpusError(f"{index}: cannot be read ({e.strerror or e})") from None
+  key = (os.fspath(index), mtime, size)
   if key not in _INDEX_CACHE:
     _INDEX_CACHE.clear()  # one index at a time: they are large
     _INDEX_CACHE[key] = _read_index(index)
@@ -178,33 +182,34 @@ def _read_index(index: Path) -> array.array:
   number = 0  # lines before the current block
   tail = b""
   try:
-    with open(index, "rb") as probe:
-      compressed = probe.read(3) == STREAM_MAGIC
-    with (bz2.open(index, "rb") if compressed else open(index, "rb")) as file:
-      while True:
-        block = file.read(_INDEX_BLOCK)
-        if not block:
-          lines = [tail] if tail else []
-        else:
-          lines = (tail + block).split(b"\n")
-          tail = lines.pop()
-        for i, line in enumerate(lines):
-          if line.startswith(same) or not line.strip():
-            continue
-          head, _, rest = line.partition(b":")
-          page_id, colon, _ = rest.partition(b":")
-          if not (head.isdigit() and page_id.strip().isdigit() and colon):
-            raise CorpusError(f"{index}: line {number + i + 1} is not OFFSET:PAGE_ID:TITLE")
-          offset = int(head)
-          if offset < offsets[-1]:
-            raise CorpusError(f"{index}: line {number + i + 1}: offset {offset} is smaller than "
-                              f"the one before it ({offsets[-1]})")
-          if offset > offsets[-1]:
-            offsets.append(offset)
-          same = head + b":"
-        number += len(lines)
-        if not block:
-          return offsets
+    with paths.open_binary(index) as raw:
+      compressed = raw.read(3) == STREAM_MAGIC
+      raw.seek(0)
+      with bz2.open(raw, "rb") if compressed else contextlib.nullcontext(raw) as file:
+        while True:
+          block = file.read(_INDEX_BLOCK)
+          if not block:
+            lines = [tail] if tail else []
+          else:
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+          for i, line in enumerate(lines):
+            if line.startswith(same) or not line.strip():
+              continue
+            head, _, rest = line.partition(b":")
+            page_id, colon, _ = rest.partition(b":")
+            if not (head.isdigit() and page_id.strip().isdigit() and colon):
+              raise CorpusError(f"{index}: line {number + i + 1} is not OFFSET:PAGE_ID:TITLE")
+            offset = int(head)
+            if offset < offsets[-1]:
+              raise CorpusError(f"{index}: line {number + i + 1}: offset {offset} is smaller "
+                                f"than the one before it ({offsets[-1]})")
+            if offset > offsets[-1]:
+              offsets.append(offset)
+            same = head + b":"
+          number += len(lines)
+          if not block:
+            return offsets
   except (OSError, EOFError) as e:
     raise CorpusError(f"{index}: cannot be read after line {number} ({e})") from None
 
@@ -219,16 +224,16 @@ def _checked_offsets(dump: Path, index: Path, size: int) -> array.array:
 
 def _size(dump: Path) -> int:
   try:
-    return dump.stat().st_size
+    return paths.file_size(dump)
   except FileNotFoundError:
     raise CorpusError(f"{dump}: no such file") from None
   except OSError as e:
-    raise CorpusError(f"{dump}: cannot be read ({e.strerror})") from None
+    raise CorpusError(f"{dump}: cannot be read ({e.strerror or e})") from None
 
 
 def _open_dump(dump: Path):
   try:
-    return open(dump, "rb")
+    return paths.open_binary(dump)
   except OSError as e:
     raise CorpusError(f"{dump}: cannot be read ({e.strerror})") from None
 

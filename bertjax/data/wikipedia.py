@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator, NamedTuple
 from xml.parsers import expat
 
+from bertjax import paths
 from bertjax.data.errors import CorpusError, SkipCounts
 from bertjax.data.multistream import is_stream_header
 from bertjax.data.wikitext import clean_wikitext, is_disambiguation
@@ -139,14 +140,14 @@ def read_stream_pages(path: str | Path, start: int, end: int, skips: SkipCounts 
   or a range that does not begin and end at stream boundaries, is a `CorpusError` naming the
   file and the stream's byte offset. (No range sees a whole dump: a dump without pages is not
   counted as an "empty dump" here.)"""
-  path = Path(path)
+  path = paths.path(path)
   skips = SkipCounts() if skips is None else skips
   if not 0 <= start <= end:
     raise ValueError(f"not a byte range: [{start}, {end})")
   if start == end:
     return
   try:
-    file = open(path, "rb")
+    file = paths.open_binary(path)
   except FileNotFoundError:
     raise CorpusError(f"{path}: no such file") from None
   except OSError as e:
