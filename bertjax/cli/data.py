@@ -129,8 +129,8 @@ def register(add: Add) -> None:
       epilog="examples:\n  bertjax data build --source wikipedia:enwiki-latest-pages-articles"
       ".xml.bz2@0.75 --source text:books/@0.25 --tokenizer vocab.txt --out data/bert --workers 8"
       "\n  bertjax data build --source embedded --tokenizer runs/spm --out runs/wiki"
-      "\n  bertjax data build --source wikipedia:gs://b/enwiki-latest-pages-articles-multistream.xml.bz2"
-      " --tokenizer gs://b/spm --out gs://b/wiki --runner DataflowRunner --beam-option="
+      "\n  bertjax data build --source wikipedia:gs://b/enwiki-latest-pages-articles-multistream"
+      ".xml.bz2 --tokenizer gs://b/spm --out gs://b/wiki --runner DataflowRunner --beam-option="
       "--project=P --beam-option=--region=us-central1 --beam-option=--temp_location=gs://b/tmp")
   p.set_defaults(fn=cmd_data_build)
   p.add_argument("--source", action="append", required=True, help=SOURCE_HELP)
