@@ -97,8 +97,8 @@ def _upload_tree(url: str, local: Path, prefix: str, rename: tuple[str, str] = (
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-  """48 word documents of about the same length (40-50 sentences) (so a host's share of the bytes is about its
-  share of the rows), built for GPT into 4 shards."""
+  """48 word documents of about the same length, 40-50 sentences (so a host's share of the
+  bytes is about its share of the rows), built for GPT into 4 shards."""
   from bertjax.data.build import build_dataset
   from bertjax.data.options import BuildOptions
   from bertjax.data.sources import parse_sources
