@@ -36,27 +36,26 @@ def source_token_counts(dataset: records.BuiltDataset, name: str, split: str) ->
   from the counts the build wrote beside each shard, or (a dataset built before them) from
   the records' headers, read once."""
   parts = []
-  for path in dataset.shard_paths(name, split):
+  reader = source_records(dataset, name, split)
+  for shard, path in enumerate(dataset.shard_paths(name, split)):
     counts_path = records.token_counts_path(path)
     if dataset.format_version >= 4:
-      counts = records.load_array(counts_path)
-      size = len(records.load_array(records.offsets_path(path))) - 1
+      counts, size = records.load_array(counts_path), reader.shard_size(shard)
     else:
-      shard = grain.sources.ArrayRecordDataSource([str(path)])
-      size = len(shard)
+      shard_records = grain.sources.ArrayRecordDataSource([str(path)])
+      size = len(shard_records)
       if counts_path.is_file():
         counts = records.load_array(counts_path)
       else:
         log.info("%s: no token counts beside the shard (built before them): reading its %d "
                  "records' headers", path, size)
-        counts = np.fromiter((records.record_token_count(shard[i]) for i in range(size)),
-                             np.int64, size)
+        counts = np.fromiter((records.record_token_count(shard_records[i])
+                              for i in range(size)), np.int64, size)
     if len(counts) != size:
       raise CorpusError(f"{counts_path}: {len(counts)} token counts for the shard's "
                         f"{size} documents; rebuild the dataset")
     parts.append(counts.astype(np.int64))
   return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
 
 
 @dataclasses.dataclass(frozen=True)

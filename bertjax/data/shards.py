@@ -69,6 +69,10 @@ class ShardRecords:
   def __len__(self) -> int:
     return self._ends[-1] if self._ends else 0
 
+  def shard_size(self, shard: int) -> int:
+    """The records in shard number `shard` (of the list given)."""
+    return len(self._offsets[shard]) - 1
+
   def __repr__(self) -> str:
     return f"ShardRecords({len(self._shards)} shards, {len(self)} records)"
 
