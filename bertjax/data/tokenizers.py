@@ -34,6 +34,7 @@ from typing import Iterable, Literal, Sequence
 import sentencepiece as spm
 
 from bertjax.data.errors import CorpusError
+from bertjax.data.sentencepiece_proto import model_proto_class
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
 
 MODEL_FILE = "spm.model"
@@ -190,12 +191,10 @@ def _append_pieces(model: bytes, pieces: list[str]) -> bytes:
   (SentencePiece's trainer puts its own control symbols first)."""
   if not pieces:
     return model
-  from sentencepiece import sentencepiece_model_pb2
-  proto = sentencepiece_model_pb2.ModelProto()
-  proto.ParseFromString(model)
+  model_proto = model_proto_class()
+  proto = model_proto.FromString(model)
   for piece in pieces:
-    proto.pieces.add(piece=piece, score=0.0, type=sentencepiece_model_pb2.ModelProto.
-                     SentencePiece.CONTROL)
+    proto.pieces.add(piece=piece, score=0.0, type=model_proto.SentencePiece.CONTROL)
   return proto.SerializeToString()
 
 

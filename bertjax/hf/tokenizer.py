@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tokenizers import pre_tokenizers, processors
 
 from bertjax import paths
+from bertjax.data.sentencepiece_proto import model_proto_class
 from bertjax.data.tokenizers import (BART_MASK_TOKEN, EOT_TOKEN, GPT_PAD_TOKEN, GPT_UNK_TOKEN,
                                      MODEL_FILE, NUM_SENTINELS, WORD_START,
                                      SentencePieceTokenizer, load_tokenizer, sentinel_piece,
@@ -36,10 +37,7 @@ _SPM_UNKNOWN, _SPM_CONTROL, _SPM_USER_DEFINED = 2, 3, 4
 
 def _spm_proto(model_path: str | Path) -> Any:
   """The ModelProto of a SentencePiece .model file."""
-  from sentencepiece import sentencepiece_model_pb2
-  proto = sentencepiece_model_pb2.ModelProto()
-  proto.ParseFromString(Path(model_path).read_bytes())
-  return proto
+  return model_proto_class().FromString(Path(model_path).read_bytes())
 
 
 def _spm_model(proto: Any) -> models.Model:
