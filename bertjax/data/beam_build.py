@@ -48,19 +48,9 @@ def _read_stream(item: tuple[int, SourceSpec], options: BuildOptions) -> Iterato
   documents = read_source(spec, skips, raw_pages=True)
   if options.dedup:
     documents = build._unique(documents, skips)
-  ordinals = {split: 0 for split in records.SPLITS}
-  chunk = []
-  for n, doc in enumerate(documents):
-    if options.max_documents and n >= options.max_documents:
-      break
-    key = f"{spec.name}:{doc.id}"
-    split = "eval" if build.eval_split(key, options.eval_fraction) else "train"
-    chunk.append((split, key, ordinals[split] % options.num_shards, ordinals[split], doc))
-    ordinals[split] += 1
-    if len(chunk) == build._CHUNK_DOCUMENTS:
-      yield "chunk", number, chunk
-      chunk = []
-  if chunk:
+  # process_count is 1 here: the chunks hold every shard's documents.
+  for chunk in build._owned_chunks(documents, spec.name, options,
+                                   {split: 0 for split in records.SPLITS}):
     yield "chunk", number, chunk
   yield "read", number, dict(skips.counts)
 
@@ -182,11 +172,10 @@ def build_with_beam(sources: list[SourceSpec], tokenizer_path: str | Path, out_d
       streams.append((number, spec))
       continue
     size, index = paths.file_size(dump), multistream.find_index(dump)
-    for shard in range(options.num_shards):
-      lo, hi = shard * size // options.num_shards, (shard + 1) * size // options.num_shards
-      for t, a in enumerate(range(lo, hi, build._TASK_BYTES)):
-        tasks.append((number, shard, t, str(dump), a, min(a + build._TASK_BYTES, hi),
-                      None if index is None else str(index)))
+    index_arg = None if index is None else str(index)
+    # Numbered in dump order: a shard's rows are written in the order of its tasks.
+    tasks += [(number, shard, t, str(dump), lo, hi, index_arg) for t, (shard, lo, hi) in
+              enumerate(build.stream_tasks(size, options.num_shards, range(options.num_shards)))]
   every_shard = [((number, split, shard), None) for number in range(len(sources))
                  for split in records.SPLITS for shard in range(options.num_shards)]
 

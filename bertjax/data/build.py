@@ -139,8 +139,12 @@ def _multistream_file(spec: SourceSpec, options: BuildOptions) -> Path | None:
   object store: its byte ranges are ranged reads), else None."""
   if spec.kind != "wikipedia" or options.max_documents:
     return None
-  path = (EMBEDDED_DUMP if spec.path == "embedded" else paths.path(spec.path)
-          if paths.is_remote(spec.path) else Path(spec.path).expanduser())
+  if spec.path == "embedded":
+    path = EMBEDDED_DUMP
+  elif paths.is_remote(spec.path):
+    path = paths.path(spec.path)
+  else:
+    path = Path(spec.path).expanduser()
   if not path.is_file() or not multistream.is_multistream(path):
     return None
   return path
@@ -194,20 +198,22 @@ def _unique(documents: Iterable[TextDocument | Page],
 
 
 def _owned_chunks(documents: Iterable[TextDocument | Page], name: str, options: BuildOptions,
-                  ordinals: dict[str, int]) -> Iterator[list[tuple[str, str, int, TextDocument]]]:
-  """Chunks of (split, key, shard, document) for the shards this process writes; `ordinals`
-  counts the documents of each split read (by every process: all of them)."""
+                  ordinals: dict[str, int]
+                  ) -> Iterator[list[tuple[str, str, int, int, TextDocument]]]:
+  """Chunks of (split, key, shard, ordinal in the split, document) for the shards this process
+  writes; `ordinals` counts the documents of each split read (by every process: all of them)."""
   chunk = []
   for n, doc in enumerate(documents):
     if options.max_documents and n >= options.max_documents:
       break
     key = f"{name}:{doc.id}"
     split = "eval" if eval_split(key, options.eval_fraction) else "train"
-    shard = ordinals[split] % options.num_shards
+    ordinal = ordinals[split]
+    shard = ordinal % options.num_shards
     ordinals[split] += 1
     if shard % options.process_count != options.process_index:
       continue
-    chunk.append((split, key, shard, doc))
+    chunk.append((split, key, shard, ordinal, doc))
     if len(chunk) == _CHUNK_DOCUMENTS:
       yield chunk
       chunk = []
@@ -316,12 +322,13 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
         documents = _unique(documents, reader_skips)
       chunks = _owned_chunks(documents, spec.name, options, ordinals)
       language = spec.language or options.language
-      jobs = ((chunk, _tokenize_chunk, ([(key, doc) for _, key, _, doc in chunk], language,
+      jobs = ((chunk, _tokenize_chunk, ([(key, doc) for _, key, _, _, doc in chunk], language,
                                         spec.keep_lists)) for chunk in chunks)
       for chunk, (results, chunk_skips) in _in_order(pool, jobs,
                                                      2 * max(1, options.num_workers)):
         source_skips.update(chunk_skips)
-        for (split, _, shard, _), (_, record, num_sentences, num_tokens) in zip(chunk, results):
+        for (split, _, shard, _, _), (_, record, num_sentences, num_tokens) in zip(chunk,
+                                                                                  results):
           if record is not None:
             writers[split, shard].write(record, num_tokens)
             _count(source_counts[split], num_sentences, num_tokens)
@@ -362,6 +369,16 @@ def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir
   return summary
 
 
+def stream_tasks(size: int, num_shards: int,
+                 shards: Iterable[int]) -> Iterator[tuple[int, int, int]]:
+  """(shard, lo, hi) of a multistream dump of `size` bytes, in order: shard k's byte slice
+  [k * size // num_shards, (k + 1) * size // num_shards) in tasks of `_TASK_BYTES`."""
+  for shard in shards:
+    lo, hi = shard * size // num_shards, (shard + 1) * size // num_shards
+    for a in range(lo, hi, _TASK_BYTES):
+      yield shard, a, min(a + _TASK_BYTES, hi)
+
+
 def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
                        options: BuildOptions) -> tuple[dict, dict, dict]:
   """This process's shards of a multistream dump: (counts, skips, bytes read)."""
@@ -378,12 +395,9 @@ def _build_multistream(spec: SourceSpec, dump: Path, out: Path, pool,
             if k % options.process_count == options.process_index]
 
   def jobs():
-    for shard in shards:
-      lo, hi = shard * size // options.num_shards, (shard + 1) * size // options.num_shards
-      for a in range(lo, hi, _TASK_BYTES):
-        yield shard, _build_streams, (str(dump), a, min(a + _TASK_BYTES, hi), index_arg,
-                                      spec.name, options.eval_fraction, language,
-                                      spec.keep_lists)
+    for shard, lo, hi in stream_tasks(size, options.num_shards, shards):
+      yield shard, _build_streams, (str(dump), lo, hi, index_arg, spec.name,
+                                    options.eval_fraction, language, spec.keep_lists)
 
   writers: dict = {}
   seen: set[int] = set()

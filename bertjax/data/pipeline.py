@@ -372,11 +372,12 @@ def _never(_: int) -> bool:
 
 
 def dataset_tokenizer(dataset: records.BuiltDataset):
-  config_path = dataset.tokenizer_dir / "bertjax_tokenizer.json"
+  directory = dataset.tokenizer_dir  # a local copy of a remote dataset's: looked up once
+  config_path = directory / "bertjax_tokenizer.json"
   lowercase = None
   if config_path.is_file():
     lowercase = json.loads(config_path.read_text()).get("lowercase")
-  return load_tokenizer(dataset.tokenizer_dir, lowercase=lowercase)
+  return load_tokenizer(directory, lowercase=lowercase)
 
 
 class BatchIterator(Protocol):

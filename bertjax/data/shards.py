@@ -39,9 +39,10 @@ class ShardRecords:
     self._shards = [os.fspath(s) for s in shards]
     self._offsets = []
     for shard in shards:
-      offsets = records.load_array(records.offsets_path(paths.path(shard))).astype(np.int64)
+      offsets_file = records.offsets_path(paths.path(shard))
+      offsets = records.load_array(offsets_file).astype(np.int64)
       if len(offsets) < 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
-        raise CorpusError(f"{records.offsets_path(paths.path(shard))}: not a shard's offsets "
+        raise CorpusError(f"{offsets_file}: not a shard's offsets "
                           "(they must start at 0 and never decrease); rebuild the dataset")
       self._offsets.append(offsets)
     self._ends = np.cumsum([len(o) - 1 for o in self._offsets]).tolist()
@@ -54,11 +55,10 @@ class ShardRecords:
     self._files: dict[int, Any] = {}  # shard -> fd (local) or (filesystem, path) (remote)
     self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
     self._cached = 0
-    self.bytes_read = 0  # fetched from the files by this process (cache hits not counted)
 
   def __getstate__(self) -> dict:
     state = self.__dict__.copy()
-    for key in ("_lock", "_files", "_cache", "_cached", "bytes_read"):
+    for key in ("_lock", "_files", "_cache", "_cached"):
       state.pop(key)
     return state
 
@@ -106,9 +106,8 @@ class ShardRecords:
     if len(data) != end - start:
       raise CorpusError(f"{self._shards[shard]}: record {i} should be bytes [{start}, {end}) "
                         f"but {len(data)} were read (a truncated shard); rebuild the dataset")
-    with self._lock:
-      self.bytes_read += len(data)
-      if len(data) <= self._cache_bytes:
+    if len(data) <= self._cache_bytes:
+      with self._lock:
         self._cache[index] = data
         self._cached += len(data)
         while self._cached > self._cache_bytes:
