@@ -11,6 +11,7 @@ same `jax.nn.dot_product_attention` call with implementation="xla" (no GPU in th
 import functools
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,3 +208,66 @@ def test_the_cudnn_call_gets_a_mask_of_the_scores_shape(monkeypatch):
   attention.cudnn_attention(CFG, q, q, q, mask)
   attention.cudnn_attention(CFG, q, q, q, _masks(32)["gpt_causal"][0])  # causal only: none
   assert shapes == [(2, 1, 32, 32), None]
+
+
+@pytest.mark.parametrize("length, platform, blocks", [
+    (1024, "cpu", 4), (512, "cpu", 2), (2048, "cpu", 8), (4096, "cpu", 8), (1000, "cpu", 2),
+    (256, "cpu", 1), (128, "cpu", 1), (1024, "tpu", 1), (1024, "gpu", 1)])
+def test_causal_query_blocks_rule(length, platform, blocks):
+  assert attention.causal_query_blocks(length, platform) == blocks
+
+
+@pytest.mark.parametrize("kind", ["gpt_causal", "gpt_packed_padded"])
+def test_causal_blocks_give_the_whole_cores_outputs_and_gradients(kind):
+  # At 512 tokens on the CPU `attend` splits causal self-attention into 2 query blocks; the
+  # skipped scores are all masked, so only the order of the row sums may differ.
+  length = 512
+  mask, used = _masks(length)[kind]
+  cfg = CFG.replace(max_positions=length)
+  q, k, v = (jax.random.normal(jax.random.key(i), (2, length, 4, 16)) for i in range(3))
+  weights = jax.random.normal(jax.random.key(7), (2, length, 4, 16)) * used[:, :, None, None]
+  assert attention.causal_query_blocks(length, jax.default_backend()) == 2
+
+  def whole(q, k, v):
+    return attention.XlaAttention(cfg).apply({}, q, k, v, mask.dense_B1LS)
+
+  class Attend(nn.Module):
+    @nn.compact
+    def __call__(self, q, k, v):
+      return attention.attend(cfg, q, k, v, mask, deterministic=True)
+
+  def blocked(q, k, v):
+    return Attend().apply({}, q, k, v)
+
+  results = [jax.jit(jax.value_and_grad(lambda q, k, v: (fn(q, k, v) * weights).sum(),
+                                        argnums=(0, 1, 2)))(q, k, v) for fn in (whole, blocked)]
+  (ref_loss, ref_grads), (out_loss, out_grads) = results
+  np.testing.assert_allclose(np.asarray(blocked(q, k, v))[used],
+                             np.asarray(whole(q, k, v))[used], atol=1e-6)
+  np.testing.assert_allclose(out_loss, ref_loss, rtol=1e-6)
+  for a, b in zip(out_grads, ref_grads):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+  # Compiled: the blocks' score products cover 3 of the 4 quarter-blocks of [L, L].
+  hlo = jax.jit(blocked).lower(q, k, v).compile().as_text()
+  score_dots = re.findall(r"f32\[2,4,(\d\d\d),(\d\d\d)\]\{[^}]*\} dot\(", hlo)
+  assert sorted(score_dots) == [("256", "256"), ("256", "512")], score_dots
+
+
+def test_causal_blocks_draw_independent_dropout_masks(monkeypatch):
+  from bertjax.models import dropout
+  keys = []
+  original = dropout.hash_keep_mask
+
+  def recording(key, shape, rate):
+    keys.append((tuple(shape), tuple(np.asarray(jax.random.key_data(key)).ravel())))
+    return original(key, shape, rate)
+
+  monkeypatch.setattr(dropout, "hash_keep_mask", recording)
+  cfg = CFG.replace(max_positions=512, attention_dropout=0.1)
+  q, k, v = (jax.random.normal(jax.random.key(i), (1, 512, 4, 16)) for i in range(3))
+  mask = attention.decoder_mask(512)
+  out = attention.XlaAttention(cfg, deterministic=False, causal_blocks=2).apply(
+      {}, q, k, v, mask.dense_B1LS, rngs={"dropout": jax.random.key(0)})
+  assert out.shape == q.shape and np.isfinite(np.asarray(out)).all()
+  assert [shape for shape, _ in keys] == [(1, 4, 256, 256), (1, 4, 256, 512)]
+  assert keys[0][1] != keys[1][1]

@@ -2,9 +2,11 @@
 
 Model FLOPs count the work the model needs, not what the program happens to do
 (PaLM, App. B): per training token 6·N for the layer stack's matmul parameters, plus
-attention's 12·layers·seq·width (QKᵀ and AV, forward and backward; counted as the XLA core
-computes them: no causal halving, and sliding-window layers as global ones, so a windowed
-model's MFU reads high by the keys outside its windows), plus
+attention's 12·layers·seq·width (QKᵀ and AV, forward and backward; no causal halving, as
+PaLM counts, and sliding-window layers as global ones, so a windowed model's MFU reads high by
+the keys outside its windows; on CPU the XLA core skips the causal score blocks above the
+diagonal from 512 tokens, `attention.causal_query_blocks`, and the compiled dots read below
+the model FLOPs by them), plus
 6·vocab·width for each position whose vocabulary projection is computed (MLM: the gathered
 positions only; GPT: every position), plus BERT's small heads. Rematerialisation adds hardware
 FLOPs, never model FLOPs. tests/test_bench.py holds the formula to the dots XLA compiles.
