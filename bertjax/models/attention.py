@@ -211,8 +211,8 @@ def _score_block(x_BNLS: Array | None, queries: slice, keys: slice) -> Array | N
                 keys if x_BNLS.shape[3] > 1 else slice(None)]
 
 
-# Causal query blocks: at least 256 queries each (smaller blocks cost the matmuls more than
-# the skipped scores save), at most 8 blocks (each is its own ops in every layer).
+# Causal query blocks: at least 256 queries each (the size measured in whole steps), at most
+# 8 blocks (each block is its own ops in every layer, and compile time grows with them).
 _CAUSAL_BLOCK_MIN, _CAUSAL_BLOCKS_MAX = 256, 8
 
 
