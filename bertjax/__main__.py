@@ -1,13 +1,19 @@
 """The `bertjax` command (and `python -m bertjax`): the process's memory set up, then the CLI.
 
-XLA's CPU runtime allocates each step's temporaries afresh, and on Linux a fresh large
-allocation is mmap'd memory whose every 4 KiB page faults on first touch. With scan over
-layers a BERT-base step zero-fills ~0.5 GB of per-layer stacks (gradients and saved
-activations), and the page faults made that 13% of the step on the 2-core CPU machine
-(docs/performance.md). glibc's `glibc.malloc.hugetlb=1` tunable madvises those mappings into
-transparent huge pages (one fault per 2 MiB): the step ran 1.15-1.25x faster. glibc reads
-tunables only at process start, so the command re-executes itself once with the tunable set.
-`BERTJAX_HUGEPAGES=0` turns this off; library users set `GLIBC_TUNABLES` themselves.
+XLA's CPU runtime allocates each step's temporaries afresh, one block of up to gigabytes, and
+frees them when the step ends. glibc serves a block that large from a fresh `mmap` and hands it
+back to the kernel on `free`, so every step faults all of it in again, zero-filled (on a
+virtual machine now and then at over a second of kernel time; measured in
+docs/results/2026-11-28-retained-temporaries-cpu.md). The command therefore re-executes itself
+once with glibc tunables that keep freed memory in the process: one arena (`arena_max=1`:
+other threads' arenas map large blocks whatever else is set), no `mmap` for blocks
+(`mmap_max=0`) and no trimming of the heap (`trim_threshold`), so from the first steps on the
+temporaries reuse pages already faulted in; and, where the kernel's transparent huge pages are
+in "madvise" mode, `hugetlb=1` (2 MiB pages for what is faulted in). The cost is memory: the
+resident set stays at its peak, which the heap's fragmentation can put above the compiled
+program's footprint (docs/performance.md). glibc reads tunables only at process start.
+`BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user set in `GLIBC_TUNABLES` is kept;
+library users set `GLIBC_TUNABLES` themselves.
 """
 
 from __future__ import annotations
@@ -15,37 +21,46 @@ from __future__ import annotations
 import os
 import sys
 
-_TUNABLE = "glibc.malloc.hugetlb=1"
+_RETAIN_FREED_MEMORY = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                        "glibc.malloc.trim_threshold=1099511627776")
+_HUGE_PAGES = "glibc.malloc.hugetlb=1"
 
 
-def hugepage_environment(environ: dict[str, str] | None = None,
-                         thp_mode_file: str = "/sys/kernel/mm/transparent_hugepage/enabled"
-                         ) -> dict[str, str] | None:
-  """The environment to re-execute with, or None where it would change nothing: not Linux,
-  turned off, a malloc tunable already chosen, or transparent huge pages not in "madvise"
-  mode ("always" already covers every mapping; "never" ignores the advice)."""
-  environ = dict(os.environ if environ is None else environ)
-  if (not sys.platform.startswith("linux") or environ.get("BERTJAX_HUGEPAGES") == "0"
-      or "glibc.malloc.hugetlb" in environ.get("GLIBC_TUNABLES", "")):
-    return None
+def _thp_madvise(thp_mode_file: str) -> bool:
   try:
     with open(thp_mode_file) as f:
-      if "[madvise]" not in f.read():
-        return None
+      return "[madvise]" in f.read()
   except OSError:
+    return False
+
+
+def malloc_environment(environ: dict[str, str] | None = None,
+                       thp_mode_file: str = "/sys/kernel/mm/transparent_hugepage/enabled"
+                       ) -> dict[str, str] | None:
+  """The environment to re-execute with, or None where it would change nothing: not Linux,
+  turned off, or every tunable already set (by the user or by the first execution). Huge
+  pages only in the kernel's "madvise" mode ("always" already covers every mapping; "never"
+  ignores the advice)."""
+  environ = dict(os.environ if environ is None else environ)
+  if not sys.platform.startswith("linux") or environ.get("BERTJAX_MALLOC_TUNABLES") == "0":
     return None
-  tunables = environ.get("GLIBC_TUNABLES", "")
-  environ["GLIBC_TUNABLES"] = f"{tunables}:{_TUNABLE}" if tunables else _TUNABLE
+  wanted = _RETAIN_FREED_MEMORY + ((_HUGE_PAGES,) if _thp_madvise(thp_mode_file) else ())
+  present = environ.get("GLIBC_TUNABLES", "")
+  chosen = {item.split("=", 1)[0] for item in present.split(":") if item}
+  added = [t for t in wanted if t.split("=", 1)[0] not in chosen]
+  if not added:
+    return None
+  environ["GLIBC_TUNABLES"] = ":".join(([present] if present else []) + added)
   return environ
 
 
 def entry() -> int:
-  environ = hugepage_environment()
+  environ = malloc_environment()
   if environ is not None and getattr(sys, "orig_argv", None):
     try:
       os.execve(sys.executable, sys.orig_argv, environ)  # same PID: launchers still wait on it
     except OSError:
-      pass  # carry on without huge pages
+      pass  # carry on with glibc's defaults
   from bertjax.cli import main
   return main()
 

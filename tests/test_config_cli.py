@@ -210,28 +210,35 @@ def test_export_of_missing_directory_is_a_clear_error(tmp_path, capsys):
   assert "is not a bertjax params directory" in capsys.readouterr().err
 
 
-def test_command_asks_for_transparent_huge_pages_only_where_it_helps(tmp_path, monkeypatch):
-  """The `bertjax` command re-executes itself once with glibc's hugetlb malloc tunable when
-  the kernel's THP mode is "madvise" (docs/performance.md: page faults on fresh allocations);
-  never twice, never against the user's choice, never where it changes nothing."""
+def test_command_keeps_freed_memory_and_asks_for_huge_pages_only_where_it_helps(tmp_path,
+                                                                                   monkeypatch):
+  """The `bertjax` command re-executes itself once with glibc tunables that keep freed memory
+  in the process (one arena, no mmap'd blocks, no trimming), plus huge pages when the kernel's
+  THP mode is "madvise" (docs/performance.md: page faults on every step's temporaries); never
+  twice, never against a tunable the user chose, never off Linux or when turned off."""
   import sys
-  from bertjax.__main__ import hugepage_environment
+  from bertjax.__main__ import malloc_environment
+  retain = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+            "glibc.malloc.trim_threshold=1099511627776")
   monkeypatch.setattr(sys, "platform", "linux")
   mode = tmp_path / "enabled"
   mode.write_text("always [madvise] never\n")
-  env = hugepage_environment({"PATH": "/bin"}, str(mode))
-  assert env == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
-  assert hugepage_environment(env, str(mode)) is None  # already set: no second re-exec
-  assert hugepage_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, str(mode)) == {
-      "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
-  assert hugepage_environment({"BERTJAX_HUGEPAGES": "0"}, str(mode)) is None
-  assert hugepage_environment({}, str(tmp_path / "missing")) is None
-  for other in ("[always] madvise never\n", "always madvise [never]\n"):
-    mode.write_text(other)
-    assert hugepage_environment({}, str(mode)) is None
+  env = malloc_environment({"PATH": "/bin"}, str(mode))
+  assert env == {"PATH": "/bin", "GLIBC_TUNABLES": retain + ":glibc.malloc.hugetlb=1"}
+  assert malloc_environment(env, str(mode)) is None  # already set: no second re-exec
+  user = "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"
+  assert malloc_environment({"GLIBC_TUNABLES": user}, str(mode)) == {
+      "GLIBC_TUNABLES": user + ":glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"}
+  assert malloc_environment({"BERTJAX_MALLOC_TUNABLES": "0"}, str(mode)) is None
+  for no_madvise in (str(tmp_path / "missing"), "[always] madvise never\n",
+                     "always madvise [never]\n"):
+    if no_madvise.endswith("\n"):
+      mode.write_text(no_madvise)
+    path = str(mode) if no_madvise.endswith("\n") else no_madvise
+    assert malloc_environment({}, path) == {"GLIBC_TUNABLES": retain}
   monkeypatch.setattr(sys, "platform", "darwin")
   mode.write_text("always [madvise] never\n")
-  assert hugepage_environment({}, str(mode)) is None
+  assert malloc_environment({}, str(mode)) is None
 
 
 def test_a_config_imports_its_own_siblings_whatever_else_is_imported(monkeypatch):

@@ -1,5 +1,7 @@
 """Optimizer: learning-rate schedules and the weight-decay mask against hand-computed values."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +91,40 @@ def test_global_norm_clipping_precedes_the_optimizer():
   large, _ = tx.update({"w": jnp.full(4, 100.0)}, tx.init(params), params)
   np.testing.assert_allclose(np.asarray(small["w"]), np.asarray(large["w"]), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(small["w"]), -0.5 / 1e6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 3.0, 1e4])
+def test_clipping_equals_optax_and_writes_no_scaled_copy(scale):
+  """`optim.clip_by_global_norm` against optax's: unclipped gradients bit-identical, clipped
+  ones within float32 rounding, the same (empty) state; and in the compiled AdamW step no
+  buffer holds the clipped gradients: the scale is fused into the moments' updates (optax's
+  divide writes one out per parameter, checked: the HLO test then fails)."""
+  grads = {"w": jax.random.normal(jax.random.key(0), (64, 32)) * scale,
+           "b": jax.random.normal(jax.random.key(1), (32,)) * scale}
+  ours, ours_state = optim.clip_by_global_norm(1.0).update(grads, optim.clip_by_global_norm(
+      1.0).init(grads))
+  theirs, theirs_state = optax.clip_by_global_norm(1.0).update(grads, optax.clip_by_global_norm(
+      1.0).init(grads))
+  assert type(ours_state) is type(theirs_state)
+  for name in grads:
+    np.testing.assert_allclose(ours[name], theirs[name], rtol=2e-7, atol=0)
+  if scale < 1.0:  # a norm of about 0.05: not clipped
+    assert all(np.array_equal(ours[k], grads[k]) for k in grads)
+
+  def step(params, grads, state):
+    tx = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-3))
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  params = {"w": jnp.zeros((512, 256))}
+  big = {"w": jnp.ones((512, 256))}
+  state = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-3)).init(params)
+  text = jax.jit(step).lower(params, big, state).compile().as_text()
+  entry = text[text.index("\nENTRY"):]
+  entry = entry[:entry.index("\n}")]
+  written = [line for line in entry.splitlines()
+             if re.search(r"= f32\[512,256\]\S* (?!parameter|bitcast|get-tuple-element)", line)]
+  assert len(written) == 3, written
 
 
 def test_adafactor_builds_and_steps():

@@ -2,7 +2,11 @@
 each computation, the products XLA's CPU backend is given, gradients against plain einsums,
 and the loss without [B, L, V] logits against the whole logits."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +14,7 @@ import numpy as np
 import pytest
 
 import train_helpers
+from xla_env import CHEAP_COMPILE
 from bertjax.training import objectives
 from bertjax import config as config_lib
 from bertjax.config import model_config
@@ -70,37 +75,49 @@ def test_mixed_einsum_value_and_gradients(equation, x_shape, y_shape):
   np.testing.assert_allclose(gy, ref_gy, rtol=1e-5, atol=1e-4)
 
 
-def _layer_dots(hlo_text: str) -> list[tuple[str, list[str], str]]:
-  """(result type, operand types, op name) of each dot whose op name is a layer's."""
-  types = {}
-  for line in hlo_text.splitlines():
-    m = re.match(r"\s*(?:ROOT )?(%[\w.\-]+) = (\S+) ", line)
-    if m:
-      types[m.group(1)] = m.group(2)
-  dots = []
-  for line in hlo_text.splitlines():
-    m = re.search(r"= (\S+) dot\(([^)]*)\).*op_name=\"([^\"]*)\"", line)
-    if m and re.search(r"/(qkv|out|wi|wo)/|\.attend/", m.group(3)):
-      operands = [types.get(o.strip().split()[-1], "?") for o in m.group(2).split(",")]
-      dots.append((m.group(1), operands, m.group(3)))
-  return dots
+_STEP_DOTS = r"""
+import json, re
+import jax
+from bertjax import config as config_lib
+from bertjax.tools import bench
+config = config_lib.load_config("gpt_tiny", [("model.dtype", "bfloat16"), ("batch_size", "8")])
+step = bench.OurStep(config, bench.synthetic_batch(config))
+text = step.compiled.as_text()
+types = dict(re.findall(r"^\s*(?:ROOT )?(%[\w.\-]+) = (\S+) ", text, re.M))
+dots = []
+for result, operands, name in re.findall(r'= (\S+) dot\(([^)]*)\).*op_name="([^"]*)"', text):
+  if re.search(r"/(qkv|out|wi|wo)/|\.attend/|core\._core/", name):
+    dots.append([result, [types.get(o.strip().split()[-1], "?") for o in operands.split(",")],
+                 name])
+print(json.dumps({"dots": dots,
+                  "params": sorted({str(x.dtype) for x in jax.tree.leaves(step.state.params)})}))
+"""
 
 
 @pytest.mark.slow
-def test_cpu_bf16_step_gives_every_layer_product_bf16_operands(devices):
+def test_cpu_bf16_step_gives_every_layer_product_bf16_operands():
   """On CPU the bf16 step's layer matmuls, forward and backward (weight gradients
-  included), read bf16 operands and write float32: the form XLA's CPU kernel runs at full
-  speed. With JAX's own derivative instead of the custom VJP, XLA upcasts the weight
-  gradients' operands to float32 (checked: this test then fails)."""
-  config = config_lib.load_config("gpt_tiny", [("model.dtype", "bfloat16"), ("batch_size", "8")])
-  step = bench.OurStep(config, bench.synthetic_batch(config))
-  dots = _layer_dots(step.compiled.as_text())
+  included), and the attention core's score and context products with their four
+  backward products, read bf16 operands and write float32: the form XLA's CPU kernel runs
+  at full speed. With JAX's own derivative instead of the custom VJP, XLA upcasts the
+  weight gradients' operands to float32, and the core's backward products run in float32
+  on float32 cotangents (checked: this test then fails). Compiled in a process of its own
+  with the Eigen thread pool on, as users run: the suite's one thread per device
+  (tests/xla_env.py) makes XLA upcast some batched products that users get in bf16."""
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {CHEAP_COMPILE}")
+  run = subprocess.run([sys.executable, "-c", _STEP_DOTS], env=env, capture_output=True,
+                       text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  found = json.loads(run.stdout.strip().splitlines()[-1])
+  dots = found["dots"]
   # forward + two backward products for qkv, out, wi, wo and the tied head.
-  assert len(dots) >= 15, dots
+  assert len([d for d in dots if "core._core/" not in d[2]]) >= 15, dots
+  # scores and context, and the four products of their backward pass.
+  assert len([d for d in dots if "core._core/" in d[2]]) >= 6, dots
   for result, operands, name in dots:
     assert result.startswith("f32"), (result, name)
     assert all(o.startswith("bf16") for o in operands), (operands, name)
-  assert {str(x.dtype) for x in jax.tree.leaves(step.state.params)} == {"float32"}
+  assert found["params"] == ["float32"]
 
 
 def test_compute_mode_writes_bf16_activations():

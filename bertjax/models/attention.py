@@ -184,9 +184,12 @@ class XlaAttention(nn.Module):
     cfg = self.config
     divisor = jnp.sqrt(float(cfg.head_dim)) if self.divisor is None else self.divisor
     # Scores and softmax in fp32 whatever the compute dtype: bf16 softmax loses the
-    # small probabilities that carry most of the gradient signal.
-    # relayout=False: this core runs rematerialised (see `attend`).
-    scores_BNLS = precision.einsum(cfg, "blnh,bsnh->bnls", q_BLNH, k_BSNH, relayout=False,
+    # small probabilities that carry most of the gradient signal. On a CPU in bf16 the two
+    # products and the four of their backward pass read bf16 (the cotangents rounded, as in
+    # the layers' products) through precision.einsum's mixed path; left to JAX's derivative,
+    # the backward four ran in float32 on float32 cotangents. Rematerialised (see `attend`),
+    # the core's re-run forward products feed nothing and XLA drops them.
+    scores_BNLS = precision.einsum(cfg, "blnh,bsnh->bnls", q_BLNH, k_BSNH,
                                    out_dtype=jnp.float32) / divisor
     if score_bias_BNLS is not None:
       scores_BNLS = scores_BNLS + score_bias_BNLS
@@ -199,7 +202,7 @@ class XlaAttention(nn.Module):
                                    "attention_row_sum")
     probs_BNLS = dropout(unnormalized_BNLS / row_sum_BNL1, deterministic=self.deterministic)
     return checkpoint_name(
-        precision.einsum(cfg, "bnls,bsnh->blnh", probs_BNLS, v_BSNH, relayout=False),
+        precision.einsum(cfg, "bnls,bsnh->blnh", probs_BNLS, v_BSNH),
         CONTEXT_NAME)
 
 

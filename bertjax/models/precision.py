@@ -60,18 +60,16 @@ def activation_dtype(config: ModelConfig) -> Any:
   return jnp.float32 if matmul_output(config) == "float32" else config.compute_dtype
 
 
-def einsum(config: ModelConfig, equation: str, x: Array, y: Array, *, relayout: bool = True,
+def einsum(config: ModelConfig, equation: str, x: Array, y: Array, *,
            out_dtype: Any = None) -> Array:
   """`jnp.einsum(equation, x, y)` under the policy: inputs in the compute dtype, float32
   accumulation, output in the activation dtype (or `out_dtype`). Each index of an operand
   appears in the other operand or in the output (the contractions of layers and attention).
-
-  `relayout=False` keeps JAX's own derivative (no custom VJP): for the products inside a
-  rematerialised attention core, where a custom VJP's forward would be re-run, product
-  included, to recover its residuals."""
+  In the CPU mixed mode a custom VJP: operands laid out for the fast kernel and cotangents
+  rounded to 16 bits, forward and backward (`_mixed_einsum`)."""
   dtype = config.compute_dtype
   out_dtype = activation_dtype(config) if out_dtype is None else out_dtype
-  if relayout and _relaid_out(config):
+  if _relaid_out(config):
     return _mixed_einsum(equation, x, y, dtype).astype(out_dtype)
   return jnp.einsum(equation, x.astype(dtype), y.astype(dtype), preferred_element_type=out_dtype)
 
@@ -179,12 +177,29 @@ def _relayout_cost(xs: str, ys: str, out: str, x_size: int, y_size: int) -> int:
   return (0 if xs == x_order else x_size) + (0 if ys in y_orders else y_size)
 
 
+def _natural_order(xs: str, ys: str, out: str) -> str:
+  """The output order a product of operands in `_fast_layouts` comes out in: [batch, left's
+  free, right's free]."""
+  batch, x_free, _, y_free = _axis_groups(xs, ys, out)
+  return batch + x_free + y_free
+
+
 def _product(a: Array, a_s: str, b: Array, b_s: str, out: str) -> Array:
-  """`_fast_product` with the operand order (either may be the left one) that copies less."""
-  if _relayout_cost(b_s, a_s, out, b.size, a.size) < _relayout_cost(a_s, b_s, out, a.size,
-                                                                     b.size):
-    return _fast_product(b, b_s, a, a_s, out)
-  return _fast_product(a, a_s, b, b_s, out)
+  """`_fast_product` with the operand order (either may be the left one) that copies less,
+  counting the copy of its result into `out`'s order where that is not the natural one: an
+  output transposed inside the dot is what XLA's CPU backend upcasts to float32 or cannot run
+  (the attention core's backward products, whose cotangents are [batch, heads, L, S])."""
+  sizes = dict(zip(a_s, a.shape)) | dict(zip(b_s, b.shape))
+
+  def cost(xs: str, x: Array, ys: str, y: Array) -> int:
+    moved = _natural_order(xs, ys, out) != out
+    return (_relayout_cost(xs, ys, out, x.size, y.size)
+            + (math.prod(sizes[c] for c in out) if moved else 0))
+
+  if cost(b_s, b, a_s, a) < cost(a_s, a, b_s, b):
+    a, a_s, b, b_s = b, b_s, a, a_s
+  natural = _natural_order(a_s, b_s, out)
+  return _row_major(_fast_product(a, a_s, b, b_s, natural), natural, out)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))

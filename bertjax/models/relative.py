@@ -104,19 +104,16 @@ def disentangled_scores(config: ModelConfig, q_BLNH: Array, k_BSNH: Array,
   `pos_query_RNH` is.
 
   transformers gathers p2c at clip(-bucket(s - l) + span); the bucketing is odd in the
-  distance, so that is index[l, s], the c2p row: one index serves both terms. The products
-  keep JAX's own derivative (relayout=False), like the attention core's scores: the CPU
-  mixed-precision relayout of these shapes hits a BF16 x BF16 = F32 dot that XLA's CPU
-  backend does not implement.
+  distance, so that is index[l, s], the c2p row: one index serves both terms.
   """
   bias_BNLS = jnp.zeros((), jnp.float32)
   if pos_key_RNH is not None:
     c2p_BNLR = precision.einsum(config, "blnh,rnh->bnlr", q_BLNH, pos_key_RNH,
-                                relayout=False, out_dtype=jnp.float32)
+                                out_dtype=jnp.float32)
     bias_BNLS = bias_BNLS + jnp.take_along_axis(c2p_BNLR, index_B1LS, axis=-1, mode="clip")
   if pos_query_RNH is not None:
     p2c_BNSR = precision.einsum(config, "bsnh,rnh->bnsr", k_BSNH, pos_query_RNH,
-                                relayout=False, out_dtype=jnp.float32)
+                                out_dtype=jnp.float32)
     # Row s of the [S, R] products read at index[l, s] for each l: gathered as [S, L], then
     # turned to [L, S].
     p2c_BNSL = jnp.take_along_axis(p2c_BNSR, jnp.swapaxes(index_B1LS, -1, -2), axis=-1,

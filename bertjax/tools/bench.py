@@ -153,7 +153,9 @@ def machine() -> dict[str, Any]:
   return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "device_kind": device.device_kind,
           "platform": device.platform, "devices": jax.device_count(),
           "python": platform.python_version(), "jax": jax.__version__,
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          # Both steps run in this process under them (bertjax/__main__.py sets them).
+          "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
 
 
 PRECISIONS = ("float32", "bfloat16")
@@ -359,7 +361,7 @@ def format_record(r: dict[str, Any]) -> str:
       f"mesh {c['mesh']}, dropout {c['dropout'][0]:g}/{c['dropout'][1]:g}, "
       f"remat {c['remat']}, scan_layers={c['scan_layers']}",
       f"machine        {m['cpu']}, {m['cores']} cores; {m['devices']} x {m['device_kind']}; "
-      f"jax {m['jax']}",
+      f"jax {m['jax']}; GLIBC_TUNABLES={m.get('glibc_tunables') or '(none)'}",
       f"peak           {_peaks_line(peak)} (matmuls in each dtype's fastest form)"]
   for dtype, run in ours_runs.items():
     lines += [

@@ -240,7 +240,7 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   else:
     head_schedule = schedule
   grouped = freeze != "none" or head_schedule is not schedule or freeze_positions
-  clip = ([optax.clip_by_global_norm(float(opt.clip_norm))]
+  clip = ([clip_by_global_norm(float(opt.clip_norm))]
           if opt.clip_norm and float(opt.clip_norm) > 0 else [])
   if not grouped:
     return optax.chain(*clip, _core(opt, schedule)), schedule
@@ -253,6 +253,22 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   # frozen rows of a scanned stack share their leaf (and optimizer) with trained rows.
   zero = _zero_frozen(freeze, freeze_positions)
   return optax.chain(zero, *clip, update, zero), schedule
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+  """`optax.clip_by_global_norm` (same empty state, so checkpoints are interchangeable) with
+  every gradient multiplied by one scalar, min(1, max_norm / norm), as torch's
+  `clip_grad_norm_` does, instead of divided by the norm: XLA fuses a scalar multiply into
+  each consumer (the moments' updates), where optax's divide was written out as a copy of
+  every gradient and read back twice. Unclipped gradients pass unchanged (times 1.0);
+  clipped ones differ from optax's by rounding."""
+
+  def update_fn(updates, state, params=None):
+    del params
+    scale = jnp.minimum(1.0, max_norm / optax.tree.norm(updates))
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
 def _keyed(schedule: optax.Schedule, batch_ramp: ramp.BatchRamp | None) -> optax.Schedule:
