@@ -230,12 +230,10 @@ def test_command_keeps_freed_memory_and_asks_for_huge_pages_only_where_it_helps(
   assert malloc_environment({"GLIBC_TUNABLES": user}, str(mode)) == {
       "GLIBC_TUNABLES": user + ":glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"}
   assert malloc_environment({"BERTJAX_MALLOC_TUNABLES": "0"}, str(mode)) is None
-  for no_madvise in (str(tmp_path / "missing"), "[always] madvise never\n",
-                     "always madvise [never]\n"):
-    if no_madvise.endswith("\n"):
-      mode.write_text(no_madvise)
-    path = str(mode) if no_madvise.endswith("\n") else no_madvise
-    assert malloc_environment({}, path) == {"GLIBC_TUNABLES": retain}
+  assert malloc_environment({}, str(tmp_path / "missing")) == {"GLIBC_TUNABLES": retain}
+  for other in ("[always] madvise never\n", "always madvise [never]\n"):
+    mode.write_text(other)
+    assert malloc_environment({}, str(mode)) == {"GLIBC_TUNABLES": retain}
   monkeypatch.setattr(sys, "platform", "darwin")
   mode.write_text("always [madvise] never\n")
   assert malloc_environment({}, str(mode)) is None

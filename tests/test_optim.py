@@ -101,24 +101,24 @@ def test_clipping_equals_optax_and_writes_no_scaled_copy(scale):
   divide writes one out per parameter, checked: the HLO test then fails)."""
   grads = {"w": jax.random.normal(jax.random.key(0), (64, 32)) * scale,
            "b": jax.random.normal(jax.random.key(1), (32,)) * scale}
-  ours, ours_state = optim.clip_by_global_norm(1.0).update(grads, optim.clip_by_global_norm(
-      1.0).init(grads))
-  theirs, theirs_state = optax.clip_by_global_norm(1.0).update(grads, optax.clip_by_global_norm(
-      1.0).init(grads))
+  ours_clip, optax_clip = optim.clip_by_global_norm(1.0), optax.clip_by_global_norm(1.0)
+  ours, ours_state = ours_clip.update(grads, ours_clip.init(grads))
+  theirs, theirs_state = optax_clip.update(grads, optax_clip.init(grads))
   assert type(ours_state) is type(theirs_state)
   for name in grads:
     np.testing.assert_allclose(ours[name], theirs[name], rtol=2e-7, atol=0)
   if scale < 1.0:  # a norm of about 0.05: not clipped
     assert all(np.array_equal(ours[k], grads[k]) for k in grads)
 
+  tx = optax.chain(ours_clip, optax.adamw(1e-3))
+
   def step(params, grads, state):
-    tx = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-3))
     updates, state = tx.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
   params = {"w": jnp.zeros((512, 256))}
   big = {"w": jnp.ones((512, 256))}
-  state = optax.chain(optim.clip_by_global_norm(1.0), optax.adamw(1e-3)).init(params)
+  state = tx.init(params)
   text = jax.jit(step).lower(params, big, state).compile().as_text()
   entry = text[text.index("\nENTRY"):]
   entry = entry[:entry.index("\n}")]
