@@ -11,9 +11,11 @@ other threads' arenas map large blocks whatever else is set), no `mmap` for bloc
 temporaries reuse pages already faulted in; and, where the kernel's transparent huge pages are
 in "madvise" mode, `hugetlb=1` (2 MiB pages for what is faulted in). The cost is memory: the
 resident set stays at its peak, which the heap's fragmentation can put above the compiled
-program's footprint (docs/performance.md). glibc reads tunables only at process start.
-`BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user set in `GLIBC_TUNABLES` is kept;
-library users set `GLIBC_TUNABLES` themselves.
+program's footprint (docs/performance.md). Only commands that run steps do this, and only
+where JAX computes on the CPU: the single arena slows a multi-threaded compiler (a TPU slice's
+compile by a quarter) and buys nothing where the temporaries live on a TPU or GPU. glibc reads
+tunables only at process start. `BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user
+set in `GLIBC_TUNABLES` is kept; library users set `GLIBC_TUNABLES` themselves.
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ from __future__ import annotations
 import os
 import sys
 
+from bertjax.parallel import host
+
 _RETAIN_FREED_MEMORY = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
                         "glibc.malloc.trim_threshold=1099511627776")
 _HUGE_PAGES = "glibc.malloc.hugetlb=1"
+# The commands that run XLA programs on this machine step after step. The others (a TPU
+# slice's compile, data, tokenizers, conversions) would only pay for the single arena: the
+# compiler's threads contend for its lock (docs/results/2026-11-28-malloc-tunables-where.md).
+STEP_COMMANDS = frozenset({"train", "finetune", "eval", "fewshot", "generate", "bench",
+                           "doctor", "checkpoint-bench"})
 
 
 def _thp_madvise(thp_mode_file: str) -> bool:
@@ -34,15 +43,18 @@ def _thp_madvise(thp_mode_file: str) -> bool:
     return False
 
 
-def malloc_environment(environ: dict[str, str] | None = None,
-                       thp_mode_file: str = "/sys/kernel/mm/transparent_hugepage/enabled"
-                       ) -> dict[str, str] | None:
-  """The environment to re-execute with, or None where it would change nothing: not Linux,
-  turned off, or every tunable already set (by the user or by the first execution). Huge
-  pages only in the kernel's "madvise" mode ("always" already covers every mapping; "never"
-  ignores the advice)."""
+def malloc_environment(argv: list[str], environ: dict[str, str] | None = None,
+                       thp_mode_file: str = "/sys/kernel/mm/transparent_hugepage/enabled",
+                       dev: str = "/dev") -> dict[str, str] | None:
+  """The environment to re-execute `bertjax ARGV...` with, or None where it would change
+  nothing or not pay: not Linux, turned off, a command that runs no steps, a host whose JAX
+  computes on a TPU or GPU (XLA's temporaries live there, not in this heap), or every tunable
+  already set (by the user or by the first execution). Huge pages only in the kernel's
+  "madvise" mode ("always" already covers every mapping; "never" ignores the advice)."""
   environ = dict(os.environ if environ is None else environ)
   if not sys.platform.startswith("linux") or environ.get("BERTJAX_MALLOC_TUNABLES") == "0":
+    return None
+  if not argv or argv[0] not in STEP_COMMANDS or not host.computes_on_cpu(environ, dev):
     return None
   wanted = _RETAIN_FREED_MEMORY + ((_HUGE_PAGES,) if _thp_madvise(thp_mode_file) else ())
   present = environ.get("GLIBC_TUNABLES", "")
@@ -55,7 +67,7 @@ def malloc_environment(environ: dict[str, str] | None = None,
 
 
 def entry() -> int:
-  environ = malloc_environment()
+  environ = malloc_environment(sys.argv[1:])
   if environ is not None and getattr(sys, "orig_argv", None):
     try:
       os.execve(sys.executable, sys.orig_argv, environ)  # same PID: launchers still wait on it

@@ -215,7 +215,9 @@ def test_command_keeps_freed_memory_and_asks_for_huge_pages_only_where_it_helps(
   """The `bertjax` command re-executes itself once with glibc tunables that keep freed memory
   in the process (one arena, no mmap'd blocks, no trimming), plus huge pages when the kernel's
   THP mode is "madvise" (docs/performance.md: page faults on every step's temporaries); never
-  twice, never against a tunable the user chose, never off Linux or when turned off."""
+  twice, never against a tunable the user chose, never off Linux or when turned off, and only
+  for commands that run steps on the CPU: not for a TPU compile or data work (the single
+  arena slows the compiler's threads) nor where JAX computes on a TPU or GPU."""
   import sys
   from bertjax.__main__ import malloc_environment
   retain = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
@@ -223,20 +225,61 @@ def test_command_keeps_freed_memory_and_asks_for_huge_pages_only_where_it_helps(
   monkeypatch.setattr(sys, "platform", "linux")
   mode = tmp_path / "enabled"
   mode.write_text("always [madvise] never\n")
-  env = malloc_environment({"PATH": "/bin"}, str(mode))
+  dev = tmp_path / "dev"
+  dev.mkdir()
+
+  def environment(environ, argv=("train", "--config", "bert_tiny"), thp=mode):
+    return malloc_environment(list(argv), environ, str(thp), str(dev))
+
+  env = environment({"PATH": "/bin"})
   assert env == {"PATH": "/bin", "GLIBC_TUNABLES": retain + ":glibc.malloc.hugetlb=1"}
-  assert malloc_environment(env, str(mode)) is None  # already set: no second re-exec
+  assert environment(env) is None  # already set: no second re-exec
   user = "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"
-  assert malloc_environment({"GLIBC_TUNABLES": user}, str(mode)) == {
+  assert environment({"GLIBC_TUNABLES": user}) == {
       "GLIBC_TUNABLES": user + ":glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776"}
-  assert malloc_environment({"BERTJAX_MALLOC_TUNABLES": "0"}, str(mode)) is None
-  assert malloc_environment({}, str(tmp_path / "missing")) == {"GLIBC_TUNABLES": retain}
-  for other in ("[always] madvise never\n", "always madvise [never]\n"):
-    mode.write_text(other)
-    assert malloc_environment({}, str(mode)) == {"GLIBC_TUNABLES": retain}
-  monkeypatch.setattr(sys, "platform", "darwin")
+  assert environment({"BERTJAX_MALLOC_TUNABLES": "0"}) is None
+  assert environment({}, thp=tmp_path / "missing") == {"GLIBC_TUNABLES": retain}
+  mode.write_text("[always] madvise never\n")
+  assert environment({}) == {"GLIBC_TUNABLES": retain}
+  mode.write_text("always madvise [never]\n")
+  assert environment({}) == {"GLIBC_TUNABLES": retain}
   mode.write_text("always [madvise] never\n")
-  assert malloc_environment({}, str(mode)) is None
+  for command in ("compile", "data", "tokenizer", "info", "export", "import", "init", "plot"):
+    assert environment({}, argv=(command, "--help")) is None, command
+  assert environment({}, argv=()) is None
+  for command in ("bench", "finetune", "eval", "doctor", "checkpoint-bench", "generate"):
+    assert environment({}, argv=(command,)) is not None, command
+  # Where JAX computes on an accelerator the temporaries are in its memory, not in this heap.
+  assert environment({"JAX_PLATFORMS": "tpu"}) is None
+  assert environment({"JAX_PLATFORMS": "cuda,cpu"}) is None
+  (dev / "nvidia0").touch()
+  assert environment({}) is None
+  assert environment({"JAX_PLATFORMS": "cpu"}) is not None  # the user asked for the CPU
+  monkeypatch.setattr(sys, "platform", "darwin")
+  assert environment({"JAX_PLATFORMS": "cpu"}) is None
+
+
+def test_the_host_says_which_platform_jax_will_compute_on_before_jax_starts(tmp_path):
+  """TPU chips (v2-v4 /dev/accel0, v5e and later /dev/vfio/N) and GPUs (/dev/nvidiaN, ROCm's
+  /dev/kfd) as device files, overridden by the first platform JAX_PLATFORMS names."""
+  from bertjax.parallel import host
+  dev = tmp_path / "dev"
+  (dev / "vfio").mkdir(parents=True)
+  (dev / "vfio" / "vfio").touch()  # the container file alone is no chip
+  assert host.computes_on_cpu({}, str(dev))
+  assert not host.tpu_chips_present(str(dev)) and not host.gpus_present(str(dev))
+  (dev / "vfio" / "0").touch()
+  assert host.tpu_chips_present(str(dev)) and not host.computes_on_cpu({}, str(dev))
+  assert host.computes_on_cpu({"JAX_PLATFORMS": "cpu"}, str(dev))
+  assert not host.computes_on_cpu({"JAX_PLATFORMS": "tpu,cpu"}, str(dev))
+  for chip in ("accel0", "nvidia1", "kfd"):
+    other = tmp_path / chip
+    other.mkdir()
+    (other / chip).touch()
+    assert not host.computes_on_cpu({}, str(other)), chip
+  assert (host.tpu_chips_present(str(tmp_path / "accel0")),
+          host.gpus_present(str(tmp_path / "nvidia1")),
+          host.gpus_present(str(tmp_path / "kfd"))) == (True, True, True)
 
 
 def test_a_config_imports_its_own_siblings_whatever_else_is_imported(monkeypatch):

@@ -15,12 +15,13 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
+
+from bertjax.parallel import host
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def initialize(cfg: Mapping[str, Any]) -> None:
     if num < 1 or pid < 0:
       raise ValueError("distributed: a coordinator address needs num_processes and process_id "
                        "(config distributed.* or BERTJAX_NUM_PROCESSES / BERTJAX_PROCESS_ID)")
-    if os.environ.get("JAX_PLATFORMS", "").startswith("cpu") or cfg.get("cpu_collectives"):
+    if host.cpu_platform_forced() or cfg.get("cpu_collectives"):
       jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(address, num, pid, **timeouts)
   elif cfg.get("auto", True) and (any(k in os.environ for k in _CLUSTER_ENV) or _on_tpu_vm()):
@@ -54,9 +55,7 @@ def _on_tpu_vm() -> bool:
   """A Cloud TPU VM: its TPU chips are device files (v2-v4 /dev/accel*, v5e and later
   /dev/vfio/N). An ssh session there has none of the cluster variables above, and JAX finds the
   slice's workers through the VM metadata server once `jax.distributed.initialize()` is called."""
-  if os.environ.get("JAX_PLATFORMS", "").startswith("cpu"):
-    return False
-  return Path("/dev/accel0").exists() or any(Path("/dev/vfio").glob("[0-9]*"))
+  return not host.cpu_platform_forced() and host.tpu_chips_present()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,37 @@
+"""What this host computes on, read without starting JAX (nothing here imports it): the
+accelerator chips' device files and `JAX_PLATFORMS`. The `bertjax` command sets up the
+process's memory from this before anything heavy is imported (bertjax/__main__.py); multi-host
+setup asks whether it runs on a Cloud TPU VM (bertjax.parallel.distributed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+
+def tpu_chips_present(dev: str = "/dev") -> bool:
+  """Cloud TPU chips as device files: v2-v4 /dev/accel*, v5e and later /dev/vfio/N."""
+  root = Path(dev)
+  return (root / "accel0").exists() or any((root / "vfio").glob("[0-9]*"))
+
+
+def gpus_present(dev: str = "/dev") -> bool:
+  """GPUs as device files: NVIDIA /dev/nvidiaN, AMD (ROCm) /dev/kfd."""
+  root = Path(dev)
+  return any(root.glob("nvidia[0-9]*")) or (root / "kfd").exists()
+
+
+def cpu_platform_forced(environ: Mapping[str, str] | None = None) -> bool:
+  """`JAX_PLATFORMS` makes the CPU JAX's default platform (the first one it names)."""
+  environ = os.environ if environ is None else environ
+  return environ.get("JAX_PLATFORMS", "").strip().startswith("cpu")
+
+
+def computes_on_cpu(environ: Mapping[str, str] | None = None, dev: str = "/dev") -> bool:
+  """Whether JAX's default platform here will be the CPU: `JAX_PLATFORMS` names it first, or
+  names nothing and the host has no TPU or GPU device files."""
+  environ = os.environ if environ is None else environ
+  if environ.get("JAX_PLATFORMS", "").strip():
+    return cpu_platform_forced(environ)
+  return not (tpu_chips_present(dev) or gpus_present(dev))
