@@ -148,9 +148,9 @@ def _merged_einsum(x: Array, xs: str, y: Array, ys: str, out: str) -> Array:
   than a matrix transpose (docs/results/2026-11-27-unrolled-layers-cpu.md). Other output
   orders keep the einsum as it is: merged, XLA folds the output's transpose into the dot,
   which its CPU backend then upcasts to float32 or cannot run. Operands in `_fast_layouts`."""
-  batch, x_free, contracted, y_free = groups = _axis_groups(xs, ys, out)
+  groups = _axis_groups(xs, ys, out)
   merge = [g for g in groups if len(g) > 1]
-  if out != batch + x_free + y_free or not merge:
+  if out != _natural_order(xs, ys, out) or not merge:
     return jnp.einsum(f"{xs},{ys}->{out}", x, y, preferred_element_type=jnp.float32)
   sizes = dict(zip(xs, x.shape)) | dict(zip(ys, y.shape))
   letters = iter(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in xs + ys)
