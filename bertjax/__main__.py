@@ -13,9 +13,10 @@ in "madvise" mode, `hugetlb=1` (2 MiB pages for what is faulted in). The cost is
 resident set stays at its peak, which the heap's fragmentation can put above the compiled
 program's footprint (docs/performance.md). Only commands that run steps do this, and only
 where JAX computes on the CPU: the single arena slows a multi-threaded compiler (a TPU slice's
-compile by a quarter) and buys nothing where the temporaries live on a TPU or GPU. glibc reads
-tunables only at process start. `BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user
-set in `GLIBC_TUNABLES` is kept; library users set `GLIBC_TUNABLES` themselves.
+compile; docs/results/2026-11-28-malloc-tunables-where.md) and buys nothing where the
+temporaries live on a TPU or GPU. glibc reads tunables only at process start.
+`BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user set in `GLIBC_TUNABLES` is kept;
+library users set `GLIBC_TUNABLES` themselves.
 """
 
 from __future__ import annotations
