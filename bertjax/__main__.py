@@ -17,6 +17,9 @@ compile; docs/results/2026-11-28-malloc-tunables-where.md) and buys nothing wher
 temporaries live on a TPU or GPU. glibc reads tunables only at process start.
 `BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user set in `GLIBC_TUNABLES` is kept;
 library users set `GLIBC_TUNABLES` themselves.
+
+On a GPU host the same commands run under the XLA flags of `GPU_XLA_FLAGS`, each measured to
+help there (`BERTJAX_GPU_XLA_FLAGS=0` turns them off; a flag the user set in XLA_FLAGS wins).
 """
 
 from __future__ import annotations
@@ -67,7 +70,40 @@ def malloc_environment(argv: list[str], environ: dict[str, str] | None = None,
   return environ
 
 
+# XLA flags the command adds on a GPU host for the commands that run steps, each kept for a
+# measured gain (docs/results/2026-11-28-h200-gpu-session.md, one H200):
+GPU_XLA_FLAGS = (
+    # Every GEMM through cuBLAS instead of XLA's Triton GEMM fusions: GPT-2 medium's three
+    # LM-head products (vocabulary 50,257) took 7.60 ms a step as Triton fusions against
+    # 3.15 ms in cuBLAS, its per-layer GEMMs 19.37 against 19.07 ms; BERT-large's GEMMs 19.68
+    # against 19.25 ms. The compile also skips the Triton GEMMs' autotuning.
+    "--xla_gpu_enable_triton_gemm=false",
+)
+
+
+def gpu_xla_flags(argv: list[str], environ: dict[str, str] | None = None,
+                  dev: str = "/dev") -> str | None:
+  """XLA_FLAGS for `bertjax ARGV...` on a host whose JAX computes on a GPU: the user's flags
+  and each of `GPU_XLA_FLAGS` they did not set themselves; None where nothing changes (another
+  platform, a command that runs no steps, `BERTJAX_GPU_XLA_FLAGS=0`, every flag already set).
+  XLA reads XLA_FLAGS when JAX starts its backend, so setting it before the CLI is imported
+  is enough (no re-execution)."""
+  environ = dict(os.environ if environ is None else environ)
+  if environ.get("BERTJAX_GPU_XLA_FLAGS") == "0":
+    return None
+  if not argv or argv[0] not in STEP_COMMANDS or not host.computes_on_gpu(environ, dev):
+    return None
+  present = environ.get("XLA_FLAGS", "")
+  added = [f for f in GPU_XLA_FLAGS if f.split("=", 1)[0] not in present]
+  if not added:
+    return None
+  return " ".join(([present] if present.strip() else []) + added)
+
+
 def entry() -> int:
+  flags = gpu_xla_flags(sys.argv[1:])
+  if flags is not None:
+    os.environ["XLA_FLAGS"] = flags
   environ = malloc_environment(sys.argv[1:])
   if environ is not None and getattr(sys, "orig_argv", None):
     try:

@@ -166,7 +166,8 @@ def test_profile_splits_op_time_by_purpose(tmp_path, devices):
   purposes = hlo.instruction_purposes(step.compiled.as_text())
   assert "matmul" in purposes.values() and "dropout: random bits and masks" in purposes.values()
   assert not any(name.startswith("while") for name in purposes)  # containers are not timed
-  profile = bench.profile_step(step, str(tmp_path / "trace"), steps=1)
+  from bertjax.tools import profiles
+  profile = profiles.profile_step(step, str(tmp_path / "trace"), steps=1)
   shares = profile["by_purpose"]
   assert {"matmul", "dropout: random bits and masks", "optimizer update"} <= set(shares)
   assert sum(v["share"] for v in shares.values()) == pytest.approx(1.0)

@@ -282,6 +282,38 @@ def test_the_host_says_which_platform_jax_will_compute_on_before_jax_starts(tmp_
           host.gpus_present(str(tmp_path / "kfd"))) == (True, True, True)
 
 
+def test_the_command_sets_its_measured_xla_flags_on_gpu_hosts_only(tmp_path):
+  """`bertjax` adds GPU_XLA_FLAGS to XLA_FLAGS for the commands that run steps where JAX
+  computes on a GPU; a flag the user set is theirs; BERTJAX_GPU_XLA_FLAGS=0 turns it off."""
+  from bertjax.__main__ import GPU_XLA_FLAGS, gpu_xla_flags
+  from bertjax.parallel import host
+  dev = tmp_path / "dev"
+  dev.mkdir()
+
+  def flags(environ, argv=("train", "--config", "bert_tiny")):
+    return gpu_xla_flags(list(argv), environ, str(dev))
+
+  assert flags({}) is None  # no GPU here
+  assert host.accelerator_platform(str(dev)) is None
+  (dev / "nvidia0").touch()
+  assert host.computes_on_gpu({}, str(dev)) and host.accelerator_platform(str(dev)) == "cuda"
+  assert flags({}) == " ".join(GPU_XLA_FLAGS)
+  assert "--xla_gpu_enable_triton_gemm=false" in GPU_XLA_FLAGS
+  assert flags({"XLA_FLAGS": "--xla_dump_to=/tmp/d"}) == "--xla_dump_to=/tmp/d " + " ".join(
+      GPU_XLA_FLAGS)
+  assert flags({"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=true"}) is None  # the user's
+  assert flags({"BERTJAX_GPU_XLA_FLAGS": "0"}) is None
+  assert flags({"JAX_PLATFORMS": "cpu"}) is None
+  assert flags({"JAX_PLATFORMS": "cuda"}) is not None
+  for command in ("compile", "data", "export", "import"):
+    assert flags({}, argv=(command, "--help")) is None, command
+  for command in ("bench", "finetune", "eval", "doctor", "generate"):
+    assert flags({}, argv=(command,)) is not None, command
+  (dev / "accel0").touch()  # a TPU VM: XLA:GPU flags are not for it
+  assert flags({}) is None and host.accelerator_platform(str(dev)) == "tpu"
+  assert host.computes_on_gpu({"JAX_PLATFORMS": "rocm"}, str(dev))
+
+
 def test_a_config_imports_its_own_siblings_whatever_else_is_imported(monkeypatch):
   """configs/common.py comes first for a config file, before another module named `common`
   that a process has imported (launch/common.py is one), which is left in place."""

@@ -122,8 +122,30 @@ def _compile_fit(args: argparse.Namespace, overrides: Overrides) -> int:
   return 0
 
 
+def _gpu_session(args: argparse.Namespace) -> int:
+  from bertjax.tools import gpu_session
+  split = lambda text: tuple(x.strip() for x in text.split(",") if x.strip())  # noqa: E731
+  try:
+    jobs = gpu_session.plan(split(args.rows), ("default",) + split(args.variants),
+                            split(args.variant_rows))
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return EXIT_USAGE
+  session = gpu_session.run_session(
+      args.gpu_session, jobs=jobs, reduced=args.reduced, tier=args.tier,
+      tier_select=args.tier_select,
+      seconds=args.seconds, max_jobs=args.max_jobs, steps=args.steps, pairs=args.pairs,
+      log=lambda line: print(line, file=sys.stderr, flush=True))
+  print(f"page: {Path(args.gpu_session) / 'gpu-session.md'}")
+  failed = [r["job"] for r in session["jobs"] if "error" in r]
+  tier = session.get("tier") or {}
+  return EXIT_FAILED if failed or tier.get("returncode") not in (None, 0, 5) else 0
+
+
 def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.tools import bench
+  if args.gpu_session:
+    return _gpu_session(args)
   if args.table:
     from bertjax.tools import bench_table
     rows = tuple(r for r in args.rows.split(",") if r)
@@ -346,5 +368,23 @@ def register(add: Add) -> None:
                  "names as the table prints them)")
   p.add_argument("--torch-compile", dest="torch_compile", action=argparse.BooleanOptionalAction,
                  default=True, help="with --table: the reference through torch.compile (on)")
+  p.add_argument("--gpu-session", dest="gpu_session", default="", metavar="OUT",
+                 help="a lent GPU's whole session into OUT: the accelerator tier, the gpu "
+                 "table with profiles (ours and the reference's kernels), --variants, and the "
+                 "results page OUT/gpu-session.md (docs/doctor.md)")
+  p.add_argument("--variants", default="", help="with --gpu-session: variants of our step "
+                 "to time beside each row (comma-separated; bertjax/tools/gpu_session.py)")
+  p.add_argument("--variant-rows", dest="variant_rows", default="",
+                 help="with --gpu-session: the rows the variants run on (default: all run)")
+  p.add_argument("--tier", action=argparse.BooleanOptionalAction, default=True,
+                 help="with --gpu-session: run the accelerator tier first (on)")
+  p.add_argument("--tier-select", dest="tier_select", default="",
+                 help="with --gpu-session: only the tier's tests this pytest -k expression "
+                 "selects")
+  p.add_argument("--seconds", type=float, default=450,
+                 help="with --gpu-session: the session's deadline (450)")
+  p.add_argument("--max-jobs", dest="max_jobs", type=int, default=4,
+                 help="with --gpu-session: a wave's slots (4): a job against the reference "
+                 "takes 2, ours alone 1, GPT-2 XL's one more")
   p.add_argument("--new-tokens", dest="new_tokens", type=int, default=32,
                  help="--decode: new tokens per timed generation (32)")

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention, positions, precision, relative
+from bertjax.models import attention, lookup, positions, precision, relative
 from bertjax.models.activations import activation_fn
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
@@ -126,7 +126,11 @@ class Embed(nn.Module):
   Position and token-type tables (rows unsharded) are looked up with [B, L] ids too and need
   the same.
 
-  `config.embed_lookup="one_hot"` reads the rows with a matmul instead (T5X, MaxText).
+  How the rows are read (bertjax/models/lookup.py): a gather whose gradient is summed in
+  float32 (`take_rows`); for a table of at most `lookup.SELECT_ROWS` rows (token types),
+  elementwise selects from the float32 table (`select_rows`: its gather's scatter-add gradient
+  was 25 ms of BERT-large's step on an H200); with `config.embed_lookup="one_hot"` a matmul
+  (T5X, MaxText).
   """
 
   config: ModelConfig
@@ -160,20 +164,22 @@ class Embed(nn.Module):
   def __call__(self, ids: Array) -> Array:
     if not jnp.issubdtype(ids.dtype, jnp.integer):
       raise ValueError(f"embedding lookup needs integer ids, got {ids.dtype}")
-    table = self.table().astype(precision.activation_dtype(self.config))
+    dtype = precision.activation_dtype(self.config)
+    small = self.num_embeddings <= lookup.SELECT_ROWS
+    # A small table is read in its own dtype (float32: its gradient summed exactly); a large
+    # one in the activation dtype, the form FSDP all-gathers.
+    table = self.table() if small else self.table().astype(dtype)
     if self.num_embeddings == 1:
-      return jnp.broadcast_to(table, ids.shape + (table.shape[-1],))
+      return jnp.broadcast_to(table.astype(dtype), ids.shape + (table.shape[-1],))
     # Rows keep their sharding, features are gathered: see the class docstring.
     table = constrain(table, (self.axes[0], None))
     if self.config.embed_lookup == "one_hot":
-      one_hot = ids[..., None] == jax.lax.broadcasted_iota(
-          jnp.int32, (1,) * ids.ndim + (self.num_embeddings,), ids.ndim)
-      # HIGHEST: full fp32 precision, so that each row comes out exactly (the default on TPU
-      # and GPU rounds fp32 operands to bf16 or TF32). An id outside the table reads zeros
-      # here, NaN from the gather.
-      out = jnp.dot(one_hot.astype(table.dtype), table, precision=jax.lax.Precision.HIGHEST)
+      out = lookup.one_hot_rows(table, ids)
+    elif small:
+      out = lookup.select_rows(table, ids)
     else:
-      out = jnp.take(table, ids, axis=0)
+      out = lookup.take_rows(table, ids)
+    out = out.astype(dtype)
     if self.output_axes is not None:
       out = constrain(out, self.output_axes)
     return out

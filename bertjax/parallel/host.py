@@ -35,3 +35,24 @@ def computes_on_cpu(environ: Mapping[str, str] | None = None, dev: str = "/dev")
   if environ.get("JAX_PLATFORMS", "").strip():
     return cpu_platform_forced(environ)
   return not (tpu_chips_present(dev) or gpus_present(dev))
+
+
+def computes_on_gpu(environ: Mapping[str, str] | None = None, dev: str = "/dev") -> bool:
+  """Whether JAX's default platform here will be a GPU: `JAX_PLATFORMS` names cuda, gpu or
+  rocm first, or names nothing and the host has GPU device files and no TPU's."""
+  environ = os.environ if environ is None else environ
+  platforms = environ.get("JAX_PLATFORMS", "").strip()
+  if platforms:
+    return platforms.split(",")[0].strip() in ("cuda", "gpu", "rocm")
+  return gpus_present(dev) and not tpu_chips_present(dev)
+
+
+def accelerator_platform(dev: str = "/dev") -> str | None:
+  """The JAX platform of this host's accelerator from its device files: "tpu", "cuda" (NVIDIA),
+  "rocm" (AMD), or None."""
+  root = Path(dev)
+  if tpu_chips_present(dev):
+    return "tpu"
+  if any(root.glob("nvidia[0-9]*")):
+    return "cuda"
+  return "rocm" if (root / "kfd").exists() else None

@@ -12,6 +12,7 @@ plumbing only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,7 +31,7 @@ from bertjax.data import decoder_length, schema
 from bertjax.training import flops as flops_lib
 from bertjax.parallel import sharding
 from bertjax.models.params import count_params
-from bertjax.tools import bench_hf, hlo
+from bertjax.tools import bench_hf, hlo, profiles, timing
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -46,15 +47,6 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
 def predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
   """Positions per row whose vocabulary projection the step computes (None: all of them)."""
   return None if config.objective == "causal_lm" else int(config.max_predictions)
-
-
-def _step_times(run_one: Callable[[], None], steps: int) -> list[float]:
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
-    run_one()
-    times.append(time.perf_counter() - start)
-  return times
 
 
 class OurStep:
@@ -77,10 +69,11 @@ class OurStep:
     self.params = count_params(self.state.params)
 
   def run(self, steps: int) -> list[float]:
+    """`steps` steps back to back, one wait at the end (`timing.block_times`)."""
     def one():
       self.state, self.metrics = self.compiled(self.state, self.batch)
-      jax.block_until_ready(self.metrics["loss"])
-    return _step_times(one, steps)
+      return self.metrics["loss"]
+    return timing.block_times(one, jax.block_until_ready, steps)
 
   def compiled_flops(self) -> tuple[float, float | None]:
     """(dot FLOPs of the optimized program through loop trips, all devices; cost_analysis)."""
@@ -100,45 +93,6 @@ class OurStep:
             "temp_bytes_per_device": float(mem.temp_size_in_bytes),
             "device_peak_bytes_in_use": (float(stats["peak_bytes_in_use"])
                                          if "peak_bytes_in_use" in stats else None)}
-
-
-def profile_step(step: OurStep, directory: str, steps: int = 2) -> dict[str, Any]:
-  """Runs `steps` steps under the JAX profiler (trace written to `directory`, viewable in
-  Perfetto/TensorBoard) and splits the time of the program's ops by what they do
-  (`hlo.instruction_purposes`): ms per step and share for matmuls, dropout, layer norm,
-  attention softmax, scan slicing, the optimizer update... The matmul rate (compiled dot
-  FLOPs over matmul time) says whether the GEMMs or everything around them is in the way."""
-  import glob
-  import gzip
-  purposes = hlo.instruction_purposes(step.compiled.as_text())
-  step.run(1)
-  with jax.profiler.trace(directory, create_perfetto_trace=True):
-    step.run(steps)
-  traces = sorted(glob.glob(os.path.join(directory, "**", "*.trace.json.gz"), recursive=True),
-                  key=os.path.getmtime)
-  if not traces:
-    raise RuntimeError(f"the profiler wrote no *.trace.json.gz under {directory}")
-  with gzip.open(traces[-1]) as f:
-    events = json.load(f)["traceEvents"]
-  micros: dict[str, float] = {}
-  for event in events:
-    if event.get("ph") != "X" or "dur" not in event:
-      continue
-    name = event.get("args", {}).get("hlo_op", event["name"])
-    if name in purposes:
-      micros[purposes[name]] = micros.get(purposes[name], 0.0) + float(event["dur"])
-  if not micros:
-    raise RuntimeError(f"no event in {traces[-1]} names an op of the compiled program")
-  # Every local device runs the program and is traced: times are per device, on average.
-  per_step = 1e6 * steps * jax.local_device_count()
-  total = sum(micros.values())
-  compiled_flops, _ = step.compiled_flops()  # all devices'
-  matmul_seconds = micros.get("matmul", 0.0) / per_step
-  return {"trace": traces[-1], "steps": steps, "op_seconds_per_step": total / per_step,
-          "by_purpose": {k: {"seconds_per_step": v / per_step, "share": v / total}
-                         for k, v in sorted(micros.items(), key=lambda kv: -kv[1])},
-          "matmul_flops_per_second": (compiled_flops / step.mesh.size / matmul_seconds
-                                      if matmul_seconds else None)}
 
 
 def machine() -> dict[str, Any]:
@@ -175,6 +129,8 @@ def _block_times(run: Callable[[int], list[float]], steps: int) -> list[float]:
 def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: int = 3,
                   compare: str | None = None, best: bool = False, peak_size: int | None = None,
                   profile_dir: str | None = None, reference_compile: bool = False,
+                  profile_reference: bool = False,
+                  exclusive: Callable[[], contextlib.AbstractContextManager] | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
   """Benchmarks `config`'s train step (and the reference, alternately); returns the record.
 
@@ -183,7 +139,11 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   fastest of ours is compared with the fastest of the reference, pair by pair.
   `profile_dir`: also profile our step (the config's dtype) there after the timed steps.
   `reference_compile`: the reference through `torch.compile`. `peak_size`: the square matmul
-  the peaks are timed at (default `flops.matmul_peak_size`: 2048 on a CPU, 8192 elsewhere)."""
+  the peaks are timed at (default `flops.matmul_peak_size`: 2048 on a CPU, 8192 elsewhere).
+  `profile_reference`: also profile the reference's kernels (`profiles.torch_profile`).
+  `exclusive`: a context manager held from the first peak reading to the last profiled step
+  (the compiles and the reference's warm-up, `torch.compile` included, run before it), so
+  that processes sharing one device time their steps one at a time (bertjax.tools.gpu_session)."""
   from bertjax.config import model_config
   model = model_config(config)
   b, l = int(config.batch_size), int(config.seq_length)
@@ -208,27 +168,41 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
     return {d: flops_lib.measure_matmul_peak(peak_size, jnp.dtype(d))
             * flops_lib.measured_peak_devices() for d in dtypes}
 
-  log(f"measuring the matmul peak ({peak_size}², {', '.join(dtypes)}, XLA, fastest form)")
-  first_peaks = xla_peaks()
   record["peak"] = {"nominal_flops": flops_lib.nominal_peak_flops()}
-
   batch = synthetic_batch(config)
   ours: dict[str, OurStep] = {}
   for dtype in dtypes:
     log(f"compiling our train step ({dtype})")
     ours[dtype] = OurStep(_with_dtype(config, dtype), batch)
-  model_flops = flops_lib.run_flops_per_step(model, config)
   references: dict[str, Any] = {}
-  first_torch_peaks: dict[str, float] = {}
   if compare == "hf":
     for dtype in dtypes:
       log(f"building the Hugging Face reference ({bench_hf.PRECISION_NAMES[dtype]})")
       references[dtype] = bench_hf.ReferenceStep(config, batch, precision=dtype,
                                                  compile=reference_compile)
-      first_torch_peaks[dtype] = bench_hf.measure_matmul_peak(peak_size, dtype)
+      references[dtype].run(1)  # torch.compile compiles on the first call
   elif compare is not None:
     raise ValueError(f"compare must be 'hf' or None, got {compare!r}")
+  with (exclusive or contextlib.nullcontext)():
+    traced = _timed_section(record, ours, references, dtypes, model.dtype, steps, pairs,
+                            peak_size, xla_peaks, profile_dir, profile_reference, log)
+  if profile_dir:
+    try:
+      record["profile"] = profiles.summarize_step(ours[model.dtype], traced)
+    except Exception as e:  # noqa: BLE001 - the timings stand; the trace is still on disk
+      record["profile"] = {"error": f"{type(e).__name__}: {e}", "trace": traced}
+  return _finish(record, config, model, ours, references, best)
 
+
+def _timed_section(record: dict[str, Any], ours: dict[str, OurStep], references: dict[str, Any],
+                   dtypes: list[str], dtype: str, steps: int, pairs: int, peak_size: int,
+                   xla_peaks: Callable[[], dict[str, float]], profile_dir: str | None,
+                   profile_reference: bool, log: Callable[[str], None]) -> str | None:
+  """The part of `run_benchmark` that reads the device's speed: the peaks before and after,
+  the alternating blocks (into `record["_times"]`), the profiles. Returns our trace's path."""
+  log(f"measuring the matmul peak ({peak_size}², {', '.join(dtypes)}, XLA, fastest form)")
+  first_peaks = xla_peaks()
+  first_torch_peaks = {d: bench_hf.measure_matmul_peak(peak_size, d) for d in references}
   for runner in [*ours.values(), *references.values()]:
     runner.run(2)  # warm: first executions allocate
   ours_times: dict[str, list[float]] = {d: [] for d in ours}
@@ -257,19 +231,34 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
       d: max(first_peaks[d], last_peaks[d]) for d in dtypes}
   record["peak"]["xla_matmul_flops_readings_by_dtype"] = {
       d: [first_peaks[d], last_peaks[d]] for d in dtypes}
-  record["peak"]["xla_matmul_flops"] = record["peak"]["xla_matmul_flops_by_dtype"][model.dtype]
+  record["peak"]["xla_matmul_flops"] = record["peak"]["xla_matmul_flops_by_dtype"][dtype]
   if references:
     torch_last = {d: bench_hf.measure_matmul_peak(peak_size, d) for d in references}
     record["peak"]["torch_matmul_flops_by_dtype"] = {
         d: max(first_torch_peaks[d], torch_last[d]) for d in references}
     record["peak"]["torch_matmul_flops_readings_by_dtype"] = {
         d: [first_torch_peaks[d], torch_last[d]] for d in references}
-    record["peak"]["torch_matmul_flops"] = record["peak"]["torch_matmul_flops_by_dtype"][
-        model.dtype]
+    record["peak"]["torch_matmul_flops"] = record["peak"]["torch_matmul_flops_by_dtype"][dtype]
+  record["_times"] = (ours_times, hf_times, pair_medians)
+  traced = None
   if profile_dir:
     log(f"profiling 2 steps into {profile_dir}")
-    record["profile"] = profile_step(ours[model.dtype], profile_dir)
+    traced = profiles.trace_step(ours[dtype], profile_dir, steps=2)
+  if profile_reference and dtype in references:
+    log("profiling 2 steps of the reference")
+    try:
+      record["hf_profile"] = profiles.torch_profile(references[dtype]._step, steps=2)
+    except Exception as e:  # noqa: BLE001 - the timings stand without the reference's profile
+      record["hf_profile"] = {"error": f"{type(e).__name__}: {e}"}
+  return traced
 
+
+def _finish(record: dict[str, Any], config: ml_collections.ConfigDict, model: Any,
+            ours: dict[str, OurStep], references: dict[str, Any], best: bool) -> dict[str, Any]:
+  """The record's runs, ratios and memory from the timed blocks `_timed_section` kept."""
+  ours_times, hf_times, pair_medians = record.pop("_times")
+  b, l = int(config.batch_size), int(config.seq_length)
+  model_flops = flops_lib.run_flops_per_step(model, config)
   nominal = record["peak"]["nominal_flops"]
   runs: dict[str, dict[str, Any]] = {}
   for d, step in ours.items():
@@ -297,7 +286,7 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
     hf_runs = {}
     for d, ref in references.items():
       seconds = statistics.median(hf_times[d])
-      hf_flops = ref.model_flops(model, b, l)
+      hf_flops = ref.model_flops(model, b, l, decoder_length(config))
       hf_runs[d] = {
           "model": ref.describe(), "params": ref.params, "torch": ref.torch_version,
           "threads": ref.threads, "precision": bench_hf.PRECISION_NAMES[d],
@@ -407,7 +396,9 @@ def format_record(r: dict[str, Any]) -> str:
                  + f"; median {r['ours_bf16_over_fp32']:.3f}")
   if o.get("mfu_vs_nominal_peak") is not None:
     lines.append(f"MFU nominal    {_pct(o['mfu_vs_nominal_peak'])} of the data-sheet peak")
-  if "profile" in r:
+  if "profile" in r and "error" in r["profile"]:
+    lines += ["", f"profile        not read: {r['profile']['error']}"]
+  elif "profile" in r:
     p = r["profile"]
     rate = p["matmul_flops_per_second"]
     lines += ["", f"profile        {p['op_seconds_per_step'] * 1e3:,.1f} ms/step in ops "

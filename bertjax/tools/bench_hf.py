@@ -5,7 +5,8 @@ Same shape (from `hf.hf_config_dict`, the config our exports load with), same ba
 synthetic batch ours gets, as token labels), the same AdamW hyperparameters and dropout, in
 training mode, on the same number of threads XLA uses. BERT: `BertForPreTraining` with MLM
 labels (-100 off the masked positions) and the NSP label; GPT: `GPT2LMHeadModel` (or
-`OpenAIGPTLMHeadModel`) with labels = inputs. Their MLM and LM heads project every position
+`OpenAIGPTLMHeadModel`) with labels = inputs; T5 and BART: their `...ForConditionalGeneration`
+with the decoder's inputs and targets. Their MLM and LM heads project every position
 onto the vocabulary, which is how the library computes them; `model_flops` counts that.
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from bertjax.training import flops as flops_lib
 from bertjax import hf
+from bertjax.tools import timing
 from bertjax.models import ModelConfig
 
 
@@ -116,6 +118,13 @@ class ReferenceStep:
       return torch.as_tensor(np.asarray(x), dtype=torch.long, device=self.device)
     if config.objective == "causal_lm":
       return {"input_ids": t(batch["input_ids"]), "labels": t(batch["input_ids"])}
+    if "decoder_input_ids" in batch:
+      # An encoder-decoder (T5, BART): the decoder reads its shifted targets, as ours does.
+      # Padding is document id 0 in these rows.
+      return {"input_ids": t(batch["input_ids"]),
+              "attention_mask": t(batch["document_ids"] > 0),
+              "decoder_input_ids": t(batch["decoder_input_ids"]),
+              "labels": t(batch["target_ids"])}
     labels = np.full(batch["input_ids"].shape, -100, np.int64)
     for row in range(labels.shape[0]):
       real = batch["masked_lm_weights"][row] > 0
@@ -132,11 +141,17 @@ class ReferenceStep:
     return (f"transformers {self.name} ({self.device}, {self.model.config._attn_implementation}, "
             f"{PRECISION_NAMES[self.precision]}{compiled}{fused})")
 
-  def model_flops(self, cfg: ModelConfig, batch_size: int, seq_length: int) -> float:
-    """The library's own computed FLOPs: the vocabulary projection at every position."""
+  def model_flops(self, cfg: ModelConfig, batch_size: int, seq_length: int,
+                  decoder_length: int = 0) -> float:
+    """The library's own computed FLOPs: the vocabulary projection at every position (an
+    encoder-decoder's at every decoder position, as ours)."""
+    if cfg.is_encoder_decoder:
+      return flops_lib.encoder_decoder_flops_per_step(cfg, batch_size, seq_length,
+                                                      decoder_length)
     return flops_lib.train_flops_per_step(cfg, batch_size, seq_length, None)
 
-  def _step(self) -> None:
+  def _dispatch(self) -> Any:
+    """One step, its kernels queued (on a GPU nothing waits for them); returns the loss."""
     torch = self._torch
     self.optimizer.zero_grad(set_to_none=True)
     if self.autocast is not None:
@@ -148,15 +163,15 @@ class ReferenceStep:
     if self.clip_norm:
       torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
     self.optimizer.step()
-    loss.item()  # wait for the step, as ours blocks on its loss
+    return loss
+
+  def _step(self) -> None:
+    self._dispatch().item()  # waits for the step
 
   def run(self, steps: int) -> list[float]:
-    times = []
-    for _ in range(steps):
-      start = time.perf_counter()
-      self._step()
-      times.append(time.perf_counter() - start)
-    return times
+    """`steps` steps back to back and one wait for the last loss, as ours
+    (`timing.block_times`)."""
+    return timing.block_times(self._dispatch, lambda loss: loss.item(), steps)
 
   def peak_memory(self) -> float | None:
     if self.device == "cuda":

@@ -1,5 +1,5 @@
-"""`bertjax bench --table gpu`: the GPU benchmark table — BERT-large at 512 tokens and GPT-2
-medium and XL at 1024, bf16 train steps (our `Trainer` step against `transformers` in its
+"""`bertjax bench --table gpu`: the GPU benchmark table — BERT-large at 512 tokens, GPT-2 medium
+and XL at 1024 and T5-base at 512/114, bf16 train steps (our `Trainer` step against `transformers` in its
 fastest setting on the same GPU: bf16 autocast, SDPA attention, fused AdamW, `torch.compile`),
 each row one `bench.run_benchmark` with the two alternating in one process. Guide:
 docs/performance.md, "The GPU table".
@@ -40,6 +40,13 @@ TABLES: dict[str, tuple[Row, ...]] = {
             (("batch_size", "16"), ("seq_length", "512"), ("max_predictions", "76")) + _FAST),
         Row("GPT-2 medium s1024", "gpt2:size=medium",
             (("batch_size", "8"), ("seq_length", "1024")) + _FAST),
+        # T5 1.0 base as pre-trained (span corruption, 512 input and 114 target tokens), with
+        # AdamW on both sides (the config's Adafactor has no fused torch counterpart); its
+        # relative position biases keep attention in XLA einsums (no fused kernel takes them),
+        # so its attention dropout stays (transformers' T5 has one dropout rate for all).
+        Row("T5-base s512/114", "t5:size=base",
+            (("batch_size", "32"), ("seq_length", "512"), ("optimizer.name", "adamw"))
+            + _FAST + (("model.attention_dropout", "0.1"),)),
         # One sequence: its float32 weights and AdamW moments (25 GB), ours and the
         # reference's, and both steps' activations share one 80 GB GPU.
         Row("GPT-2 XL s1024", "gpt2:size=xl",

@@ -395,6 +395,9 @@ def analyze_hlo(text: str) -> HloStats:
 # ---------------------------------------------------------------------------------------------
 # What each executed instruction is for (reading a profile against the program)
 
+# cuDNN's fused attention as XLA:GPU calls it (forward and backward; "__cudnn$fmhaSoftmax",
+# "...Backward"), and the Pallas/Mosaic kernels (splash attention on a TPU).
+_FUSED_ATTENTION_TARGET = re.compile(r'custom_call_target="(?:__cudnn\$fmha|tpu_custom_call)')
 # Control flow: their time is the time of the instructions they run, which are timed themselves.
 _CONTAINERS = ("while", "call", "conditional", "async-start", "async-done")
 # First match wins, on the instruction's metadata op_name (the JAX source path it came from).
@@ -437,8 +440,11 @@ def instruction_purposes(text: str) -> dict[str, str]:
       called = re.findall(r"calls=%?([^\s,]+)", ins.attrs)
       op_name = re.search(r'op_name="([^"]*)"', ins.attrs)
       source = op_name.group(1).lower() if op_name else ""
-      if ins.opcode in ("dot", "convolution") or any(computes_matmul(c) for c in called):
+      if (ins.opcode in ("dot", "convolution") or any(computes_matmul(c) for c in called)
+          or ins.opcode == "custom-call" and _GEMM_TARGET.search(ins.attrs)):
         purposes[ins.name] = "matmul"
+      elif ins.opcode == "custom-call" and _FUSED_ATTENTION_TARGET.search(ins.attrs):
+        purposes[ins.name] = "attention: fused kernel"
       elif ins.opcode == "broadcast" or ins.name.startswith("wrapped_broadcast"):
         # Filling a buffer: under scan, mostly the zeroed [layers, ...] stacks of gradients
         # and of activations saved for the backward pass.
