@@ -110,9 +110,10 @@ def local_output(out: PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _host_lock(name: Path) -> Iterator[None]:
-  """An exclusive lock between the processes of this host (several training processes per
-  host copy a remote dataset once)."""
+def host_lock(name: Path) -> Iterator[None]:
+  """An exclusive lock between the processes of this host, held on the file `name` (several
+  training processes per host copy a remote dataset once; the jobs of a GPU session time their
+  steps one at a time)."""
   name.parent.mkdir(parents=True, exist_ok=True)
   with open(name, "w") as handle:
     fcntl.flock(handle, fcntl.LOCK_EX)
@@ -137,7 +138,7 @@ def local_copy(p: PathLike) -> Path:
   manifest = "\n".join(f"{os.path.relpath(os.fspath(f), os.fspath(source))}\t{f.stat().length}"
                        for f in sorted(files, key=os.fspath))
   marker = target.parent / f"{target.name}.complete"
-  with _host_lock(target.parent / f"{target.name}.lock"):
+  with host_lock(target.parent / f"{target.name}.lock"):
     if not (marker.is_file() and marker.read_text() == manifest):
       if target.exists():
         shutil.rmtree(target) if target.is_dir() else target.unlink()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from bertjax import paths
 from bertjax.tools import bench_table
 
 # A variant of our step: XLA flags for its process and config overrides.
@@ -98,15 +98,9 @@ def plan(rows: tuple[str, ...] = (), variants: tuple[str, ...] = ("default",),
   return jobs
 
 
-@contextlib.contextmanager
-def device_lock(path: Path) -> Iterator[None]:
-  """The device to this process alone while held (an exclusive `flock` on `path`)."""
-  with open(path, "a") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+def device_lock(path: Path) -> contextlib.AbstractContextManager:
+  """The device to this process alone while held (`paths.host_lock` on `path`)."""
+  return paths.host_lock(path)
 
 
 # --------------------------------------------------------------------------------------------
