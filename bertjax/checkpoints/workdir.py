@@ -236,10 +236,15 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
 
 
 def check_resume_config(saved: Mapping[str, Any], current: Mapping[str, Any], step: int,
-                        allow_changes: bool) -> None:
+                        allow_changes: bool, hints: Mapping[str, str] | None = None) -> None:
   """Lists what changed since the checkpoint of `step` was written; raises ConfigChanged for a
-  change in what the run computes unless `allow_changes`."""
+  change in what the run computes unless `allow_changes`. `hints`: key -> what to say after a
+  change of that key (a setting resolved per machine: why it differs)."""
   harmless, meaningful = config_changes(saved, current)
+  for i, line in enumerate(meaningful):
+    key = line.split(":", 1)[0]
+    if hints and key in hints:
+      meaningful[i] = f"{line} ({hints[key]})"
   if harmless:
     log.info("resuming at step %d with changed settings: %s", step, "; ".join(harmless))
   if meaningful and not allow_changes:

@@ -35,7 +35,10 @@ def cmd_init(args: argparse.Namespace, overrides: Overrides) -> int:
 
   from bertjax.parallel import sharding
   from bertjax.models import build_model, init_params
+  from bertjax.training import defaults
   config = config_lib.load_config(args.config, overrides)
+  # Written as this machine would train it: "auto" settings resolved here.
+  config, _ = defaults.resolve(config, jax.default_backend())
   model_cfg = config_lib.model_config(config)
   mesh = sharding.mesh_from_config(config)
   rules = sharding.resolve_rules(config.sharding_rules)

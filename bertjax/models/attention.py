@@ -122,25 +122,34 @@ def kv_cache(module: nn.Module, k_BLNH: Array, v_BLNH: Array, mask: AttentionMas
   return k_BLNH, v_BLNH, AttentionMask(mask.dense_B1LS & causal_LS[None, None])
 
 
+def choose(config: ModelConfig, platform: str, training: bool = True) -> tuple[str, str]:
+  """(implementation, why) for `model.attention="auto"` in programs compiled for `platform`
+  ("cpu", "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the
+  configuration, else "xla"."""
+  dropout = training and config.attention_dropout > 0
+  if config.prefix_length or config.position_embedding in ("alibi", "relative"):
+    # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
+    # ALiBi and DeBERTa's c2p/p2c terms are score biases, which they do not take.
+    return "xla", "the fused kernels take no prefix keys or score biases"
+  if config.family == "t5":
+    return "xla", "T5's relative position biases are score biases the fused kernels do not take"
+  if platform == "tpu":
+    return (("xla", "the splash kernel has no attention dropout") if dropout
+            else ("splash", "TPU, no attention dropout"))
+  if platform in ("gpu", "cuda"):
+    if dropout:
+      return "xla", "cuDNN's fused kernel is used without attention dropout only"
+    if config.dtype not in ("bfloat16", "float16"):
+      return "xla", "cuDNN's fused kernel takes 16-bit inputs"
+    return "cudnn", "GPU, 16-bit compute, no attention dropout"
+  return "xla", f"no fused kernel on {platform} (the kernels would run interpreted)"
+
+
 def resolve(config: ModelConfig, platform: str, training: bool = True) -> ModelConfig:
-  """`model.attention="auto"` made concrete for programs compiled for `platform` ("cpu",
-  "gpu"/"cuda", "tpu"): the platform's fused kernel where it supports the configuration
-  (not with prefix tuning, ALiBi or DeBERTa's relative attention: "xla" then)."""
+  """`model.attention="auto"` made concrete for programs compiled for `platform` (`choose`)."""
   if config.attention != "auto":
     return config
-  dropout = training and config.attention_dropout > 0
-  choice = "xla"
-  if (config.prefix_length or config.position_embedding in ("alibi", "relative")
-      or config.family == "t5"):
-    # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
-    # ALiBi, DeBERTa's c2p/p2c terms and T5's relative biases are score biases, which they do
-    # not take.
-    pass
-  elif platform == "tpu" and not dropout:
-    choice = "splash"
-  elif platform in ("gpu", "cuda") and not dropout and config.dtype in ("bfloat16", "float16"):
-    choice = "cudnn"
-  return config.replace(attention=choice)
+  return config.replace(attention=choose(config, platform, training)[0])
 
 
 # The remat policy of the XLA core in training: save the outputs of exp (the core's only exp

@@ -7,40 +7,18 @@ the model boundary so that model code reads typed fields, not dictionary keys.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import jax.numpy as jnp
 
-# The encoder-decoders: "t5" (Raffel et al. 2020, transformers' T5ForConditionalGeneration,
-# bertjax/models/t5.py) and "bart" (Lewis et al. 2020, BartForConditionalGeneration,
-# bertjax/models/bart.py).
-Family = Literal["bert", "gpt", "t5", "bart"]
-ENCODER_DECODERS = ("t5", "bart")
-UNBOUNDED_POSITIONS = ("t5",)  # relative buckets, no position table: inputs of any length
-NormPosition = Literal["post", "pre"]
-# "gelu" is the exact erf form (Hugging Face "gelu"); "gelu_tanh" is the tanh approximation
-# used by google-research/bert's TF code and by GPT-2 (Hugging Face "gelu_new").
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
-PositionEmbedding = Literal["learned", "rotary", "alibi", "relative"]
-# The Hugging Face encoder whose embedding and head layout a BERT-family model follows.
-Architecture = Literal["bert", "electra", "deberta", "albert"]
-EmbeddingSharing = Literal["shared", "gdes"]
-# Cross-layer parameter sharing (ALBERT, Lan et al. 2020, Table 4): which part of a layer all
-# layers hold in common.
-LayerSharing = Literal["none", "all", "attention", "ffn"]
-RematPolicy = Literal["none", "full", "dots", "dots_no_batch"]
-DropoutRng = Literal["hash", "threefry"]
-EmbedLookup = Literal["gather", "one_hot"]
-Attention = Literal["auto", "xla", "splash", "cudnn"]
-
-# The projections LoRA may target, per family (`lora_targets`), and peft's default targets
-# (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: BERT query/value, GPT-2 c_attn).
-LORA_TARGETS = {"bert": ("query", "key", "value", "out", "wi", "wo"),
-                "gpt": ("qkv", "out", "wi", "wo")}
-DEFAULT_LORA_TARGETS = {"bert": ("query", "value"), "gpt": ("qkv",)}
-MatmulOutput = Literal["auto", "compute", "float32"]
+from bertjax.models.options import (  # noqa: F401 - the option names, read from here too
+    Family, ENCODER_DECODERS, UNBOUNDED_POSITIONS, NormPosition, Activation,
+    PositionEmbedding, Architecture, EmbeddingSharing, LayerSharing, RematPolicy,
+    DropoutRng, EmbedLookup, Attention, LORA_TARGETS, DEFAULT_LORA_TARGETS, MatmulOutput)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# A setting chosen per backend when a run starts (bertjax/training/defaults.py).
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +69,8 @@ class ModelConfig:
   # Whether a pre-LN model ends with a final LayerNorm (GPT-2: yes).
   final_layer_norm: bool = True
   # Compute dtype: what matmuls and einsums read ("bfloat16" for mixed precision); layer
-  # norms, softmax and losses stay float32 (bertjax/models/precision.py).
+  # norms, softmax and losses stay float32 (bertjax/models/precision.py). "auto": made
+  # concrete when a run starts, per backend (bertjax/training/defaults.py).
   dtype: str = "float32"
   # Dtype of the stored parameters (float32 master weights under mixed precision).
   param_dtype: str = "float32"
@@ -254,9 +233,9 @@ class ModelConfig:
     if self.family not in ("bert", "gpt", *ENCODER_DECODERS):
       raise ValueError(f"model.family must be 'bert', 'gpt', 't5' or 'bart', got "
                        f"{self.family!r}")
-    for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in _DTYPES:
-        raise ValueError(f"model.{name} must be one of {sorted(_DTYPES)}, got "
+    for name, allowed in (("dtype", [*_DTYPES, AUTO]), ("param_dtype", list(_DTYPES))):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"model.{name} must be one of {sorted(allowed)}, got "
                          f"{getattr(self, name)!r}")
     self._check_peft()
     self._check_modern()
@@ -476,6 +455,10 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> Any:
+    if self.dtype == AUTO:
+      raise ValueError("model.dtype='auto' is made concrete when a run starts, for the backend "
+                       "it computes on (bertjax.training.defaults.resolve); this model config "
+                       "was not resolved")
     return _DTYPES[self.dtype]
 
   @property

@@ -145,6 +145,10 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   (the compiles and the reference's warm-up, `torch.compile` included, run before it), so
   that processes sharing one device time their steps one at a time (bertjax.tools.gpu_session)."""
   from bertjax.config import model_config
+  from bertjax.training import defaults
+  config, choices = defaults.resolve(config, jax.default_backend())
+  for choice in choices:
+    log(choice.line())
   model = model_config(config)
   b, l = int(config.batch_size), int(config.seq_length)
   dtypes = list(PRECISIONS) if best else [model.dtype]
@@ -158,7 +162,8 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
                  "grad_accum_steps": int(config.grad_accum_steps),
                  "predictions_per_seq": predictions_per_seq(config),
                  "dropout": [model.hidden_dropout, model.attention_dropout],
-                 "remat": model.remat_policy, "scan_layers": model.scan_layers},
+                 "remat": model.remat_policy, "scan_layers": model.scan_layers,
+                 "auto": [c.line() for c in choices]},
       "machine": machine(), "steps_per_block": steps, "pairs": pairs, "best": best}
 
   if peak_size is None:

@@ -23,6 +23,7 @@ import numpy as np
 
 from bertjax.inference import generate
 from bertjax.config import model_config
+from bertjax.training import defaults
 from bertjax.models import GPT, ModelConfig, build_model, jit_init
 from bertjax.models.params import unscanned
 
@@ -105,6 +106,7 @@ def benchmark_decode(params: Any, config: ModelConfig, cache_sizes: Sequence[int
 def decode_benchmark(config: ml_collections.ConfigDict, cache_sizes: list[int],
                      new_tokens: int = 32) -> list[dict[str, float]]:
   """Per-token generation cost of the config's GPT (random weights) at each cache size."""
+  config, _ = defaults.resolve(config, jax.default_backend())
   model = model_config(config)
   if model.family != "gpt":
     raise ValueError(f"--decode needs a GPT config, got model.family={model.family!r}")

@@ -54,6 +54,7 @@ from bertjax.tools.device_checks import (
   collective_checks,
   product_check,
 )
+from bertjax.training import defaults
 from bertjax.training import flops as flops_lib
 
 CHECKS = ("environment", "attention", "products", "collectives", "speed", "checkpoint",
@@ -63,7 +64,8 @@ CHECKS = ("environment", "attention", "products", "collectives", "speed", "check
 # --- environment -------------------------------------------------------------------------
 
 
-def environment(config: ml_collections.ConfigDict, trainer: Any | None) -> Check:
+def environment(config: ml_collections.ConfigDict, trainer: Any | None,
+                choices: list[Any] = ()) -> Check:
   import flax
   import optax
   import orbax.checkpoint as ocp
@@ -90,6 +92,9 @@ def environment(config: ml_collections.ConfigDict, trainer: Any | None) -> Check
   detail = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k != "jax")
   if runtime:
     detail += f"; runtime {runtime.splitlines()[0][:80]}"
+  if choices:  # what the config's "auto" settings become here (bertjax.training.defaults)
+    detail += "; " + "; ".join(c.line() for c in choices)
+    values["auto"] = {c.key: c.value for c in choices}
   if trainer is not None:
     mesh = trainer.mesh
     layout = distributed.row_layout(trainer.data_sharding(), int(config.batch_size))
@@ -300,6 +305,10 @@ def run_doctor(config: ml_collections.ConfigDict, workdir: str, *, checks: tuple
       results.append(check)
       report(check)
 
+  # The config's "auto" settings as a run here would resolve them (the environment check
+  # says what they became).
+  config, choices = defaults.resolve(config, jax.default_backend(),
+                                     agree=defaults.all_processes_agree)
   step = note = None
   measured = config
   need_step = {"environment", "speed", "checkpoint", "loader"} & set(checks)
@@ -310,7 +319,7 @@ def run_doctor(config: ml_collections.ConfigDict, workdir: str, *, checks: tuple
       add(Check("speed", "fail", f"the train step did not build: {type(e).__name__}: "
                 f"{str(e).splitlines()[0][:200]}"))
   if "environment" in checks:
-    add(environment(measured, step.trainer if step else None))
+    add(environment(measured, step.trainer if step else None, choices))
   if "attention" in checks:
     add(attention_checks(config))
   if "products" in checks:

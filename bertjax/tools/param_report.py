@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from bertjax.models import Head, ModelConfig, abstract_params, build_model
+from bertjax.models.config import AUTO
 
 
 def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str, int]:
@@ -22,6 +23,8 @@ def param_breakdown(config: ModelConfig, head: Head = "pretraining") -> dict[str
 
   `non_embedding` excludes the token and position tables (the N of 6·N·tokens FLOPs).
   """
+  if config.dtype == AUTO:  # resolved when a run starts; the shapes do not depend on it
+    config = config.replace(dtype="float32")
   params = nn.meta.unbox(abstract_params(build_model(config, head)))
   flat = {"/".join(str(getattr(k, "key", k)) for k in path): int(np.prod(leaf.shape))
           for path, leaf in jax.tree_util.tree_leaves_with_path(params)}

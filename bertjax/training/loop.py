@@ -32,7 +32,7 @@ from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoi
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
 from bertjax.config import phases, ramp
 from bertjax.parallel import distributed, sharding
-from bertjax.training import flops, hooks, plot
+from bertjax.training import defaults, flops, hooks, plot
 from bertjax.training.finetuning import FineTuning
 from bertjax.training.metrics import MetricsWriter, summary_lines
 from bertjax.training.preemption import Preemption
@@ -237,15 +237,19 @@ def _lock_workdir(workdir: epath.Path, is_main: bool) -> WorkdirLock:
   return lock
 
 
-def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoints) -> None:
-  """A resumed run's config against the one its checkpoint was written with."""
+def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoints,
+                  choices: Sequence[defaults.Choice] = ()) -> None:
+  """A resumed run's config against the one its checkpoint was written with (an "auto"
+  setting this machine resolves otherwise is named as such)."""
   current = json.loads(config.to_json_best_effort())
+  hints = {c.key: f"{c.line()} here; --config.{c.key}=<the checkpoint's> continues as it was"
+           for c in choices}
   for step in checkpoints.resume_candidates(int(config.restore_step)):
     try:
       saved = checkpoints.saved_config(step)
     except Exception:  # noqa: BLE001 - a damaged step: the restore's fallback reports it
       continue
-    check_resume_config(saved, current, step, bool(config.resume_with_changes))
+    check_resume_config(saved, current, step, bool(config.resume_with_changes), hints)
     return
 
 
@@ -253,6 +257,13 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
          lock: WorkdirLock, report: TextIO) -> dict[str, Any]:
   started = time.perf_counter()
   mesh = sharding.mesh_from_config(config)
+  # The config's "auto" settings for this backend, once, the same on every process: what the
+  # run computes with, in config.json and in the resume check.
+  config, choices = defaults.resolve(config, mesh.devices.flat[0].platform,
+                                     agree=defaults.all_processes_agree)
+  if is_main:
+    for choice in choices:
+      log.info("%s", choice.line())
   workload: Workload = (FineTuning if config.finetune.task else Pretraining)(
       config, workdir, is_main)
   config = workload.config
@@ -262,7 +273,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
                                 trainer.teacher.load if trainer.teacher else None)
   try:
     if checkpoints.latest_step() is not None:
-      _check_resume(config, checkpoints)
+      _check_resume(config, checkpoints, choices)
     if is_main:
       (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
       log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
@@ -281,7 +292,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       _print_summary(report, workdir, int(state.step),
                      int(state.step) if workload.stopped else total, trainer,
                      plotted=(workdir / plot.PLOT_NAME).exists(),
-                     extra=workload.summary_lines(result))
+                     extra=[*(f"  {c.line()}" for c in choices),
+                            *workload.summary_lines(result)])
     return result
 
   # MFU is against the peak of the dtype the model's matmuls run in.
@@ -390,8 +402,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   if step >= total:
     result = workload.finish(state, trainer, trained=True) or result
   if is_main:
-    _print_summary(report, workdir, step, total, trainer, plotted,
-                   time.perf_counter() - started, workload.summary_lines(result))
+    _print_summary(report, workdir, step, total, trainer, plotted, time.perf_counter() - started,
+                   [*(f"  {c.line()}" for c in choices), *workload.summary_lines(result)])
   return result
 
 

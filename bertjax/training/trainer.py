@@ -32,7 +32,7 @@ from bertjax.models.electra import discriminator_params
 from bertjax.models.groups import encoder_path, is_added
 from bertjax.models.params import shape_mismatches
 from bertjax.parallel import sharding
-from bertjax.training import distillation, objectives, optim
+from bertjax.training import defaults, distillation, objectives, optim
 
 log = logging.getLogger(__name__)
 
@@ -161,14 +161,22 @@ class Trainer:
   trainer of pre-training and fine-tuning (objectives and configs of it)."""
 
   def __init__(self, config: ml_collections.ConfigDict, mesh: Mesh) -> None:
+    platform = mesh.devices.flat[0].platform
+    # A config whose "auto" settings no run resolved (bench, doctor, a library user): here, for
+    # the platform the step is compiled for (bertjax.training.loop resolves a run's first).
+    config, choices = defaults.resolve(config, platform)
+    for choice in choices:
+      log.info("%s", choice.line())
     self.config = config
     self.mesh = mesh
     self.rules = sharding.resolve_rules(config.sharding_rules)
     # model.attention=auto becomes the fused kernel of the platform the step is compiled for,
     # model.matmul_output=auto its fast mixed-precision form.
-    platform = mesh.devices.flat[0].platform
-    self.model_config = precision.resolve(attention.resolve(model_config(config), platform),
-                                          platform)
+    configured = model_config(config)
+    if configured.attention == "auto":
+      chosen, why = attention.choose(configured, platform)
+      log.info("model.attention=%s (auto: %s)", chosen, why)
+    self.model_config = precision.resolve(attention.resolve(configured, platform), platform)
     self.model = build_model(self.model_config, head_of(config))
     # A distillation run's teacher: its model config read from its files here, its weights
     # when the state is made or restored.

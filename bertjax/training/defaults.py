@@ -1,0 +1,97 @@
+"""What a config's "auto" settings become on the backend a run computes on: decided once when
+the run starts, said in its first lines and its summary, and written into the run's config.json
+(so a resume on a machine that decides otherwise is refused, naming the key). Guide:
+docs/performance.md, "Defaults per backend".
+
+- `model.dtype="auto"`: bf16 compute (float32 weights) on TPUs and GPUs, whose matrix units
+  are built for it. On a CPU, bf16 only where its matmuls are measured at least
+  `BF16_OVER_FP32` times as fast as float32's (the per-machine probe `flops.cpu_matmul_peak`,
+  cached): without native bf16 products (no AVX-512 BF16 or AMX) XLA computes them in float32
+  and the step also pays the conversions — the main job's bf16 step was 13-20% slower than
+  float32 there, with bf16 matmuls at 1.03× float32's (issue 59); with AVX-512 BF16 they run
+  at about 2× and the BERT-base step at about 2× float32's.
+- `model.attention="auto"` is made concrete by the Trainer for the platform it compiles for
+  (`attention.choose`), which logs what it chose and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import ml_collections
+
+from bertjax.models.config import AUTO
+
+log = logging.getLogger(__name__)
+
+# bf16 products this many times float32's on a CPU make bf16 its compute dtype: between the
+# machines measured (1.03× without native bf16, where the step is slower in bf16; ~2× with
+# AVX-512 BF16, where it is ~2× faster), far from both.
+BF16_OVER_FP32 = 1.5
+# Platforms whose matrix units compute in bf16 at full rate.
+_BF16_NATIVE = ("tpu", "gpu", "cuda", "rocm")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One "auto" setting made concrete: the key, its value here, and why."""
+  key: str
+  value: str
+  reason: str
+
+  def line(self) -> str:
+    return f"{self.key}={self.value} (auto: {self.reason})"
+
+
+def cpu_bf16_speedup() -> float:
+  """How many times float32's rate this CPU's bf16 matmuls run at (cached probes)."""
+  from bertjax.training import flops
+  return flops.cpu_matmul_peak("bfloat16")[0] / flops.cpu_matmul_peak("float32")[0]
+
+
+def compute_dtype(platform: str, speedup: Callable[[], float] | None = None,
+                  agree: Callable[[bool], bool] | None = None) -> Choice:
+  """`model.dtype` for "auto" on `platform`. `speedup`: the CPU's bf16 matmul rate over
+  float32's (default `cpu_bf16_speedup`); `agree(bf16)`: whether every process of the run chose
+  bf16 (each process probes its own host; all must compile the same program), default: this
+  process alone."""
+  if platform in _BF16_NATIVE:
+    return Choice("model.dtype", "bfloat16", f"{platform}: bf16 matrix units")
+  ratio = (speedup or cpu_bf16_speedup)()
+  bf16 = ratio >= BF16_OVER_FP32
+  if agree is not None:
+    bf16 = agree(bf16)
+  measured = f"bf16 matmuls {ratio:.2f}x float32's on this CPU"
+  if bf16:
+    return Choice("model.dtype", "bfloat16", measured)
+  if ratio < BF16_OVER_FP32:
+    return Choice("model.dtype", "float32",
+                  f"{measured}, under {BF16_OVER_FP32}x: no native bf16 products")
+  return Choice("model.dtype", "float32",
+                f"{measured}, but under {BF16_OVER_FP32}x on another host of the run")
+
+
+def resolve(config: ml_collections.ConfigDict, platform: str, *,
+            speedup: Callable[[], float] | None = None,
+            agree: Callable[[bool], bool] | None = None
+            ) -> tuple[ml_collections.ConfigDict, list[Choice]]:
+  """`config` with its "auto" settings made concrete for `platform` (a copy; `config` itself
+  when there is nothing to resolve), and the choices made."""
+  choices = []
+  if config.model.dtype == AUTO:
+    choices.append(compute_dtype(platform, speedup, agree))
+  if not choices:
+    return config, []
+  config = ml_collections.ConfigDict(config.to_dict())
+  for choice in choices:
+    group, name = choice.key.split(".")
+    config[group][name] = choice.value
+  return config, choices
+
+
+def all_processes_agree(flag: bool) -> bool:
+  """True where every process of the run says True (one small all-gather)."""
+  from bertjax.parallel import distributed
+  return not distributed.any_process(not flag)
