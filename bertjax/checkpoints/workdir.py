@@ -219,15 +219,19 @@ def _harmless(key: str, finetune: bool) -> bool:
   return any(key == h or (h.endswith(".") and key.startswith(h)) for h in HARMLESS)
 
 
-def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
-                   ) -> tuple[list[str], list[str]]:
-  """(harmless, meaningful) differences between two resolved configs, as "key: a -> b"."""
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
+                   hints: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
+  """(harmless, meaningful) differences between two resolved configs, as "key: a -> b",
+  followed by " (hint)" where `hints` has one for the key (a setting resolved per machine:
+  why it differs)."""
   a, b = (traverse_util.flatten_dict(dict(c), sep=".") for c in (saved, current))
   finetune = bool(b.get("finetune.task"))
   harmless, meaningful = [], []
   for key in sorted(set(a) | set(b)):
     if a.get(key, "<absent>") != b.get(key, "<absent>"):
       line = f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}"
+      if hints and key in hints:
+        line += f" ({hints[key]})"
       # A setting added to bertjax after the checkpoint was written: its default keeps what the
       # older version did, so it is listed but does not block the resume.
       new_setting = key not in a
@@ -238,13 +242,8 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]
 def check_resume_config(saved: Mapping[str, Any], current: Mapping[str, Any], step: int,
                         allow_changes: bool, hints: Mapping[str, str] | None = None) -> None:
   """Lists what changed since the checkpoint of `step` was written; raises ConfigChanged for a
-  change in what the run computes unless `allow_changes`. `hints`: key -> what to say after a
-  change of that key (a setting resolved per machine: why it differs)."""
-  harmless, meaningful = config_changes(saved, current)
-  for i, line in enumerate(meaningful):
-    key = line.split(":", 1)[0]
-    if hints and key in hints:
-      meaningful[i] = f"{line} ({hints[key]})"
+  change in what the run computes unless `allow_changes`. `hints`: as `config_changes`."""
+  harmless, meaningful = config_changes(saved, current, hints)
   if harmless:
     log.info("resuming at step %d with changed settings: %s", step, "; ".join(harmless))
   if meaningful and not allow_changes:

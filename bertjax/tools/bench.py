@@ -189,22 +189,30 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   elif compare is not None:
     raise ValueError(f"compare must be 'hf' or None, got {compare!r}")
   with (exclusive or contextlib.nullcontext)():
-    traced = _timed_section(record, ours, references, dtypes, model.dtype, steps, pairs,
-                            peak_size, xla_peaks, profile_dir, profile_reference, log)
+    times, traced = _timed_section(record, ours, references, dtypes, model.dtype, steps,
+                                   pairs, peak_size, xla_peaks, profile_dir,
+                                   profile_reference, log)
   if profile_dir:
     try:
       record["profile"] = profiles.summarize_step(ours[model.dtype], traced)
     except Exception as e:  # noqa: BLE001 - the timings stand; the trace is still on disk
       record["profile"] = {"error": f"{type(e).__name__}: {e}", "trace": traced}
-  return _finish(record, config, model, ours, references, best)
+  return _finish(record, times, config, model, ours, references, best)
+
+
+# Per dtype, every timed step of ours and of the reference; each pair's block medians.
+_Times = tuple[dict[str, list[float]], dict[str, list[float]],
+               list[tuple[dict[str, float], dict[str, float]]]]
 
 
 def _timed_section(record: dict[str, Any], ours: dict[str, OurStep], references: dict[str, Any],
                    dtypes: list[str], dtype: str, steps: int, pairs: int, peak_size: int,
                    xla_peaks: Callable[[], dict[str, float]], profile_dir: str | None,
-                   profile_reference: bool, log: Callable[[str], None]) -> str | None:
-  """The part of `run_benchmark` that reads the device's speed: the peaks before and after,
-  the alternating blocks (into `record["_times"]`), the profiles. Returns our trace's path."""
+                   profile_reference: bool, log: Callable[[str], None]
+                   ) -> tuple[_Times, str | None]:
+  """The part of `run_benchmark` that reads the device's speed: the peaks before and after
+  (into `record`), the alternating blocks, the profiles. Returns the blocks' times and our
+  trace's path."""
   log(f"measuring the matmul peak ({peak_size}², {', '.join(dtypes)}, XLA, fastest form)")
   first_peaks = xla_peaks()
   first_torch_peaks = {d: bench_hf.measure_matmul_peak(peak_size, d) for d in references}
@@ -244,7 +252,6 @@ def _timed_section(record: dict[str, Any], ours: dict[str, OurStep], references:
     record["peak"]["torch_matmul_flops_readings_by_dtype"] = {
         d: [first_torch_peaks[d], torch_last[d]] for d in references}
     record["peak"]["torch_matmul_flops"] = record["peak"]["torch_matmul_flops_by_dtype"][dtype]
-  record["_times"] = (ours_times, hf_times, pair_medians)
   traced = None
   if profile_dir:
     log(f"profiling 2 steps into {profile_dir}")
@@ -255,13 +262,14 @@ def _timed_section(record: dict[str, Any], ours: dict[str, OurStep], references:
       record["hf_profile"] = profiles.torch_profile(references[dtype]._step, steps=2)
     except Exception as e:  # noqa: BLE001 - the timings stand without the reference's profile
       record["hf_profile"] = {"error": f"{type(e).__name__}: {e}"}
-  return traced
+  return (ours_times, hf_times, pair_medians), traced
 
 
-def _finish(record: dict[str, Any], config: ml_collections.ConfigDict, model: Any,
-            ours: dict[str, OurStep], references: dict[str, Any], best: bool) -> dict[str, Any]:
-  """The record's runs, ratios and memory from the timed blocks `_timed_section` kept."""
-  ours_times, hf_times, pair_medians = record.pop("_times")
+def _finish(record: dict[str, Any], times: _Times, config: ml_collections.ConfigDict,
+            model: Any, ours: dict[str, OurStep], references: dict[str, Any], best: bool
+            ) -> dict[str, Any]:
+  """The record's runs, ratios and memory from the timed blocks of `_timed_section`."""
+  ours_times, hf_times, pair_medians = times
   b, l = int(config.batch_size), int(config.seq_length)
   model_flops = flops_lib.run_flops_per_step(model, config)
   nominal = record["peak"]["nominal_flops"]

@@ -98,9 +98,10 @@ def plan(rows: tuple[str, ...] = (), variants: tuple[str, ...] = ("default",),
   return jobs
 
 
-def device_lock(path: Path) -> contextlib.AbstractContextManager:
-  """The device to this process alone while held (`paths.host_lock` on `path`)."""
-  return paths.host_lock(path)
+def device_lock(out: Path) -> contextlib.AbstractContextManager:
+  """The device to this process alone while held: `paths.host_lock` on the session's
+  OUT/device.lock, which the tier and every job take."""
+  return paths.host_lock(out / "device.lock")
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def run_tier(out: Path, deadline: float, select: str = "") -> dict[str, Any]:
   if not env.get("JAX_PLATFORMS", "").strip():
     env["JAX_PLATFORMS"] = host.accelerator_platform() or "cpu"
   started = time.time()
-  with device_lock(out / "device.lock"), open(out / "tier.log", "w") as log:
+  with device_lock(out), open(out / "tier.log", "w") as log:
     try:
       code = subprocess.run(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT,
                             timeout=max(deadline - time.time(), 1)).returncode
@@ -254,7 +255,7 @@ def timing_turn(out: Path, job: Job, wait_seconds: float = 600) -> Iterator[None
   """The device to `job` alone (`device_lock`), once no other job of its wave is still
   compiling (their jobs/*.compiling markers gone; at most `wait_seconds`)."""
   (out / "jobs" / f"{job.slug}.compiling").unlink(missing_ok=True)
-  with device_lock(out / "device.lock"):
+  with device_lock(out):
     give_up = time.time() + wait_seconds
     while list((out / "jobs").glob("*.compiling")) and time.time() < give_up:
       time.sleep(0.5)
