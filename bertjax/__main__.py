@@ -73,10 +73,10 @@ def malloc_environment(argv: list[str], environ: dict[str, str] | None = None,
 # XLA flags the command adds on a GPU host for the commands that run steps, each kept for a
 # measured gain (docs/results/2026-11-28-h200-gpu-session.md, one H200):
 GPU_XLA_FLAGS = (
-    # Every GEMM through cuBLAS instead of XLA's Triton GEMM fusions: GPT-2 medium's three
-    # LM-head products (vocabulary 50,257) took 7.60 ms a step as Triton fusions against
-    # 3.15 ms in cuBLAS, its per-layer GEMMs 19.37 against 19.07 ms; BERT-large's GEMMs 19.68
-    # against 19.25 ms. The compile also skips the Triton GEMMs' autotuning.
+    # Every GEMM through cuBLAS instead of XLA's Triton GEMM fusions: GPT-2 medium's LM-head
+    # products (vocabulary 50,257) were more than twice as slow as Triton fusions, its
+    # per-layer GEMMs and BERT-large's no faster. The compile also skips the Triton GEMMs'
+    # autotuning.
     "--xla_gpu_enable_triton_gemm=false",
 )
 

@@ -129,8 +129,8 @@ class Embed(nn.Module):
   How the rows are read (bertjax/models/lookup.py): a gather whose gradient is summed in
   float32 (`take_rows`); for a table of at most `lookup.SELECT_ROWS` rows (token types),
   elementwise selects from the float32 table (`select_rows`: its gather's scatter-add gradient
-  was 25 ms of BERT-large's step on an H200); with `config.embed_lookup="one_hot"` a matmul
-  (T5X, MaxText).
+  was the largest kernel of BERT-large's step on an H200); with `config.embed_lookup="one_hot"`
+  a matmul (T5X, MaxText).
   """
 
   config: ModelConfig

@@ -14,8 +14,8 @@ Array = jax.Array
 
 # Tables this small are read by `select_rows` (token types). A gather's backward pass is a
 # scatter-add of every token's gradient into its row; into a handful of rows every update lands
-# on the same few addresses, and on an H200 BERT-large's 2-row token-type table's took 25 ms of
-# a 73 ms step (docs/results/2026-11-28-h200-gpu-session.md).
+# on the same few addresses: on an H200 BERT-large's 2-row token-type table's was the largest
+# kernel of its step (docs/results/2026-11-28-h200-gpu-session.md).
 SELECT_ROWS = 16
 
 
@@ -23,8 +23,8 @@ SELECT_ROWS = 16
 def take_rows(table: Array, ids: Array) -> Array:
   """`jnp.take(table, ids, axis=0)` whose table gradient is summed in float32 and rounded to
   the table's dtype once. JAX's own is a scatter-add in the table's dtype, which for a bf16
-  table accumulates the gradients of a row's tokens in bf16: a 50-row table read by 4,096
-  tokens ends 1.7% off the exact sums (tests/test_model_properties.py)."""
+  table accumulates the gradients of a row's tokens in bf16, percents off the exact sums for a
+  row read by many tokens (tests/test_model_properties.py)."""
   return jnp.take(table, ids, axis=0)
 
 

@@ -1,6 +1,7 @@
 """`bertjax bench --table gpu`: the GPU benchmark table — BERT-large at 512 tokens, GPT-2 medium
-and XL at 1024 and T5-base at 512/114, bf16 train steps (our `Trainer` step against `transformers` in its
-fastest setting on the same GPU: bf16 autocast, SDPA attention, fused AdamW, `torch.compile`),
+and XL at 1024 and T5-base at 512/114, bf16 train steps (our `Trainer` step against
+`transformers` in its fastest setting on the same GPU: bf16 autocast, SDPA attention, fused
+AdamW, `torch.compile`),
 each row one `bench.run_benchmark` with the two alternating in one process. Guide:
 docs/performance.md, "The GPU table".
 

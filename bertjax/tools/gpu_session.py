@@ -7,8 +7,9 @@ OUT/gpu-session.md (with OUT/gpu-session.json and OUT/traces.tar.gz). Guide: doc
 Each (row, variant) is a job in a process of its own (its own XLA flags). The jobs compile at
 the same time in waves — XLA's and torch.compile's compiles are most of a row's minute — and
 then time their steps one at a time under a lock file once the whole wave has compiled, so no
-timed step shares the device or the host's cores; the tier holds the lock while it runs. A deadline ends the session with what finished, and the page is written
-whatever happened. `--reduced` runs the same jobs at toy size on a CPU (the suite does).
+timed step shares the device or the host's cores; the tier holds the lock while it runs. A
+deadline ends the session with what finished, and the page is written whatever happened.
+`--reduced` runs the same jobs at toy size on a CPU (the suite does).
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ VARIANTS = {v.name: v for v in (
 )}
 
 # A job's share of a wave (`Job.slots`): a job with the reference counts twice (torch.compile
-# competes with XLA's compiles for the host's cores: seven compiles at once on 16 cores kept
-# three torch.compiles going past five minutes on an H200's host), and the rows whose steps
-# hold the most memory count once more, so that few jobs hold the device's memory beside them.
+# competes with XLA's compiles for the host's cores: seven compiles at once on an H200's host
+# kept three torch.compiles from finishing within the lease;
+# docs/results/2026-11-28-h200-gpu-session.md), and the rows whose steps hold the most memory
+# count once more, so that few jobs hold the device's memory beside them.
 _HEAVY_ROWS = ("GPT-2 XL s1024",)
 
 
@@ -240,9 +242,10 @@ def with_flags(present: str, flags: str) -> str:
 
 def _next_wave(queue: list[Job], max_jobs: int) -> list[Job]:
   """Takes the next wave off `queue`: jobs in order while their slots (`Job.slots`) fit in
-  `max_jobs` (the first always goes, alone when it needs more). A wave's jobs compile together, then time one
-  after another once all of them have compiled (`timing_turn`), so no compile competes with a
-  timed step for the host's cores; the next wave starts when the last one has finished."""
+  `max_jobs` (the first always goes, alone when it needs more). A wave's jobs compile
+  together, then time one after another once all of them have compiled (`timing_turn`), so no
+  compile competes with a timed step for the host's cores; the next wave starts when the last
+  one has finished."""
   wave, used = [], 0
   while queue and (not wave or used + queue[0].slots <= max_jobs):
     used += queue[0].slots

@@ -15,8 +15,9 @@ def block_times(dispatch: Callable[[], Any], wait: Callable[[Any], None],
   """`steps` steps dispatched back to back, as a training loop does (the host prepares the
   next step while the device runs this one), and one wait for the last: each step's time is
   the block's mean. Waiting after every step would add the host's dispatch of each step (on a
-  GPU 5-10 ms for a BERT-large step: argument handling, the command buffer's update) to the
-  device's time. Returned once per step, so that medians over blocks weigh blocks by steps."""
+  GPU: argument handling, the command buffer's update;
+  docs/results/2026-11-28-h200-gpu-session.md) to the device's time. Returned once per step,
+  so that medians over blocks weigh blocks by steps."""
   start = time.perf_counter()
   last = None
   for _ in range(steps):

@@ -7,9 +7,8 @@ docs/performance.md, "Defaults per backend".
   are built for it. On a CPU, bf16 only where its matmuls are measured at least
   `BF16_OVER_FP32` times as fast as float32's (the per-machine probe `flops.cpu_matmul_peak`,
   cached): without native bf16 products (no AVX-512 BF16 or AMX) XLA computes them in float32
-  and the step also pays the conversions — the main job's bf16 step was 13-20% slower than
-  float32 there, with bf16 matmuls at 1.03× float32's (issue 59); with AVX-512 BF16 they run
-  at about 2× and the BERT-base step at about 2× float32's.
+  and the step also pays the conversions, so a bf16 step is slower than a float32 one there
+  (docs/results/2026-11-28-auto-dtype-cpu.md has the readings on both kinds of CPU).
 - `model.attention="auto"` is made concrete by the Trainer for the platform it compiles for
   (`attention.choose`), which logs what it chose and why.
 """
@@ -27,8 +26,8 @@ from bertjax.models.config import AUTO
 log = logging.getLogger(__name__)
 
 # bf16 products this many times float32's on a CPU make bf16 its compute dtype: between the
-# machines measured (1.03× without native bf16, where the step is slower in bf16; ~2× with
-# AVX-512 BF16, where it is ~2× faster), far from both.
+# readings of a CPU without native bf16 and one with AVX-512 BF16, far from both
+# (docs/results/2026-11-28-auto-dtype-cpu.md).
 BF16_OVER_FP32 = 1.5
 # Platforms whose matrix units compute in bf16 at full rate.
 _BF16_NATIVE = ("tpu", "gpu", "cuda", "rocm")
