@@ -1,25 +1,11 @@
 """The `bertjax` command (and `python -m bertjax`): the process's memory set up, then the CLI.
 
-XLA's CPU runtime allocates each step's temporaries afresh, one block of up to gigabytes, and
-frees them when the step ends. glibc serves a block that large from a fresh `mmap` and hands it
-back to the kernel on `free`, so every step faults all of it in again, zero-filled (on a
-virtual machine now and then at over a second of kernel time; measured in
-docs/results/2026-11-28-retained-temporaries-cpu.md). The command therefore re-executes itself
-once with glibc tunables that keep freed memory in the process: one arena (`arena_max=1`:
-other threads' arenas map large blocks whatever else is set), no `mmap` for blocks
-(`mmap_max=0`) and no trimming of the heap (`trim_threshold`), so from the first steps on the
-temporaries reuse pages already faulted in; and, where the kernel's transparent huge pages are
-in "madvise" mode, `hugetlb=1` (2 MiB pages for what is faulted in). The cost is memory: the
-resident set stays at its peak, which the heap's fragmentation can put above the compiled
-program's footprint (docs/performance.md). Only commands that run steps do this, and only
-where JAX computes on the CPU: the single arena slows a multi-threaded compiler (a TPU slice's
-compile; docs/results/2026-11-28-malloc-tunables-where.md) and buys nothing where the
-temporaries live on a TPU or GPU. glibc reads tunables only at process start.
-`BERTJAX_MALLOC_TUNABLES=0` turns this off; a tunable the user set in `GLIBC_TUNABLES` is kept;
-library users set `GLIBC_TUNABLES` themselves.
+On a CPU host the commands that run steps re-execute themselves once with glibc tunables that
+keep freed memory in the process, so XLA's per-step temporaries are not faulted in afresh every
+step (`BERTJAX_MALLOC_TUNABLES=0` turns this off); on a GPU host they run under the XLA flags
+of `GPU_XLA_FLAGS` (`BERTJAX_GPU_XLA_FLAGS=0` turns them off).
 
-On a GPU host the same commands run under the XLA flags of `GPU_XLA_FLAGS`, each measured to
-help there (`BERTJAX_GPU_XLA_FLAGS=0` turns them off; a flag the user set in XLA_FLAGS wins).
+The guide: docs/performance.md, 'Where a CPU step's time goes' and 'GPU'.
 """
 
 from __future__ import annotations
@@ -29,9 +15,12 @@ import sys
 
 from bertjax.parallel import host
 
+# One arena (other threads' arenas map large blocks whatever else is set), no `mmap` for blocks
+# and no trimming of the heap: from the first steps on, the temporaries reuse pages already
+# faulted in. The cost is a resident set that stays at its peak (docs/performance.md).
 _RETAIN_FREED_MEMORY = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
                         "glibc.malloc.trim_threshold=1099511627776")
-_HUGE_PAGES = "glibc.malloc.hugetlb=1"
+_HUGE_PAGES = "glibc.malloc.hugetlb=1"  # 2 MiB pages for what is faulted in ("madvise" THP)
 # The commands that run XLA programs on this machine step after step. The others (a TPU
 # slice's compile, data, tokenizers, conversions) would only pay for the single arena: the
 # compiler's threads contend for its lock (docs/results/2026-11-28-malloc-tunables-where.md).
@@ -105,6 +94,8 @@ def entry() -> int:
   if flags is not None:
     os.environ["XLA_FLAGS"] = flags
   environ = malloc_environment(sys.argv[1:])
+  # glibc reads tunables only at process start, hence the re-execution; a tunable the user set
+  # in GLIBC_TUNABLES is kept, and library users set GLIBC_TUNABLES themselves.
   if environ is not None and getattr(sys, "orig_argv", None):
     try:
       os.execve(sys.executable, sys.orig_argv, environ)  # same PID: launchers still wait on it

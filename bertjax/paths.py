@@ -20,9 +20,10 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from etils import epath
 

@@ -173,7 +173,7 @@ def test_other_layer_groupings_are_refused_on_import(tmp_path, changes, match):
 
 @pytest.mark.parametrize("changes,match", [
     (dict(family="gpt", architecture="bert", embedding_size=0, type_vocab_size=0),
-     "layer_sharing=all is an encoder option"),
+     "layer_sharing=.all. is an option of bert models"),
     (dict(layer_sharing="some"), "layer_sharing must be none, all, attention or ffn"),
     (dict(pooler=False), "architecture=albert has BERT's tanh pooler"),
     (dict(generator_hidden_size=16),

@@ -21,8 +21,8 @@ from bertjax.data.build import build_dataset
 from bertjax.data.errors import SkipCounts
 from bertjax.data.mixture import source_token_counts
 from bertjax.data.options import BuildOptions, LoaderConfig
-from bertjax.data.pipeline import (
-  CorpusBatches,
+from bertjax.data.pipeline import CorpusBatches
+from bertjax.data.streams import (
   RowStreamFactory,
   _documents,
   _PairInstances,

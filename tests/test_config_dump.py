@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from bertjax.config import config_files, file_variants, load_config, model_config
-from bertjax.config.schema import (FINETUNE_KEYS, batch_ramp_group, distillation_group,
-                                   seq_warmup_group)
+from bertjax.config.distillation_schema import distillation_group
+from bertjax.config.schema import FINETUNE_KEYS, batch_ramp_group, seq_warmup_group
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
 # Golden key (the per-size file names the dump was written under) -> how that config is named

@@ -103,7 +103,7 @@ def test_ensure_dataset_trains_with_the_configured_character_coverage(tmp_path, 
   monkeypatch.setattr(prepare, "train_sentencepiece", train)
   (tmp_path / "corpus.txt").write_text("Some words of text here.\n")
   config = ml_collections.ConfigDict({
-      "objective": "masked_lm", "model": {"vocab_size": 600},
+      "objective": "masked_lm", "model": {"family": "bert", "vocab_size": 600},
       "data": {"dataset": "", "sources": f"text:{tmp_path / 'corpus.txt'}", "tokenizer": "",
                "lowercase": "", "character_coverage": 1.0, "eval_fraction": 0.0,
                "build_workers": 0}})

@@ -89,7 +89,7 @@ def test_causal_lm_ignores_masked_targets():
 
 def test_objective_family_mismatch_is_an_error():
   model, _ = _bert()
-  with pytest.raises(ValueError, match="causal_lm needs a GPT model"):
+  with pytest.raises(ValueError, match="causal_lm needs a gpt model"):
     objectives.build_objective("causal_lm", model)
   with pytest.raises(ValueError, match="unknown objective"):
     objectives.build_objective("electra", model)

@@ -15,7 +15,8 @@ from bertjax.data import records
 from bertjax.data.bert_instances import InstanceConfig, SpecialIds
 from bertjax.data.build import build_dataset
 from bertjax.data.options import BuildOptions
-from bertjax.data.pipeline import CorpusBatches, document_stream, instance_dataset, merge_states
+from bertjax.data.pipeline import CorpusBatches, merge_states
+from bertjax.data.streams import document_stream, instance_dataset
 from bertjax.data.options import LoaderConfig
 from bertjax.data.sources import parse_source
 

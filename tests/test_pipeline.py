@@ -20,7 +20,8 @@ from bertjax.data.shards import ShardRecords
 from bertjax.data.build import build_dataset
 from bertjax.data.options import BuildOptions
 from bertjax.data.errors import CorpusError
-from bertjax.data.pipeline import CorpusBatches, document_stream
+from bertjax.data.pipeline import CorpusBatches
+from bertjax.data.streams import document_stream
 from bertjax.data.options import LoaderConfig
 from bertjax.data.sources import parse_source
 from bertjax.data.tokenizers import train_sentencepiece
@@ -289,7 +290,7 @@ def test_every_iterator_state_is_a_true_inverse(corpus, objective, mode, dataset
   back gives the same state, and from there on every element and every state equal the
   uninterrupted stream's (a restore that forgets part of its position shows only in the
   states saved after it: the second-preemption bug)."""
-  from bertjax.data.pipeline import RowStreamFactory
+  from bertjax.data.streams import RowStreamFactory
   cfg = LoaderConfig(dataset=str(corpus / dataset), objective=objective, seq_length=32,
                      max_predictions=5, shuffle_window=window, prefetch=0, num_epochs=0,
                      **_instances(mode))
@@ -371,7 +372,7 @@ def test_full_sentences_masks_change_every_epoch_and_pairs_repeat_after_dupe_fac
     cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=32,
                        max_predictions=5, bert_instances=mode, dupe_factor=dupe_factor,
                        shuffle_window=0, num_epochs=3, prefetch=0, seed=5)
-    from bertjax.data.pipeline import instance_dataset
+    from bertjax.data.streams import instance_dataset
     dataset = records.BuiltDataset.open(corpus / "bert")
     examples = list(instance_dataset(dataset, cfg, "train", 0, 1))
     # Group the masked inputs by their unmasked content: the same text seen in each epoch.
@@ -386,7 +387,7 @@ def test_full_sentences_masks_change_every_epoch_and_pairs_repeat_after_dupe_fac
   # Pairs with dupe_factor 2: a document's instances in epoch 2 are epoch 0's exactly, and
   # epoch 1's differ (the reference's static copies); with 0, every epoch differs.
   dataset = records.BuiltDataset.open(corpus / "bert")
-  from bertjax.data.pipeline import instance_dataset
+  from bertjax.data.streams import instance_dataset
   for dupe_factor, same in ((2, True), (0, False)):
     cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm_nsp", seq_length=32,
                        max_predictions=5, dupe_factor=dupe_factor, shuffle_window=0,
@@ -410,7 +411,7 @@ def test_full_sentences_masks_change_every_epoch_and_pairs_repeat_after_dupe_fac
 
 
 def test_full_sentences_packing_layout(corpus):
-  from bertjax.data.pipeline import instance_dataset
+  from bertjax.data.streams import instance_dataset
   cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=48,
                      max_predictions=7, bert_instances="full_sentences", num_epochs=1,
                      prefetch=0)
@@ -438,7 +439,7 @@ def test_doc_sentences_never_cross_a_document(corpus):
   """DOC-SENTENCES (SpanBERT's single segments): [CLS] whole sentences of one document [SEP],
   full up to seq_length but where the document ends; a row's sequences spell out its
   documents, each document's tokens exactly once, in order."""
-  from bertjax.data.pipeline import instance_dataset
+  from bertjax.data.streams import instance_dataset
   cfg = LoaderConfig(dataset=str(corpus / "bert"), objective="mlm", seq_length=48,
                      max_predictions=7, bert_instances="doc_sentences", num_epochs=1,
                      prefetch=0)
@@ -642,7 +643,7 @@ def test_format_2_datasets_keep_their_weights(corpus, tmp_path):
 def test_eval_is_every_document_once_whatever_the_weights(corpus):
   """The eval split mixes by size whatever the training weights, so an evaluation covers every
   held-out document once, sources interleaved (a prefix holds each in proportion)."""
-  from bertjax.data.pipeline import RowStreamFactory
+  from bertjax.data.streams import RowStreamFactory
   dataset = records.BuiltDataset.open(corpus / "three")
   everything = _keys(dataset, "eval")
   assert len({k.split(":")[0] for k in everything}) >= 2

@@ -250,7 +250,7 @@ def test_one_set_of_data_defaults():
   """`bertjax data build`'s defaults, a run's build on first use (the config's data group) and
   the data package's own options are one set of values."""
   from bertjax.cli import _parser
-  from bertjax.config.schema import data_group
+  from bertjax.config.data_schema import data_group
   from bertjax.data.options import BuildOptions, LoaderConfig
   args = _parser().parse_args(["data", "build", "--source", "embedded", "--tokenizer", "t",
                                "--out", "o"])

@@ -12,7 +12,7 @@ import pytest
 import train_helpers
 from bertjax import config as config_lib
 from bertjax.data import decoder_length, loader_config
-from bertjax.data.pipeline import instance_dataset
+from bertjax.data.streams import instance_dataset
 from bertjax.data.records import BuiltDataset
 from bertjax.data.tokenizers import load_tokenizer
 
@@ -56,7 +56,7 @@ def _config(family, dataset, **overrides):
 
 def _documents(config, dataset):
   """The token arrays of the documents row 0 of a batch of 1 reads, in order."""
-  from bertjax.data.pipeline import RowStreamFactory
+  from bertjax.data.streams import RowStreamFactory
   factory = RowStreamFactory(BuiltDataset.open(dataset), loader_config(config, str(dataset)),
                              "train", 1)
   return (element[1].doc.tokens for element in factory.documents_of(0))

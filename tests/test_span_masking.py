@@ -480,7 +480,8 @@ def dataset(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("instances", ["doc_sentences", "packed", "pairs", "full_sentences"])
 def test_loader_batches_carry_whole_word_spans_and_their_sbo_targets(dataset, instances):
-  from bertjax.data.pipeline import CorpusBatches, dataset_tokenizer
+  from bertjax.data.pipeline import CorpusBatches
+  from bertjax.data.streams import dataset_tokenizer
   from bertjax.data.records import BuiltDataset
   cfg = LoaderConfig(dataset=str(dataset), objective="mlm_sbo", seq_length=48,
                      max_predictions=8, masking="span", bert_instances=instances, prefetch=0)

@@ -83,13 +83,14 @@ def export_rtd_hf(params: Any, config: ModelConfig, out_dir: paths.PathLike,
 
 
 def export_params(params: Any, config: ModelConfig, tokenizer: Path | None,
-                  out_dir: paths.PathLike, dtype: str = "float32") -> epath.Path:
+                  out_dir: paths.PathLike, dtype: str = "float32",
+                  head: str = "pretraining") -> epath.Path:
   """A params-only checkpoint of `params` cast to `dtype`, with the tokenizer (its own files and
   the Hugging Face ones, so that every export's tokenizer loads in `transformers`)."""
   dtype = DTYPES[dtype]
   cast = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
   params = jax.tree.map(lambda x: x.astype(cast), params)
-  out = save_params(out_dir, params, config.replace(param_dtype=dtype))
+  out = save_params(out_dir, params, config.replace(param_dtype=dtype), head)
   if tokenizer:
     paths.copy_tree(tokenizer, out / "tokenizer")
     hf.export_tokenizer(tokenizer, out / "tokenizer", config.max_positions)

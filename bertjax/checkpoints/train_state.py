@@ -1,17 +1,12 @@
 """Training checkpoints: everything needed to continue a run exactly, saved asynchronously.
 
-WORKDIR/checkpoints/<step>/ is an Orbax CheckpointManager step with four items:
-  params   the parameters (each process writes its own shards; restored into any mesh); a
-           distillation run's student's only: its teacher is read again from its source
-  train    step, optimizer state and the dropout RNG key data
-  data     the data iterators' state, one JSON file per process, restorable onto any process
-           count (DataStateHandler)
-  config   the resolved run config (JSON)
-Orbax writes a step into a temporary directory and renames it when every item of every
-process is written, so a step that appears is complete; a step killed mid-write is never
-listed. Restoring tries the requested (default: latest) step and, when its files are missing
-or corrupt, says so and falls back to the previous complete step; a checkpoint whose shapes do
-not fit the config is an error listing the parameters that differ.
+WORKDIR/checkpoints/<step>/ is an Orbax CheckpointManager step with four items: `params` (a
+distillation run's student only), `train` (step, optimizer state, dropout RNG key data), `data`
+(the data iterators' state, one JSON file per process, restorable onto any process count:
+`DataStateHandler`) and `config` (the resolved run config). A step killed mid-write is never
+listed; restoring falls back from a damaged step to the previous complete one.
+
+The guide: docs/checkpoints.md, 'Saving' and 'Resuming'.
 """
 
 from __future__ import annotations
@@ -20,8 +15,9 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import ml_collections
@@ -87,11 +83,11 @@ class DataStateHandler(ocp.CheckpointHandler):
   processes resumes exactly on M. Written synchronously at save time: the state of the
   batches consumed up to the saved step."""
 
-  def save(self, directory: epath.Path, args: "DataSave") -> None:
+  def save(self, directory: epath.Path, args: DataSave) -> None:
     state = json.dumps(args.iterator.get_state())
     (directory / f"process_{jax.process_index()}.json").write_text(state)
 
-  def restore(self, directory: epath.Path, args: "DataRestore") -> Any:
+  def restore(self, directory: epath.Path, args: DataRestore) -> Any:
     files = sorted(directory.glob("process_*.json"))
     if not files:
       raise FileNotFoundError(f"{directory}: no data-iterator state (process_*.json)")

@@ -21,8 +21,13 @@ from etils import epath
 from flax import traverse_util
 
 from bertjax import hf, paths
-from bertjax.checkpoints.params import (abstract_params_of, load_model_config, load_params,
-                                        tokenizer_dir)
+from bertjax.checkpoints.params import (
+  abstract_params_of,
+  load_model_config,
+  load_params,
+  saved_abstract_params,
+  tokenizer_dir,
+)
 from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.config import model_config
 from bertjax.finetune.registry import TASKS
@@ -169,7 +174,7 @@ def load_teacher(source: paths.PathLike, step: int | None, abstract: Any,
   where = f"--config.{key}={str(source)!r}"
   want = traverse_util.flatten_dict(abstract, sep="/")
   if (path / "model.json").is_file() and not (path / FINETUNE_FILE).is_file():
-    saved = traverse_util.flatten_dict(abstract_params_of(load_model_config(path)), sep="/")
+    saved = traverse_util.flatten_dict(saved_abstract_params(path), sep="/")
     if not shape_mismatches(saved, want, "teacher"):
       shardings = jax.tree.map(lambda a: a.sharding, abstract)
       params, _ = load_params(path, shardings, abstract=jax.tree.map(
@@ -188,7 +193,7 @@ def load_teacher(source: paths.PathLike, step: int | None, abstract: Any,
                      f"({len(problems)} parameter(s)): " + "; ".join(problems[:8]))
   placed = {name: jax.make_array_from_callback(
       leaf.shape, leaf.sharding,
-      lambda index, w=np.asarray(have[name], leaf.dtype): w[index])
+      np.asarray(have[name], leaf.dtype).__getitem__)
       for name, leaf in want.items()}
   return traverse_util.unflatten_dict(placed, sep="/")
 

@@ -2,17 +2,11 @@
 
 Two `bertjax train` processes writing one workdir corrupt each other silently (interleaved
 metrics, each other's checkpoints, the config file of whichever started last), so a run holds
-WORKDIR/lock.json while it trains: the holder's host, pid, command and a heartbeat refreshed
-every `HEARTBEAT_S`. A second run is refused with the holder's host and pid. A lock whose holder
-is gone is taken over with a message: on the same host when its pid no longer exists (a
-SIGKILL, a crash), on another host (a re-created TPU slice) when its heartbeat is older than
-`STALE_S`. Only process 0 of a multi-process run takes the lock.
+WORKDIR/lock.json, with a heartbeat, while it trains; a lock whose holder is gone is taken over.
+A resumed run is compared with the config its checkpoint was written with: changes to how the
+run is carried out are listed, any other change is refused unless `resume_with_changes=true`.
 
-A resumed run is compared with the config its checkpoint was written with: settings that only
-change how the run is carried out (logging, evaluation and checkpoint cadence, the mesh, loader
-worker counts, the step count, ...) are accepted and listed; any other change would make the
-continuation a different run (the model, the data stream, the optimizer) and is refused with the
-differences unless `resume_with_changes=true`.
+The guide: docs/training.md, 'One run per workdir'.
 """
 
 from __future__ import annotations
@@ -24,7 +18,8 @@ import socket
 import sys
 import time
 import uuid
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flax import traverse_util
 
@@ -97,7 +92,7 @@ def _pid_alive(pid: int, started: str | None = None) -> bool:
 
 
 class WorkdirLock:
-  """WORKDIR/lock.json for the life of a run (see the module docstring)."""
+  """WORKDIR/lock.json for the life of a run (docs/training.md, 'One run per workdir')."""
 
   def __init__(self, workdir: paths.PathLike):
     self.path = paths.path(workdir) / LOCK_FILE

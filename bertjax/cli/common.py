@@ -4,7 +4,7 @@ command is added to the parser."""
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 # Exit statuses, the same for every command (docs/training.md has the table); 3, a peer
 # process lost, is bertjax.parallel.distributed.EXIT_PEER_LOST.

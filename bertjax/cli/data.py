@@ -82,9 +82,9 @@ def cmd_data_bench(args: argparse.Namespace, overrides: Overrides) -> int:
 
 
 def cmd_tokenizer_train(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax import paths
   from bertjax.data.prepare import corpus_sentences
   from bertjax.data.sources import parse_sources
-  from bertjax import paths
   from bertjax.data.tokenizers import train_sentencepiece
   logging.getLogger("bertjax").setLevel(logging.INFO)
   with paths.local_output(args.out) as local:  # SentencePiece writes local files

@@ -128,7 +128,7 @@ def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
   if overrides:
     raise ValueError("fewshot takes no --config overrides")
   weights = load_weights(args.params)
-  if weights.config.family != "gpt":
+  if not weights.config.is_decoder:
     raise ValueError(f"{args.params}: few-shot evaluation needs a GPT, this is a "
                      f"{weights.config.family} model")
   tokenizer_path = args.tokenizer or weights.tokenizer

@@ -1,6 +1,6 @@
 """The commands that measure without training for real: `info` (parameter counts), `compile`
-(a TPU slice's compiled step, on this machine), `bench`, `checkpoint-bench` and `doctor`. They import
-bertjax.tools inside the handlers, so the CLI loads no tooling until one of them runs."""
+(a TPU slice's compiled step, on this machine), `bench`, `checkpoint-bench` and `doctor`. They
+import bertjax.tools inside the handlers, so the CLI loads no tooling until one of them runs."""
 
 from __future__ import annotations
 
@@ -157,7 +157,8 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
       return EXIT_USAGE
     records = bench_table.run_table(
         args.table, reduced=args.reduced, steps=args.steps, pairs=args.pairs,
-        torch_compile=args.torch_compile, rows=rows, json_path=args.json, log=lambda line: print(line, file=sys.stderr, flush=True))
+        torch_compile=args.torch_compile, rows=rows, json_path=args.json,
+        log=lambda line: print(line, file=sys.stderr, flush=True))
     print(bench_table.format_table(records))
     if args.json:
       print(f"records written to {args.json}")
@@ -190,7 +191,10 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
                                          new_tokens=args.new_tokens)
     print(decode_bench.format_decode_benchmark(rows))
     return 0
-  log = (lambda line: print(line, file=sys.stderr, flush=True))
+
+  def log(line):
+    print(line, file=sys.stderr, flush=True)
+
   if args.best and not args.compare:
     print("error: --best compares with a reference: add --compare hf", file=sys.stderr)
     return 2
@@ -329,7 +333,8 @@ def register(add: Add) -> None:
           "at each cache size, against recomputing the whole sequence.",
           "examples:\n  bertjax bench --config configs/bert_base.py --config.batch_size=8 "
           "--compare hf --json bert_base.json\n  bertjax bench --config configs/bert_base.py "
-          "--config.batch_size=8 --compare hf --best\n  bertjax bench --config configs/gpt2.py:size=small "
+          "--config.batch_size=8 --compare hf --best\n"
+          "  bertjax bench --config configs/gpt2.py:size=small "
           "--config.batch_size=2 --config.seq_length=1024 --compare hf\n"
           "  bertjax bench --config configs/gpt2.py:size=small --decode 128,512,1024\n"
           "  bertjax bench --config configs/modernbert.py:size=tiny "

@@ -32,9 +32,8 @@ def cmd_init(args: argparse.Namespace, overrides: Overrides) -> int:
   import jax
 
   from bertjax.checkpoints import params as checkpoint
-
-  from bertjax.parallel import sharding
   from bertjax.models import build_model, init_params
+  from bertjax.parallel import sharding
   from bertjax.training import defaults
   config = config_lib.load_config(args.config, overrides)
   # Written as this machine would train it: "auto" settings resolved here.

@@ -12,10 +12,10 @@ Overrides = list[tuple[str, str]]
 
 
 def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
-  from bertjax.inference import generate
   from bertjax.checkpoints.weights import load_weights
-  from bertjax.data.tokenizers import load_tokenizer
   from bertjax.data.seq2seq import specials
+  from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.inference import generate
   # Any weights: params-only, a workdir, a fine-tuned OUT/best (LoRA on its base included).
   weights = load_weights(args.params)
   params, model = weights.params, weights.config
@@ -23,7 +23,7 @@ def cmd_generate(args: argparse.Namespace, overrides: Overrides) -> int:
   if tokenizer_path is None:
     raise ValueError(f"{args.params} holds no tokenizer/; pass --tokenizer")
   tokenizer = load_tokenizer(tokenizer_path)
-  if model.family == "bert":
+  if model.is_encoder:
     for text in args.prompt:
       found = generate.fill_mask(params, model, tokenizer, text, top_k=args.top_k or 5)
       print(text)
@@ -68,7 +68,7 @@ def cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:
   if overrides:
     raise ValueError("import takes no --config overrides (the HF config.json decides)")
   params, model_cfg, report = hf.import_hf(args.hf_dir, scan_layers=not args.no_scan)
-  out = checkpoint.save_params(args.out, params, model_cfg)
+  out = checkpoint.save_params(args.out, params, model_cfg, report.head)
   tokenizer = out / "tokenizer"
   tokenizer.mkdir(exist_ok=True)
   # Every tokenizer file, bertjax's own (spm.model, casing) included, so that an exported run
@@ -82,7 +82,7 @@ def cmd_import(args: argparse.Namespace, overrides: Overrides) -> int:
 def cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax import hf, paths
   from bertjax.checkpoints import exports
-  from bertjax.checkpoints.params import load_params, tokenizer_dir
+  from bertjax.checkpoints.params import load_head, load_params, tokenizer_dir
   from bertjax.checkpoints.weights import FINETUNE_FILE, run_params
   if overrides:
     raise ValueError("export takes no --config overrides")
@@ -112,9 +112,11 @@ def cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
       raise ValueError(f"{args.workdir} is a fine-tune's output directory: export its best "
                        f"parameters, --params {paths.path(args.workdir) / 'best'}")
     params, model_cfg, tokenizer, step = run_params(args.workdir, args.step)
+    head = "pretraining"
     print(f"exporting step {step} of {args.workdir}")
   else:
     params, model_cfg = load_params(args.params)
+    head = load_head(args.params)
     tokenizer = tokenizer_dir(args.params)
   if args.format == "hf" and model_cfg.has_generator:
     out, generator = exports.export_rtd_hf(params, model_cfg, args.out, dtype, tokenizer)
@@ -123,15 +125,15 @@ def cmd_export(args: argparse.Namespace, overrides: Overrides) -> int:
     print(f"wrote the discriminator ({kinds[0]}) to {out} and the generator ({kinds[1]}) to "
           f"{generator} ({dtype})")
   elif args.format == "hf":
-    out = hf.export_hf(params, model_cfg, args.out, dtype, tokenizer)
-    print(f"wrote a Hugging Face {hf.hf_config_dict(model_cfg)['architectures'][0]} directory "
-          f"to {out} ({dtype})")
+    out = hf.export_hf(params, model_cfg, args.out, dtype, tokenizer, head=head)
+    architecture = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(f"wrote a Hugging Face {architecture} directory to {out} ({dtype})")
     if tokenizer is None:
       # Said here: AutoTokenizer on the export would fail much later, far from the cause.
       print(f"{args.params or args.workdir} has no tokenizer/: wrote weights only (a "
             "tokenizer/ holding spm.model or vocab.txt adds the files AutoTokenizer reads)")
   else:
-    out = exports.export_params(params, model_cfg, tokenizer, args.out, dtype)
+    out = exports.export_params(params, model_cfg, tokenizer, args.out, dtype, head)
     print(f"wrote a params-only checkpoint to {out} ({dtype})")
   return 0
 
@@ -172,10 +174,13 @@ def register(add: Add) -> None:
 
   p = add("import", "read a Hugging Face checkpoint into bertjax parameters",
           "Reads a `transformers` directory (config.json + model.safetensors, or a sharded "
-          "safetensors index) of BertForPreTraining, BertForMaskedLM, BertModel, "
-          "GPT2LMHeadModel or OpenAIGPTLMHeadModel and writes a bertjax params checkpoint. "
-          "Heads absent from the checkpoint (e.g. NSP of a BertForMaskedLM) are freshly "
-          "initialised and listed. Pickled .bin files are never loaded.",
+          "safetensors index) of any model_type bertjax maps (BERT, RoBERTa-style BERT, "
+          "ALBERT, DistilBERT, ELECTRA, ModernBERT, DeBERTa-v2/v3, GPT-2, GPT-1, T5, BART: "
+          "their head models and bare base models; docs/models.md) and writes a bertjax "
+          "params checkpoint that records the head it imported as (an ElectraForPreTraining "
+          "is a discriminator), so that `bertjax export` writes the same class. Heads absent "
+          "from the checkpoint (e.g. NSP of a BertForMaskedLM) are freshly initialised and "
+          "listed. Pickled .bin files are never loaded.",
           "example:\n  bertjax import ~/models/bert-base-uncased --out runs/bert_base_params",
           cmd_import)
   p.add_argument("hf_dir", help="directory with config.json and model.safetensors")

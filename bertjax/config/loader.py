@@ -17,9 +17,9 @@ import inspect
 import sys
 import traceback
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import ml_collections
 

@@ -1,13 +1,12 @@
 """Training phases: BERT's two-phase schedule as one run.
 
 Devlin et al. (2019, App. A.2) train 90% of the steps at sequence length 128 and the last 10%
-at 512 ("to learn the positional embeddings"); You et al. (2020) and NVIDIA's LAMB recipe also
-change the global batch (64K -> 32K sequences) and restart the learning-rate schedule with its
-own warmup at the switch. The config's `phase2` group (bertjax.config.schema) says what changes from
+at 512; You et al. (2020) and NVIDIA's LAMB recipe also change the global batch and restart
+the learning-rate schedule at the switch. The config's `phase2` group says what changes from
 `phase2.start_step` on; `config_at(config, step)` is the config the step runs with, and the
-training loop switches its data iterator and compiled step by itself when a run crosses the
-boundary. A checkpoint saved at step s holds the iterator of the phase that step s + 1 runs
-in, so a resume in either phase (or exactly at the switch) continues the same batches.
+training loop switches its data iterator and compiled step by itself.
+
+The guide: docs/training.md, 'Two phases in one run'.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""Batch-size ramps and sequence-length warmup, keyed on the samples consumed (GPT-3,
-ModernBERT; Li et al. 2022).
+"""Batch-size ramps and sequence-length warmup, keyed on the samples consumed (GPT-3, Brown et
+al. 2020, App. B; ModernBERT, Warner et al. 2024; Li et al. 2022).
 
-Brown et al. (2020, App. B) grow GPT-3's batch "linearly from a small value (32k tokens) to the
-full value over the first 4-12 billion tokens"; Warner et al. (2024) grow ModernBERT-base's from
-768 to 4,608 sequences over 50B tokens. The config's `batch_ramp` group states a ramp the way
-Megatron-LM's `--rampup-batch-size START INCREMENT SAMPLES` does: the batch starts at
-`start_batch_size` sequences and grows by `increment` each time another
-SAMPLES / ((batch_size - start) / increment) sequences have been consumed, until it is
-`batch_size`. Being keyed on samples, the point on the ramp follows from the step alone
-(`BatchRamp.table`), whatever the mesh or process count of the run that resumes it.
+`batch_ramp` states a ramp as Megatron-LM's `--rampup-batch-size START INCREMENT SAMPLES`
+does; being keyed on samples, the point on the ramp follows from the step alone
+(`BatchRamp.table`). Each distinct batch size is a stage, compiled once, built from the
+loader's unit batches (`interleave`, `accum_steps`); the learning-rate schedule counts
+full-batch steps (`full_batch_steps`).
 
-Each distinct batch size is a stage, compiled once. The loader always delivers batches of
-`unit` rows (the greatest common divisor of the sizes); a stage of m units takes m of them and
-interleaves their rows (`interleave`) so that every device's rows of the stage's batch are the
-rows its host loaded for it, and splits the batch into the fewest micro-batches no larger than
-the full batch's (`accum_steps`: what fits in memory at the full batch fits at every stage).
-The data stream is one: a checkpoint holds its position after the last unit taken, so a resume
-in any stage continues the same rows. The learning-rate schedule reads the
-samples consumed, as full-batch steps (`full_batch_steps`): warmup and decay keep their
-meaning in tokens.
+The guide: docs/training.md, 'Batch-size ramps and sequence-length warmup'.
 """
 
 from __future__ import annotations
@@ -30,6 +19,8 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from bertjax.data.schema import objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +177,7 @@ def seq_warmup_from_config(config: ml_collections.ConfigDict) -> SeqWarmup | Non
   if increment <= 0 or (full - start) % increment:
     raise ValueError(f"seq_warmup.increment={increment} must be positive and divide "
                      f"seq_length - start_length = {full - start}")
-  if config.objective != "causal_lm":
+  if not objective(config.objective).causal:
     raise ValueError(f"seq_warmup cuts causal-LM rows; objective {config.objective!r} has "
                      "positions that a cut row would lose (masked-LM predictions, pairs)")
   increments = (full - start) // increment

@@ -12,7 +12,9 @@ from typing import Any
 
 import ml_collections
 
-from bertjax.data.options import BuildOptions, LoaderConfig
+from bertjax.config.data_schema import data_group
+from bertjax.config.distillation_schema import distillation_group
+from bertjax.models import families
 from bertjax.models.config import ModelConfig
 
 ConfigDict = ml_collections.ConfigDict
@@ -175,142 +177,6 @@ def seq_warmup_group() -> ConfigDict:
   })
 
 
-def distillation_group() -> ConfigDict:
-  """The `distillation` group: knowledge distillation (Hinton et al. 2015) of a frozen teacher
-  into the run's model, the student (DistilBERT, Sanh et al. 2019; distilgpt2), in the same
-  train step (bertjax.training.distillation). Off while `teacher` is empty; the defaults are
-  DistilBERT's (huggingface/transformers examples/research_projects/distillation)."""
-  return ConfigDict({
-      # The teacher's weights: a params-only checkpoint (model.json), a training workdir (its
-      # latest or `teacher_step`'s checkpoint) or a Hugging Face directory (config.json +
-      # safetensors); local or an object store. Its vocabulary must be the student's (and the
-      # data's: build it with the teacher's tokenizer). Empty: no distillation.
-      "teacher": "",
-      # With a training workdir as teacher: its checkpoint step (-1: the latest).
-      "teacher_step": -1,
-      # Softmax temperature T of both distributions in the soft loss (DistilBERT: 2).
-      "temperature": 2.0,
-      # Weight of the soft loss: T^2 x KL(softmax(teacher/T) || softmax(student/T)), the mean
-      # over the positions it covers (DistilBERT: 5).
-      "alpha_ce": 5.0,
-      # Weight of the student's own masked-LM loss, a BERT student's hard loss (DistilBERT: 2).
-      "alpha_mlm": 2.0,
-      # Weight of the student's own causal-LM loss, a GPT student's hard loss (DistilBERT: 0;
-      # set it, and alpha_mlm to 0, for a GPT student).
-      "alpha_clm": 0.0,
-      # Weight of the cosine-embedding loss 1 - cos(student, teacher) between the last hidden
-      # states at every real token, the mean over them (DistilBERT: 1; needs the same width).
-      "alpha_cos": 1.0,
-      # BERT: the soft loss at the masked positions only (the reference's
-      # --restrict_ce_to_mask); False: at every real token, as DistilBERT was trained.
-      "restrict_ce_to_mask": False,
-      # Start the student from the teacher: its layers from the teacher's `teacher_layers`,
-      # every other parameter the two share in shape (embeddings, their norm, the LM head)
-      # copied. False: a random init (or init_from).
-      "init_from_teacher": False,
-      # Which teacher layer each student layer starts from: "every_other" (0, 2, 4, ...) or a
-      # comma-separated list, one per student layer (DistilBERT's script: 0,2,4,7,9,11).
-      "teacher_layers": "every_other",
-      # Give the student's position table no update (DistilBERT: frozen at BERT's values; the
-      # reference's --freeze_pos_embs).
-      "freeze_position_embeddings": False,
-  })
-
-
-_LOADER = {f.name: f.default for f in dataclasses.fields(LoaderConfig)}
-
-
-def data_group() -> ConfigDict:
-  """The `data` group: the corpus, its build on first use, instances and the loader. The
-  defaults are the data package's own (BuildOptions, LoaderConfig): one set everywhere."""
-  return ConfigDict({
-      # corpus: a built dataset (bertjax.data.pipeline); synthetic_markov: a learnable
-      # synthetic stream (tests only).
-      "source": "corpus",
-      # Built dataset directory (`bertjax data build`); empty: build `sources` into
-      # WORKDIR/data on first use (single process).
-      "dataset": "",
-      # What to build when `dataset` is empty: comma-separated kind:path[@weight] specs
-      # (bertjax.data.sources); "embedded" is the packaged Wikipedia sample.
-      "sources": "embedded",
-      # Tokenizer for that build (vocab.txt or SentencePiece dir); empty: train SentencePiece.
-      "tokenizer": "",
-      # Character coverage of that trained SentencePiece: the rarest characters beyond it are
-      # unknown (bert style) or bytes (gpt style); raise it to 1.0 for a script with many rare
-      # characters, if the vocabulary can hold them all.
-      "character_coverage": 0.9995,
-      # Casing of that build: "true" lower-cases (a trained SentencePiece folds case with
-      # nmt_nfkc_cf / nfkc_cf; a vocab.txt is read lower-cased with accents stripped), "false"
-      # keeps case (needed for a cased vocab.txt); "": each tokenizer's default, a trained
-      # SentencePiece cased and a vocab.txt as recorded next to it, else lower-cased. A given
-      # SentencePiece model keeps the casing it was trained with (contradicting it: an error).
-      "lowercase": "",
-      # Documents held out for evaluation in that build (by a hash of the document key).
-      "eval_fraction": BuildOptions.eval_fraction,
-      # Worker processes of that build (0: in the training process).
-      "build_workers": 0,
-      # Fraction of tokens masked for MLM; of tokens in noise spans for the encoder-decoders
-      # (T5's noise density 0.15, BART's mask ratio 0.3).
-      "mask_prob": _LOADER["mask_prob"],
-      # The encoder-decoders' span lengths: T5's mean noise span length, BART's Poisson mean
-      # (both 3).
-      "noise_span_length": _LOADER["noise_span_length"],
-      # Of the masked positions, the fraction given [MASK] (BERT 0.8, ELECTRA 0.85, DeBERTa-v3
-      # 1.0) ...
-      "mask_token_prob": _LOADER["mask_token_prob"],
-      # ... and of the others the fraction given a random token, the rest keeping theirs
-      # (BERT 0.5: 10% of all; ELECTRA, DeBERTa-v3 0).
-      "random_token_prob": _LOADER["random_token_prob"],
-      # Which positions are masked: "token" (google-research/bert; whole_word_mask groups a
-      # word's pieces), "ngram" (ALBERT: whole-word n-grams, p(n) ∝ 1/n up to ngram_max) or
-      # "span" (SpanBERT: whole-word spans, Geometric(span_geometric_p) lengths clipped at
-      # span_max_length words, 80/10/10 per span); bertjax.data.span_masking.
-      "masking": _LOADER["masking"],
-      # n-gram masking: the longest n-gram, in words (ALBERT: 3).
-      "ngram_max": _LOADER["ngram_max"],
-      # Span masking: p of the geometric span-length distribution (SpanBERT: 0.2) ...
-      "span_geometric_p": _LOADER["span_geometric_p"],
-      # ... and the longest span in words (SpanBERT: 10); also the deepest offset in a span
-      # given a span-boundary target (objective mlm_sbo).
-      "span_max_length": _LOADER["span_max_length"],
-      # BERT instances: "pairs" (google-research/bert A/B segments + NSP labels),
-      # "full_sentences" (RoBERTa FULL-SENTENCES packing, no pairs), "doc_sentences" (RoBERTa
-      # DOC-SENTENCES: full_sentences within one document; SpanBERT) or "packed" (ModernBERT:
-      # [CLS] doc [SEP] streams cut into full rows, no padding, with document_ids/positions
-      # per row so attention stays within a document; use with objective "mlm").
-      "bert_instances": _LOADER["bert_instances"],
-      # Pairs: probability of a shorter target length (google-research/bert short_seq_prob).
-      "short_seq_prob": _LOADER["short_seq_prob"],
-      # Pairs: epochs e and e + dupe_factor repeat instances and masks (the reference's static
-      # copies); 0: new instances and masks every epoch (dynamic masking).
-      "dupe_factor": _LOADER["dupe_factor"],
-      # Mask whole words (all "##" pieces of a word together).
-      "whole_word_mask": _LOADER["whole_word_mask"],
-      # Seed of the data order and masking (fine-tuning: of the order of the task's rows).
-      "seed": _LOADER["seed"],
-      # Epochs over the training documents (0: repeat until num_train_steps).
-      "num_epochs": _LOADER["num_epochs"],
-      # BERT pairs: every batch row has its own stream of instances (bertjax.data.pipeline);
-      # each shuffles its instances in windows of this many, so a document's pairs spread
-      # over steps and several documents interleave (0: document order).
-      "shuffle_window": _LOADER["shuffle_window"],
-      # Loader worker processes (0: the training process) and batches prefetched per worker.
-      "num_workers": _LOADER["num_workers"],
-      "prefetch": _LOADER["prefetch"],
-      # Mixing weights "name=weight,..." (0 leaves a source out), overriding the build's
-      # `kind:path@weight`s; none stated anywhere: each source weighs its size, so an epoch is
-      # every document once. Stating some sources' weights but not others' is an error.
-      "weights": _LOADER["weights"],
-      # Documents per training epoch, shared among the sources by weight (an up-weighted source
-      # repeats, a down-weighted one is sub-sampled); 0: as many as the mixed sources hold.
-      "epoch_documents": _LOADER["epoch_documents"],
-      # Which documents each batch row reads: "documents" (row r of B: documents r, r+B, ...
-      # of the epoch's order) or "tokens" (dealt by token count, so the rows run out
-      # together: a finite num_epochs ends with nearly every token read; docs/data.md).
-      "row_balance": _LOADER["row_balance"],
-  })
-
-
 # The `finetune` group, key by key: (default, what it does). Its help texts are also the
 # `bertjax finetune` flags' (bertjax.cli.finetune).
 FINETUNE_KEYS: dict[str, tuple[Any, str]] = {
@@ -366,8 +232,7 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # detection: ELECTRA, DeBERTa-v3; needs model.generator_hidden_size) | causal_lm (GPT) |
   # span_corruption (T5) | denoising (BART: text infilling and sentence permutation); a
   # fine-tuning run trains its task's objective (finetune.task).
-  config.objective = {"gpt": "causal_lm", "t5": "span_corruption", "bart": "denoising"}.get(
-      model.family, "mlm_nsp")
+  config.objective = families.get(model.family).default_objective
   # rtd: the weight λ of the discriminator's loss in generator MLM + λ·discriminator (ELECTRA
   # and DeBERTa-v3: 50).
   config.discriminator_weight = 50.0

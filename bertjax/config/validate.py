@@ -7,8 +7,9 @@ import re
 import ml_collections
 
 from bertjax.data.options import ROW_BALANCE_MODES
+from bertjax.data.schema import objective
 from bertjax.finetune.registry import task
-from bertjax.models.config import UNBOUNDED_POSITIONS
+from bertjax.models import families
 from bertjax.models.groups import FREEZE_KINDS, parse_freeze
 
 ConfigDict = ml_collections.ConfigDict
@@ -27,8 +28,9 @@ def validate_training(config: ConfigDict) -> None:
   need("batch_size", int(config.batch_size) >= 1, "must be at least 1")
   need("num_train_steps", int(config.num_train_steps) >= 1, "must be at least 1")
   # A fine-tune's model is its weights' (checked once they are read).
+  family = families.get(config.model.family)
   positions = (int(config.model.max_positions)
-               if not config.finetune.task and config.model.family not in UNBOUNDED_POSITIONS
+               if not config.finetune.task and not family.unbounded_positions
                else int(config.seq_length))
   need("seq_length", 1 <= int(config.seq_length) <= positions,
        f"must be between 1 and model.max_positions ({positions})")
@@ -54,8 +56,7 @@ def validate_training(config: ConfigDict) -> None:
   for key in ("mask_token_prob", "random_token_prob"):
     need(f"data.{key}", 0 <= float(config.data[key]) <= 1, "must be between 0 and 1")
   # Only sentence pairs carry NSP/SOP labels; other instances would train that head on zeros.
-  need("data.bert_instances", config.objective in ("mlm", "mlm_sbo", "rtd", "causal_lm",
-                                                    "span_corruption", "denoising")
+  need("data.bert_instances", not objective(config.objective).sentence_pairs
        or config.data.bert_instances == "pairs",
        f"makes no sentence pairs for objective={config.objective!r}: use objective=mlm")
   need("optimizer.learning_rate", float(config.optimizer.learning_rate) > 0,
@@ -78,23 +79,23 @@ def validate_distillation(config: ConfigDict) -> None:
     if not ok:
       raise ValueError(f"--config.distillation.{key}={d[key]!r}: {what}")
 
-  family = config.model.family
+  family = families.get(config.model.family)
   if config.finetune.task:
     raise ValueError(f"--config.distillation.teacher={d.teacher!r}: distillation is a "
                      "pre-training objective; a fine-tune (finetune.task="
                      f"{config.finetune.task!r}) cannot distill")
-  hard = "causal_lm" if family == "gpt" else "mlm"
+  hard = family.lm_objective
   if config.objective != hard:
-    raise ValueError(f"--config.objective={config.objective!r}: a distilled {family} student "
-                     f"trains with objective={hard} (its hard loss and batches; DistilBERT has "
-                     "no sentence task)")
+    raise ValueError(f"--config.objective={config.objective!r}: a distilled {family.name} "
+                     f"student trains with objective={hard} (its hard loss and batches; "
+                     "DistilBERT has no sentence task)")
   need("temperature", float(d.temperature) > 0, "must be positive")
   for key in ("alpha_ce", "alpha_mlm", "alpha_clm", "alpha_cos"):
     need(key, float(d[key]) >= 0, "must be 0 or more")
   need("alpha_ce", sum(float(d[k]) for k in ("alpha_ce", "alpha_mlm", "alpha_clm",
                                               "alpha_cos")) > 0,
        "the loss weights alpha_ce, alpha_mlm, alpha_clm and alpha_cos are all 0")
-  if family == "gpt":
+  if objective(hard).causal:
     need("alpha_mlm", float(d.alpha_mlm) == 0, "a GPT student's hard loss is causal LM: weigh "
          "it with distillation.alpha_clm and set alpha_mlm to 0")
     need("restrict_ce_to_mask", not d.restrict_ce_to_mask, "a causal LM has no masked "

@@ -9,13 +9,17 @@ row's data does not depend on which process loads it.
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import typing
+from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 
+from bertjax.data.denoising import t5_lengths
 from bertjax.data.options import LoaderConfig
 from bertjax.data.rows import NumberedBatches
+from bertjax.data.schema import objective
 from bertjax.data.synthetic import SyntheticMarkov
 
 SOURCES = ("corpus", "synthetic_markov")
@@ -31,41 +35,43 @@ class SyntheticBatches(NumberedBatches):
     return self._source.batch(number, self._rows, self._split)
 
 
+# LoaderConfig's fields that loader_config computes rather than copies from the `data` group:
+# the run's shape and objective, the dataset it was given, whether the run evaluates.
+_COMPUTED = ("dataset", "objective", "seq_length", "max_predictions", "require_eval")
+# The `data` keys added after configs were written: LoaderConfig's defaults where one lacks them.
+_DEFAULTED = ("masking", "ngram_max", "span_geometric_p", "span_max_length", "noise_span_length",
+              "row_balance")
+# Copied as the config holds them; every other `data` key is converted to its field's type.
+_AS_GIVEN = ("bert_instances", "weights")
+_FIELD_TYPES = {f.name: typing.get_type_hints(LoaderConfig)[f.name]
+                for f in dataclasses.fields(LoaderConfig) if f.name not in _COMPUTED}
+
+
 def loader_config(config: ml_collections.ConfigDict, dataset: str) -> LoaderConfig:
   """The loader's settings: the run config's `data` group, its shape and objective."""
   d = config.data
-  return LoaderConfig(
-      dataset=dataset, objective=config.objective, seq_length=int(config.seq_length),
-      max_predictions=int(config.max_predictions), mask_prob=float(d.mask_prob),
-      mask_token_prob=float(d.mask_token_prob), random_token_prob=float(d.random_token_prob),
-      bert_instances=d.bert_instances, short_seq_prob=float(d.short_seq_prob),
-      dupe_factor=int(d.dupe_factor), whole_word_mask=bool(d.whole_word_mask),
-      # The masking keys, with LoaderConfig's defaults for a config written before them.
-      masking=str(d.get("masking", LoaderConfig.masking)),
-      ngram_max=int(d.get("ngram_max", LoaderConfig.ngram_max)),
-      span_geometric_p=float(d.get("span_geometric_p", LoaderConfig.span_geometric_p)),
-      span_max_length=int(d.get("span_max_length", LoaderConfig.span_max_length)),
-      noise_span_length=float(d.get("noise_span_length", LoaderConfig.noise_span_length)),
-      seed=int(d.seed), num_epochs=int(d.num_epochs), shuffle_window=int(d.shuffle_window),
-      num_workers=int(d.num_workers), prefetch=int(d.prefetch), weights=d.weights,
-      epoch_documents=int(d.epoch_documents),
-      row_balance=str(d.get("row_balance", LoaderConfig.row_balance)),
-      # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
-      require_eval=int(config.eval_every) > 0)
+  values = {"dataset": dataset, "objective": config.objective,
+            "seq_length": int(config.seq_length), "max_predictions": int(config.max_predictions)}
+  for name, convert in _FIELD_TYPES.items():
+    value = d.get(name, getattr(LoaderConfig, name)) if name in _DEFAULTED else getattr(d, name)
+    values[name] = value if name in _AS_GIVEN else convert(value)
+  # A run that evaluates needs eval documents: found out at start-up, not at the first eval.
+  values["require_eval"] = int(config.eval_every) > 0
+  return LoaderConfig(**values)
 
 
 def decoder_length(config: ml_collections.ConfigDict) -> int:
   """The decoder's length in an encoder-decoder's batches (0 for the other objectives): T5's
   target length, fixed by the encoder's length and the noise (bertjax.data.denoising), BART's,
   the encoder's, or a text-to-text fine-tune's finetune.target_length."""
-  if config.objective == "span_corruption":
-    from bertjax.data.denoising import t5_lengths
+  spec = objective(config.objective)
+  if spec.noise == "spans":
     d = config.data
     return t5_lengths(int(config.seq_length), float(d.mask_prob),
                       float(d.get("noise_span_length", LoaderConfig.noise_span_length)))[1]
-  if config.objective == "text_to_text":  # a fine-tune's targets
+  if spec.seq2seq and spec.finetuning:  # a text-to-text fine-tune's targets
     return int(config.finetune.target_length)
-  return int(config.seq_length) if config.objective == "denoising" else 0
+  return int(config.seq_length) if spec.seq2seq else 0
 
 
 def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[int],
@@ -83,7 +89,7 @@ def make_batches(config: ml_collections.ConfigDict, split: str, rows: Sequence[i
     return SyntheticBatches(source, rows, split)
   if name == "corpus":
     # Imported here: the loader brings Grain, which runs on synthetic data need not load.
-    from bertjax.data.pipeline import CorpusBatches
+    from bertjax.data.pipeline import CorpusBatches  # noqa: PLC0415 - see above
     return CorpusBatches(loader_config(config, dataset), split, rows, int(config.batch_size))
   raise ValueError(f"unknown data.source {name!r}; sources: {', '.join(SOURCES)}")
 

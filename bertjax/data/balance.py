@@ -1,32 +1,20 @@
 """Token-balanced rows (`data.row_balance="tokens"`): which global batch row reads which document
 of each epoch, so that the rows run out together and a finite run ends with nearly everything
-delivered; guide: docs/data.md, 'Balanced epochs'.
+delivered.
 
-The default ("documents") deals documents r, r+B, r+2B, ... of the global order to row r:
-equal document counts, and a finite run ends when the row with the least to read runs out
-(one epoch of GPT packing, 8 rows of 64: 86.8% of the tokens of 300 news-length paragraphs
-delivered, 35.7% with four long articles mixed in; tests/test_balanced_rows.py). Here each
-epoch's items go, heaviest first, to the row with the least so far (Graham's LPT rule; ties:
-the earlier item, the lower row), and every row reads its items in the epoch's order. An
-item is a document, or a piece of one: a document longer than an eighth of a row's share of
-the epoch is cut into nearly equal token ranges dealt apart, since no assignment of whole
-documents balances rows when one document outweighs a row's share. What an item weighs is
-what the row consumes (the loader's `weigh`: tokens for token streams, sequences made for
-BERT pairs). The assignment is a function of the epoch's order and the token counts only, so
-every host and loader worker computes the same: host-count invariance, exactly-once (of
-every token) and exact resume hold as for the default.
+Each epoch's items (documents, or nearly equal token pieces of a long one) go, heaviest first,
+to the row with the least so far (Graham's LPT rule), weighed by what the row consumes. The
+assignment depends on the epoch's order and token counts only, so every host and loader worker
+computes the same one.
 
-Cost, per epoch and process: the global order's token counts, one Grain lookup per document
-and nothing read (the counts are the `.tokens.npy` files the build writes beside the shards;
-a dataset built before them has its records' headers read once); a sort; and for BERT pairs
-and DOC-SENTENCES the epoch's instances made once more to count them.
+The guide: docs/data.md, 'Balanced epochs'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Callable
+from collections.abc import Callable
 
 import grain
 import numpy as np

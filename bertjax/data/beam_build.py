@@ -1,16 +1,13 @@
 """`bertjax data build --runner …`: the dataset build as an Apache Beam pipeline, for builds
-beyond one machine (Dataflow, Flink, Spark) or on a machine's cores (the DirectRunner); guide:
-docs/data.md, 'Building on Apache Beam'.
+beyond one machine (Dataflow, Flink, Spark) or on a machine's cores (the DirectRunner).
 
 The output is byte-identical to the local build (bertjax.data.build): the same readers,
-cleaning, sentence splitting, tokenisation, held-out split (a hash of the key) and shard
-assignment. A source read as a stream (JSONL, lines, text, an XML dump that is not multistream)
-is read by one worker, which gives each document its ordinal, split and shard and drops exact
-repeats, as the local build's reader does; chunks of documents are then cleaned and tokenized
-in parallel. A multistream dump is read in parallel by byte ranges: tasks of `_TASK_BYTES` of
-each shard's byte slice, exact repeats dropped within a shard in dump order. Each shard is
-written by one worker from its documents in order, the whole file at once, so a retried bundle
-writes the same bytes again.
+cleaning, sentence splitting, tokenisation, held-out split and shard assignment. A streamed
+source is read by one worker, a multistream dump in parallel by byte ranges (tasks of
+`_TASK_BYTES`); each shard is written by one worker, the whole file at once, so a retried
+bundle writes the same bytes again.
+
+The guide: docs/data.md, 'Building on Apache Beam'.
 """
 
 from __future__ import annotations
@@ -18,8 +15,8 @@ from __future__ import annotations
 import collections
 import json
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from bertjax import paths
 from bertjax.data import build, multistream, records
@@ -34,7 +31,7 @@ RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "DataflowRunner", "FlinkRu
 
 def _beam():
   try:
-    import apache_beam
+    import apache_beam  # noqa: PLC0415 - optional (the beam extra)
   except ImportError:
     raise CorpusError("--runner needs Apache Beam: pip install 'bertjax[beam]'") from None
   return apache_beam
@@ -148,7 +145,7 @@ def build_with_beam(sources: list[SourceSpec], tokenizer_path: str | Path, out_d
   """Builds `sources` into `out_dir` (local or an object store every worker can write) with a
   Beam pipeline; `pipeline_args`: Beam's own options (--runner, --project, --region, …)."""
   beam = _beam()
-  from apache_beam.options.pipeline_options import PipelineOptions
+  from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415 - optional
   start = time.perf_counter()
   names = [s.name for s in sources]
   if len(set(names)) != len(names):

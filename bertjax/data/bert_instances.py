@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -291,9 +291,3 @@ def create_instances(documents: Sequence[Document], cfg: InstanceConfig, special
                                                is_continuation, rng, stats))
   rng.shuffle(instances)
   return instances
-
-
-def iterate_features(instances: Sequence[Instance], cfg: InstanceConfig,
-                     pad: int) -> Iterator[dict[str, np.ndarray]]:
-  for instance in instances:
-    yield instance.features(cfg, pad)

@@ -1,15 +1,13 @@
 """`bertjax data build` (`build_dataset`): raw corpora -> a built dataset of tokenized documents
-(records.py); guide: docs/data.md, 'Building'.
+(records.py).
 
 The output is the same bytes whatever the parallelism: a document's split is a hash of its key,
 its shard its ordinal within (source, split) modulo the shard count, and process P of N writes
 the shards s % N == P. Worker processes clean, split and tokenize chunks while the main process
-reads ahead and writes results back in order, a bounded number of chunks in flight; MediaWiki
-pages reach the workers uncleaned, so a process cleans only its own shards' pages. A multistream
-dump is shared out by bytes instead: shard k holds the streams that start in the k-th of
-`num_shards` equal byte slices, read in tasks of about `_TASK_BYTES`. Exact duplicates (with
-`dedup`) are dropped as read, before ordinals are counted (within each shard of a multistream
-dump); a build with no document, or no eval document when asked for some, raises `CorpusError`.
+reads ahead and writes results back in order; a multistream dump is shared out by byte slices
+instead (`stream_tasks`).
+
+The guide: docs/data.md, 'Building'.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ import multiprocessing
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from bertjax import paths
 from bertjax.data import multistream, records
@@ -40,6 +38,7 @@ from bertjax.data.wikipedia import EMBEDDED_DUMP, Page, clean_page, read_stream_
 log = logging.getLogger(__name__)
 
 _CHUNK_DOCUMENTS = 64
+_DEFAULT_OPTIONS = BuildOptions()  # frozen: one instance serves every call
 # Compressed bytes of a multistream dump per worker task: a few dozen streams of ~100 pages,
 # small enough that the tasks in flight stay a modest amount of memory.
 _TASK_BYTES = 2 << 20
@@ -211,6 +210,8 @@ def _owned_chunks(documents: Iterable[TextDocument | Page], name: str, options: 
     ordinal = ordinals[split]
     shard = ordinal % options.num_shards
     ordinals[split] += 1
+    # MediaWiki pages reach the workers uncleaned, so a process cleans only its own shards'
+    # pages; with `dedup`, exact duplicates were dropped before the ordinals were counted.
     if shard % options.process_count != options.process_index:
       continue
     chunk.append((split, key, shard, ordinal, doc))
@@ -244,7 +245,7 @@ def _count(counts: dict, num_sentences: int, num_tokens: int) -> None:
 
 
 def build_dataset(sources: list[SourceSpec], tokenizer_path: str | Path, out_dir: str | Path,
-                  options: BuildOptions = BuildOptions()) -> BuildSummary:
+                  options: BuildOptions = _DEFAULT_OPTIONS) -> BuildSummary:
   """Builds (this process's shards of) a dataset from `sources` with the tokenizer at
   `tokenizer_path` (a vocab.txt or a SentencePiece directory) into `out_dir`, a local path or
   an object store (ArrayRecord writes local files: each process builds its shards locally and

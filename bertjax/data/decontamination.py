@@ -1,19 +1,12 @@
 """Decontamination at build time (`bertjax data build --decontaminate EVAL`): documents that
 share a long word n-gram (13 by default, as GPT-3, Brown et al. 2020, appendix C) with an
-evaluation set are dropped and counted ("contaminated document"); guide: docs/data.md,
-'Decontamination'.
+evaluation set are dropped and counted ("contaminated document").
 
-Words are runs of letters and digits (`\\w+`) of the NFKC-normalised, case-folded text, so
-case, punctuation and spacing do not hide an overlap. An evaluation text is one string of the
-set (a JSON string value, a TSV/CSV cell, a line of plain text); its n-grams never run from one
-text into the next, and a text shorter than n words gives none (counted). A training document
-is one stream of words over its paragraphs, so an overlap may cross a paragraph or sentence.
+Words are runs of letters and digits of the NFKC-normalised, case-folded text; the index is a
+sorted array of 64-bit hashes of the evaluation n-grams, saved once per build process and
+mapped by its workers, and a lookup is a binary search per document n-gram.
 
-The index holds a 64-bit hash per distinct evaluation n-gram, sorted (8 bytes each: SQuAD
-v1.1's dev set, ~10^6 n-grams, is ~8 MB); build processes save it once and their workers map
-the file, sharing the pages. A lookup is a binary search per document n-gram. Two different
-n-grams share a hash with probability 2^-64: over 10^11 training n-grams against 10^7
-evaluation n-grams, about 0.05 documents wrongly dropped in expectation.
+The guide: docs/data.md, 'Decontamination'.
 """
 
 from __future__ import annotations
@@ -28,8 +21,9 @@ import io
 import json
 import re
 import unicodedata
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -218,10 +212,10 @@ def _file_texts(path: Path) -> Iterator[str]:
         # GLUE's TSVs are unquoted (a sentence may hold a lone quote mark), as its readers take.
         rows = (csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == ".tsv"
                 else csv.reader(f))
-        for line, row in enumerate(rows, 1):
+        for line, row in enumerate(rows, 1):  # noqa: B007 - `line` is read by the excepts
           yield from row
       else:
-        for line, raw in enumerate(f, 1):
+        for line, raw in enumerate(f, 1):  # noqa: B007 - `line` is read by the excepts
           yield raw
   except UnicodeDecodeError as e:
     raise CorpusError(f"{path}: {_after(line)}: not UTF-8 text ({e.reason})") from None

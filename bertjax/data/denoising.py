@@ -2,24 +2,17 @@
 Table 4) and BART's text infilling and sentence permutation (Lewis et al. 2020, Section 2.2), as
 functions of a token sequence and a NumPy generator (the loader seeds one per example).
 
-T5: `random_spans_noise_mask` and `span_corruption` follow t5.data.preprocessors
-(random_spans_noise_mask, noise_span_to_unique_sentinel, nonnoise_span_to_unique_sentinel) and
-`t5_lengths` its random_spans_helper: the raw length whose corrupted input, with its end token,
-fills the encoder exactly (512 -> 568 raw tokens, 114 targets at density 0.15, mean span 3), so
-no position is padding. Sentinels count down from the last id of the vocabulary (<extra_id_0> is
-vocab_size - 1, as T5's vocabularies and transformers' T5 tokenizer).
+T5's follows t5.data.preprocessors (`t5_lengths`: its random_spans_helper, so that no position
+is padding); BART's follows fairseq's DenoisingDataset. Sentinels count down from the last id of
+the vocabulary (<extra_id_0> is vocab_size - 1, as T5's vocabularies).
 
-BART: `text_infilling` follows fairseq's DenoisingDataset.add_whole_word_mask with
-mask_length="span-poisson" and replace_length=1 (BART's settings): a mask ratio of the words
-(here: of the word-start tokens) begins spans, span lengths drawn from Poisson(lambda), each span
-replaced by one mask token; a zero-length span inserts a mask token. `permute_sentences` shuffles
-a document's sentences (permute_sentence_ratio 1.0).
+The guide: docs/data.md, 'Encoder-decoder examples'.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -57,6 +50,8 @@ def _random_segmentation(num_items: int, num_segments: int,
   return np.bincount(segment_id, minlength=num_segments)
 
 
+# T5's random_spans_noise_mask, noise_span_to_unique_sentinel and nonnoise_span_to_unique_sentinel
+# (t5.data.preprocessors).
 def random_spans_noise_mask(length: int, noise_density: float, mean_span_length: float,
                             rng: np.random.Generator) -> np.ndarray:
   """A bool mask of `length`: round(length * density) noise tokens (at least 1, at most
@@ -95,6 +90,8 @@ def span_corruption(tokens: np.ndarray, noise_mask: np.ndarray,
           _spans_to_sentinels(tokens, ~noise_mask, first_sentinel))
 
 
+# fairseq's DenoisingDataset.add_whole_word_mask with mask_length="span-poisson" and
+# replace_length=1 (BART's settings); the mask ratio is of the word-start tokens.
 def text_infilling(tokens: np.ndarray, rng: np.random.Generator, mask_id: int,
                    mask_ratio: float = 0.3, poisson_lambda: float = 3.0,
                    word_starts: np.ndarray | None = None) -> np.ndarray:
@@ -149,6 +146,7 @@ def _insert_masks(tokens: np.ndarray, count: int, rng: np.random.Generator,
   return out
 
 
+# permute_sentence_ratio 1.0: every document's sentences are shuffled.
 def permute_sentences(sentences: Sequence[Sequence[int]],
                       rng: np.random.Generator) -> list[list[int]]:
   """The sentences in a random order (BART's sentence permutation)."""

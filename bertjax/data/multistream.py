@@ -1,13 +1,13 @@
 """Wikipedia *multistream* dumps: where their bz2 streams start, so that readers share a dump out
-by bytes; guide: docs/data.md, 'MediaWiki dumps → articles'.
+by bytes.
 
 The owner of the byte slice [lo, hi) owns the streams that start in it and reads the bytes
-[first start >= lo, first start >= hi), so slices that tile the file give ranges that tile it:
-`owned_ranges` (one range per stream, for `wikipedia.read_stream_pages`), `owned_range` (one
-range). Stream starts come from the companion index (`OFFSET:PAGE_ID:TITLE` per page; the dump
-is not read), else from a scan for bz2 stream headers; a false header or a stale index leaves a
-range that does not decompress, a `CorpusError` naming the offset, never a silent mis-parse.
-Functions that read the dump append the (start, end) byte ranges they read to `read_log`.
+[first start >= lo, first start >= hi), so slices that tile the file give ranges that tile it
+(`owned_ranges`, `owned_range`). Stream starts come from the companion index
+(`OFFSET:PAGE_ID:TITLE` per page), else from a scan for bz2 stream headers; a false header or a
+stale index is a `CorpusError` naming the offset, never a silent mis-parse.
+
+The guide: docs/data.md, 'MediaWiki dumps → articles'.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def is_multistream(dump: str | Path) -> bool:
           and is_stream_header(rest, 0))
 
 
+# Functions that read the dump append the (start, end) byte ranges they read to `read_log`.
 def stream_starts(dump: str | Path, lo: int, hi: int, index: str | Path | None = None,
                   read_log: list[tuple[int, int]] | None = None) -> list[int]:
   """Byte offsets of the bz2 streams that start in [lo, hi), ascending. With an index: its

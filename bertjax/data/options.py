@@ -43,7 +43,8 @@ class LoaderConfig:
   """What the loader needs from the run config (`data.*`, `seq_length`, `objective`)."""
 
   dataset: str
-  objective: str  # mlm_nsp | mlm | mlm_sop | mlm_sbo | rtd | causal_lm | span_corruption | denoising
+  # mlm_nsp | mlm | mlm_sop | mlm_sbo | rtd | causal_lm | span_corruption | denoising
+  objective: str
   seq_length: int
   max_predictions: int = 20
   mask_prob: float = 0.15

@@ -14,7 +14,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grain
 import numpy as np

@@ -10,19 +10,25 @@ on the embedded Wikipedia sample with one command. Pod-scale runs build once wit
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import ml_collections
 
 from bertjax import paths
 from bertjax.data import records
 from bertjax.data.build import build_dataset
-from bertjax.data.options import BuildOptions
 from bertjax.data.errors import SkipCounts
+from bertjax.data.options import BuildOptions
 from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, parse_sources, read_source
-from bertjax.data.tokenizers import (MODEL_FILE, appended_pieces, load_tokenizer,
-                                     recorded_lowercase, train_sentencepiece)
+from bertjax.data.tokenizers import (
+  MODEL_FILE,
+  appended_pieces,
+  load_tokenizer,
+  recorded_lowercase,
+  train_sentencepiece,
+)
+from bertjax.models import families
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +98,7 @@ def ensure_dataset(config: ml_collections.ConfigDict, workdir: paths.PathLike,
     tokenizer = config.data.tokenizer
     lowercase = build_lowercase(config.data.get("lowercase", ""), tokenizer)
     if not tokenizer:
-      style = {"causal_lm": "gpt", "span_corruption": "t5", "denoising": "bart"}.get(
-          config.objective, "bert")
+      style = families.get(config.model.family).tokenizer_style
       log.info("training a %s-style SentencePiece tokenizer (%d pieces) on %s", style,
                config.model.vocab_size, config.data.sources)
       coverage = float(config.data.get("character_coverage", 0.9995))

@@ -335,8 +335,8 @@ def read_parquet(path: str | Path, skips: SkipCounts, *, text_field: str = "text
   """Parquet files (a file, or a tree / glob of .parquet), streamed by record batches of the
   needed columns only; paragraphs = the non-empty lines of `text_field`; id = `id_field`'s
   value, else "label:row" (rows counted from 0 within each file)."""
-  import pyarrow as pa  # only Parquet sources need pyarrow
-  import pyarrow.parquet as pq
+  import pyarrow as pa  # noqa: PLC0415 - only Parquet sources need pyarrow
+  import pyarrow.parquet as pq  # noqa: PLC0415 - as above
 
   skip = Skipper(skips)
   for file, label in input_files(path, suffixes(".parquet"), ".parquet"):
@@ -376,7 +376,7 @@ def read_tfds(name: str, skips: SkipCounts, *, split: str = "train", data_dir: s
   """A prepared TFDS dataset in array_record format, through `tfds.data_source` (random
   access, no TensorFlow); nothing is downloaded or built. Paragraphs = the non-empty lines of
   the text feature (bytes decoded as UTF-8); id = `id_field`'s value, else "name:split:index"."""
-  import tensorflow_datasets as tfds  # a slow import that only tfds sources need
+  import tensorflow_datasets as tfds  # noqa: PLC0415 - slow; only tfds sources need it
 
   where = f"tfds:{name} split {split!r}" + (f" in {data_dir}" if data_dir else "")
   try:

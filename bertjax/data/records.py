@@ -1,21 +1,12 @@
 """Built datasets: tokenized documents in record shards, and the metadata that describes them.
 
 A built dataset is a directory (local or on an object store) written by `bertjax data build`:
+`dataset.json`, the `tokenizer/`, and per source and split record shards (one record per
+document, sentence boundaries kept) with `.offsets.npy` (random access by index, one exact byte
+range per document) and `.tokens.npy` (token counts) beside them. Formats 2 and 3 (ArrayRecord
+shards) are still read.
 
-    dataset.json                     sources (name, kind, path, weight or null), tokenizer, shards
-    tokenizer/                       the tokenizer the ids came from (vocab.txt or spm.model)
-    <source>/<split>-SSSSS-of-NNNNN.records       its documents' records, one after another
-    <source>/<split>-SSSSS-of-NNNNN.offsets.npy   where each record starts, and the end (uint64)
-    <source>/<split>-SSSSS-of-NNNNN.tokens.npy    its documents' token counts (uint32)
-    parts/process-P.json             what process P wrote: counts and skips
-
-One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
-are sentence-based): a fixed header, the document key, the sentence lengths and the token ids,
-all little-endian, so decoding is two `np.frombuffer` calls. The offsets give random access by
-index (the loader's global shuffle, BERT's "random next document") as one exact byte range per
-document, which an object store serves without the rest of the shard (bertjax.data.shards).
-Formats 2 and 3 stored the records in ArrayRecord files (`.array_record`), still read; their
-readers over-read on object stores (docs/data.md, 'Streaming from object stores').
+The guide: docs/data.md, 'Building' and 'Streaming from object stores'.
 """
 
 from __future__ import annotations
@@ -55,7 +46,7 @@ class TokenizedDocument:
     ends = np.cumsum(self.sentence_lengths).tolist()
     return [tokens[start:end] for start, end in zip([0] + ends[:-1], ends)]
 
-  def lazy_sentences(self) -> "LazySentences":
+  def lazy_sentences(self) -> LazySentences:
     """The sentences, converted to lists only when indexed (for random-next documents, of
     which only a few sentences are read)."""
     return LazySentences(self)
@@ -75,6 +66,10 @@ class LazySentences:
     return self._tokens[start:self._ends[i]].tolist()
 
 
+# One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
+# are sentence-based): the header, the key, the sentence lengths and the token ids, all
+# little-endian, so decoding is two `np.frombuffer` calls. The shard's offsets give each
+# document as one exact byte range, which an object store serves without the rest of the shard.
 def encode_record(key: str, sentences: list[list[int]]) -> bytes:
   key_bytes = key.encode("utf-8")
   lengths = np.array([len(s) for s in sentences], "<i4")
@@ -161,7 +156,7 @@ class BuiltDataset:
   readers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def open(cls, root: str | Path | epath.Path) -> "BuiltDataset":
+  def open(cls, root: str | Path | epath.Path) -> BuiltDataset:
     root = paths.path(root)
     meta_path = root / "dataset.json"
     if not meta_path.is_file():

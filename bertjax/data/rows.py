@@ -10,7 +10,8 @@ epoch's last batch is filled up from the epoch's start.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class NumberedBatches:
   def batch(self, number: int) -> dict[str, np.ndarray]:
     raise NotImplementedError
 
-  def __iter__(self) -> "NumberedBatches":
+  def __iter__(self) -> NumberedBatches:
     return self
 
   def __next__(self) -> dict[str, np.ndarray]:

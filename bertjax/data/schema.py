@@ -1,21 +1,19 @@
-"""The batch schema: the fields a batch of each objective carries, with their shapes and dtypes.
+"""The batch schema: the fields a batch of each objective carries, with their shapes and dtypes,
+and the objective registry (`objective(name)`).
 
-One vocabulary for pre-training and fine-tuning alike (Hugging Face's names where it has
-them): `token_type_ids` are the segments A/B of a sentence pair, `attention_mask` marks real
-tokens (1) against padding (0), `document_ids` number the documents packed into one row (0:
-padding) and `positions` restart at 0 in each of them. Shapes are written with B rows, L tokens
-(an encoder-decoder's encoder), T decoder tokens and P masked-LM predictions per row. SpanBERT's span-boundary targets (objective `mlm_sbo`) are
-aligned with the masked-LM positions.
-
+One vocabulary for pre-training and fine-tuning alike (Hugging Face's names where it has them).
 The loaders produce these fields, the objectives read them, `bertjax compile` compiles against
 `abstract_batch` and `bertjax bench` times `example_batch`; `check` refuses a batch whose fields
 are not the schema's (the trainer calls it when it compiles the step).
+
+The guide: docs/data.md, 'Batches: one schema'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -69,42 +67,92 @@ _MLM = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK, MASKED_LM_POSITIONS, MASKED_L
 _ENCODER = (INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK)
 _SEQ2SEQ = (INPUT_IDS, DOCUMENT_IDS, DECODER_INPUT_IDS, DECODER_DOCUMENT_IDS, DECODER_TARGET_IDS,
             DECODER_LOSS_MASK)
-# The objectives of the encoder-decoders.
-SEQ2SEQ = ("span_corruption", "denoising")
 
-# Objective -> its fields. Packed BERT rows (data.bert_instances="packed") add PACKED.
-BATCHES: dict[str, tuple[Field, ...]] = {
-    "mlm_nsp": _MLM,
-    "mlm_sop": _MLM,
-    "mlm": _MLM,
-    "mlm_sbo": _MLM + (SPAN_LEFT_POSITIONS, SPAN_RIGHT_POSITIONS, SPAN_OFFSETS),
-    "rtd": _MLM,
-    "causal_lm": (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+  """Every fact about a training objective that code outside its own module needs: looked up
+  once by name (`objective`) and asked, never compared as a string."""
+
+  name: str
+  # The fields of its batches.
+  fields: tuple[Field, ...]
+  # The model kind it trains (bertjax/models/families.py): encoder, decoder, encoder_decoder.
+  trains: str
+  # Its rows are BERT's masked-LM instances (pairs, full sentences or packed rows).
+  masked_lm: bool = False
+  # Only sentence pairs carry its labels (an NSP or SOP head trains on them).
+  sentence_pairs: bool = False
+  # Its pair labels say whether A and B were swapped (ALBERT's SOP), not whether B is random.
+  sentence_order: bool = False
+  # Span-boundary targets beside the masked-LM ones (SpanBERT's SBO).
+  span_boundary: bool = False
+  # A generator's samples replace the masked tokens; a discriminator tells which (ELECTRA).
+  replaced_tokens: bool = False
+  # Every position predicts the next token: every position reaches the vocabulary.
+  causal: bool = False
+  # An encoder-decoder's pre-training noise: "spans" (T5's span corruption, sentinels in the
+  # source, the spans as the target) or "infilling" (BART's text infilling, the whole text as
+  # the target); "" for the others.
+  noise: str = ""
+  # A fine-tuning task's objective: its task's rows and head (bertjax/finetune/registry.py).
+  finetuning: bool = False
+
+  @property
+  def seq2seq(self) -> bool:
+    """Its batches are an encoder's rows and a decoder's."""
+    return self.trains == "encoder_decoder"
+
+  @property
+  def pretraining(self) -> bool:
+    return not self.finetuning
+
+
+_OBJECTIVES = (
+    Objective("mlm_nsp", _MLM, "encoder", masked_lm=True, sentence_pairs=True),
+    Objective("mlm_sop", _MLM, "encoder", masked_lm=True, sentence_pairs=True,
+              sentence_order=True),
+    Objective("mlm", _MLM, "encoder", masked_lm=True),
+    Objective("mlm_sbo", _MLM + (SPAN_LEFT_POSITIONS, SPAN_RIGHT_POSITIONS, SPAN_OFFSETS),
+              "encoder", masked_lm=True, span_boundary=True),
+    Objective("rtd", _MLM, "encoder", masked_lm=True, replaced_tokens=True),
+    Objective("causal_lm", (INPUT_IDS, TARGET_IDS, LOSS_MASK, DOCUMENT_IDS, POSITIONS),
+              "decoder", causal=True),
     # Encoder-decoders (T5's span corruption, BART's denoising): the encoder's rows and the
     # decoder's, each with its examples' ids.
-    "span_corruption": _SEQ2SEQ,
-    "denoising": _SEQ2SEQ,
-    "classification": _ENCODER + (CLASS_LABELS,),
-    "regression": _ENCODER + (SCORE_LABELS,),
-    "token_classification": _ENCODER + (TAG_LABELS,),
-    "question_answering": _ENCODER + (START_POSITIONS, END_POSITIONS),
-    "text_to_text": _SEQ2SEQ,
-}
+    Objective("span_corruption", _SEQ2SEQ, "encoder_decoder", noise="spans"),
+    Objective("denoising", _SEQ2SEQ, "encoder_decoder", noise="infilling"),
+    Objective("classification", _ENCODER + (CLASS_LABELS,), "encoder", finetuning=True),
+    Objective("regression", _ENCODER + (SCORE_LABELS,), "encoder", finetuning=True),
+    Objective("token_classification", _ENCODER + (TAG_LABELS,), "encoder", finetuning=True),
+    Objective("question_answering", _ENCODER + (START_POSITIONS, END_POSITIONS), "encoder",
+              finetuning=True),
+    Objective("text_to_text", _SEQ2SEQ, "encoder_decoder", finetuning=True),
+)
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in _OBJECTIVES}
+# Objective -> its fields. Packed BERT rows (data.bert_instances="packed") add PACKED.
+BATCHES: dict[str, tuple[Field, ...]] = {o.name: o.fields for o in _OBJECTIVES}
 PACKED = (DOCUMENT_IDS, POSITIONS)
-# The objectives whose batches are BERT's masked-LM instances (pairs, full sentences or packed).
-MASKED_LM = ("mlm_nsp", "mlm_sop", "mlm", "mlm_sbo", "rtd")
 
 
-def is_masked_lm(objective: str) -> bool:
-  return objective in MASKED_LM
+def objective(name: str) -> Objective:
+  """The objective `name`, or a ValueError listing them."""
+  if name not in OBJECTIVES:
+    raise ValueError(f"unknown objective {name!r}; objectives: {', '.join(OBJECTIVES)}")
+  return OBJECTIVES[name]
+
+
+def is_masked_lm(name: str) -> bool:
+  return objective(name).masked_lm
 
 
 def fields(objective: str, packed: bool = False) -> tuple[Field, ...]:
   """The fields of a batch of `objective` (with `packed`: BERT's packed rows)."""
-  if objective not in BATCHES:
+  spec = OBJECTIVES.get(objective)
+  if spec is None:
     raise ValueError(f"no batch schema for objective {objective!r}; objectives: "
-                     f"{', '.join(BATCHES)}")
-  return BATCHES[objective] + (PACKED if packed and is_masked_lm(objective) else ())
+                     f"{', '.join(OBJECTIVES)}")
+  return spec.fields + (PACKED if packed and spec.masked_lm else ())
 
 
 def shape(field: Field, rows: int, length: int, predictions: int,
@@ -116,7 +164,7 @@ def shape(field: Field, rows: int, length: int, predictions: int,
 def abstract_batch(objective: str, rows: int, length: int, predictions: int = 0,
                    packed: bool = False, decoder_length: int = 0) -> dict[str, Any]:
   """The batch as jax.ShapeDtypeStructs: what an ahead-of-time compile is given."""
-  import jax
+  import jax  # noqa: PLC0415 - bertjax.data loads no jax
   return {f.name: jax.ShapeDtypeStruct(shape(f, rows, length, predictions, decoder_length),
                                        np.dtype(f.dtype))
           for f in fields(objective, packed)}

@@ -1,26 +1,18 @@
 """The encoder-decoders' examples, as checkpointable Grain iterators over a row's documents:
-`SpanCorruptionIterDataset` (T5: the documents' tokens, each document ended by </s>, cut into
-runs of `t5_lengths` raw tokens and corrupted; every example fills the encoder and the decoder
-exactly, so no position is padding) and `DenoisingIterDataset` (BART: each document's sentences
-in blocks of up to seq_length - 2 tokens, each block's sentences permuted and its text infilled;
-one block per row, padded). The noise is bertjax.data.denoising's, drawn from a generator seeded
-by the example's place in the global document stream, so an example is the same whatever the
-host count, and restoring a state gives the same examples again.
+`SpanCorruptionIterDataset` (T5: runs of `t5_lengths` raw tokens, corrupted, filling the encoder
+and the decoder exactly) and `DenoisingIterDataset` (BART: blocks of sentences, permuted and
+infilled, one per row). The noise is bertjax.data.denoising's, seeded by the example's place in
+the global document stream, so examples do not depend on the host count and a restored state
+repeats them. `specials` is a t5- or bart-style tokenizer's frame.
 
-Fields (bertjax.data.schema, the objectives span_corruption and denoising): the encoder's
-`input_ids` and `document_ids` (1 = a token, 0 = padding), the decoder's `decoder_input_ids`
-(the targets shifted right behind the start token: T5's <pad>, BART's </s>),
-`decoder_document_ids`, `target_ids` and `loss_mask`.
-
-`specials` is a t5- or bart-style tokenizer's frame (`Specials`: what goes around a text, and
-the decoder's start token) for text-to-text fine-tuning, `bertjax generate` and the exports'
-config.json.
+The guide: docs/data.md, 'Encoder-decoder examples'; the fields: 'Batches: one schema'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grain
 import numpy as np
@@ -29,6 +21,7 @@ from bertjax.data import denoising
 from bertjax.data.errors import CorpusError
 from bertjax.data.options import LoaderConfig
 from bertjax.data.packing import BufferedDocuments, DocumentElement
+from bertjax.data.schema import objective
 from bertjax.data.span_masking import continuations
 from bertjax.data.tokenizers import special_ids
 
@@ -51,6 +44,7 @@ class Specials:
     return head + list(ids[:room]) + [self.eos], len(ids) > room
 
 
+# Used by text-to-text fine-tuning, `bertjax generate` and the exports' config.json.
 def specials(tokenizer: Any) -> Specials:
   """The frame of a t5- or bart-style tokenizer (a ValueError for any other)."""
   ids = special_ids(tokenizer)
@@ -86,15 +80,17 @@ class Seq2SeqConfig:
     return denoising.t5_lengths(self.seq_length, self.noise_density,
                                 self.mean_noise_span_length)
 
-  def decoder_length(self, objective: str) -> int:
-    return self.t5_lengths[1] if objective == "span_corruption" else self.seq_length
+  def decoder_length(self, name: str) -> int:
+    """The decoder's length for the objective `name`: T5's target length for span corruption,
+    the whole text's for BART's infilling."""
+    return self.t5_lengths[1] if objective(name).noise == "spans" else self.seq_length
 
 
 def seq2seq_config(tokenizer: Any, cfg: LoaderConfig, seed: int) -> Seq2SeqConfig:
   """The encoder-decoder examples' settings; the tokenizer must have its model's special
   tokens (T5: </s> and the sentinels; BART: <s>, </s> and <mask>)."""
   ids = special_ids(tokenizer)
-  t5 = cfg.objective == "span_corruption"
+  t5 = objective(cfg.objective).noise == "spans"
   first_sentinel = getattr(tokenizer, "first_sentinel", None)
   needed = {"eos": ids.get("eos"), "pad": ids.get("pad")} | (
       {"<extra_id_0>": first_sentinel} if t5 else {"bos": ids.get("bos"), "mask": ids.get("mask")})

@@ -1,14 +1,13 @@
 """Random access to the records of a built dataset's shards, on local disk or on an object store
-(`gs://` and every other fsspec store the path layer reads); guide: docs/data.md, 'Streaming
-from object stores'.
+(`gs://` and every other fsspec store the path layer reads).
 
 `ShardRecords` reads record i of a list of shards as the one byte range the shard's offsets give
-(bertjax.data.records): `os.pread` on local disk; on an object store one ranged GET of exactly
-that range, so a host fetches only the documents its rows read, and starting costs one read of
-each used shard's offsets, whatever the dataset's size. Nothing is copied to local disk; the
-records read last stay in memory, bounded (`cache_bytes`: BERT's random-next documents and a
-restored stream re-read a few). Datasets of formats 2 and 3 (ArrayRecord) are read through
+(bertjax.data.records): `os.pread` on local disk, one ranged GET of exactly that range on an
+object store, so a host fetches only the documents its rows read. The records read last stay
+in memory, bounded (`cache_bytes`). Datasets of formats 2 and 3 (ArrayRecord) are read through
 Grain's ArrayRecord source (`open_records`).
+
+The guide: docs/data.md, 'Streaming from object stores'.
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def parse_sources(text: str | list[str]) -> list[SourceSpec]:
   """Source specs from a comma-separated string ("wikipedia:/d/enwiki.xml.bz2@0.75,text:/books")
   or a list of them (repeated --source flags). A comma starts a new spec only where a `KIND:`
   (or `embedded`) follows, so paths may hold commas."""
-  boundary = r",(?=\s*(?:(?:%s):|embedded\s*(?:$|[@?,])))" % "|".join(SOURCE_KINDS)
+  kinds = "|".join(SOURCE_KINDS)
+  boundary = rf",(?=\s*(?:(?:{kinds}):|embedded\s*(?:$|[@?,])))"
   items = [part for item in ([text] if isinstance(text, str) else text)
            for part in re.split(boundary, item)]
   specs = [parse_source(item.strip()) for item in items if item.strip()]

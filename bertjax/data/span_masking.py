@@ -1,28 +1,20 @@
 """Whole-word masking schemes beyond BERT's single tokens, and SpanBERT's span-boundary targets:
+`mask_ngrams` (ALBERT, Lan et al. 2020, §4.1), `mask_spans` (SpanBERT, Joshi et al. 2020, §3.1)
+and `span_boundary_targets` (SpanBERT's SBO, §3.2).
 
-- `mask_ngrams`: ALBERT's n-gram masking (Lan et al. 2020, §4.1; google-research/albert's
-  `create_masked_lm_predictions` with `ngram=3`, `favor_shorter_ngram`, `do_whole_word_mask`):
-  n-grams of whole words, n drawn with p(n) ∝ 1/n, BERT's 80/10/10 per token;
-- `mask_spans`: SpanBERT's span masking (Joshi et al. 2020, §3.1; facebookresearch/SpanBERT's
-  `PairWithSpanMaskingScheme` with `--replacement-method span`): spans of whole words whose
-  lengths follow a geometric distribution clipped at `max_length`, each starting at a random
-  word start, added until the budget is spent, 80/10/10 decided once per span;
-- `span_boundary_targets`: for every masked position, the positions of the tokens just
-  outside its span and its 1-based offset in the span (SpanBERT's SBO, §3.2).
+`bert_instances.mask_tokens` dispatches here on `InstanceConfig.masking`, with BERT's budget.
+Word structure is computed with numpy and the draws come from one numpy generator seeded by the
+instance's `random.Random`, so a sequence costs a few Python steps per span, not per token.
 
-`bert_instances.mask_tokens` dispatches here on `InstanceConfig.masking`, with the same budget
-as BERT's (`min(max_predictions, max(1, round(len(tokens) · masked_lm_prob)))`); where each
-scheme follows its reference and where it differs: docs/data.md, 'Masking schemes'. Word
-structure is computed with numpy and the draws come from one numpy generator seeded by the
-instance's `random.Random`, so a 512-token sequence costs a few Python steps per span, not per
-token (the loader's budget is ~2 µs per token).
+The guide: docs/data.md, 'Masking schemes'.
 """
 
 from __future__ import annotations
 
 import functools
 import random
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -51,7 +43,7 @@ class ContinuationTable:
     self._answers = self.table.tolist()  # a list index is several times a numpy scalar's speed
 
   @classmethod
-  def of(cls, is_continuation: Callable[[int], bool], vocab_size: int) -> "ContinuationTable":
+  def of(cls, is_continuation: Callable[[int], bool], vocab_size: int) -> ContinuationTable:
     return cls(np.fromiter((bool(is_continuation(i)) for i in range(vocab_size)), bool,
                            vocab_size))
 
@@ -83,14 +75,14 @@ def check_settings(masking: str, ngram_max: int, span_geometric_p: float,
     raise ValueError(f"data.span_max_length={span_max_length!r}: must be at least 1")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ngram_pmf(ngram_max: int) -> np.ndarray:
   """ALBERT's p(n) = (1/n) / Σ_{k=1..N} 1/k for n = 1..N (index n - 1)."""
   weights = 1.0 / np.arange(1, ngram_max + 1)
   return weights / weights.sum()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def span_length_pmf(p: float, max_length: int) -> np.ndarray:
   """SpanBERT's span lengths: Geometric(p) on 1, 2, ... clipped at `max_length` by
   renormalising, p(l) ∝ p (1 - p)^(l - 1) for l = 1..max_length (index l - 1)."""

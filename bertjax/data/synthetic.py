@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.data.bert_instances import SPAN_BOUNDARY_FIELDS
+from bertjax.data.schema import Objective, objective
 from bertjax.data.span_masking import span_boundary_targets
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
@@ -43,6 +44,10 @@ class SyntheticMarkov:
       raise ValueError(f"synthetic data needs vocab_size > {NUM_SPECIAL + _SUCCESSORS}")
 
   @property
+  def _objective(self) -> Objective:
+    return objective(self.objective)
+
+  @property
   def _successors(self) -> np.ndarray:
     rng = np.random.default_rng([self.seed, 1234])
     return rng.integers(NUM_SPECIAL, self._last_word + 1,
@@ -51,7 +56,7 @@ class SyntheticMarkov:
   @property
   def _last_word(self) -> int:
     # GPT reserves the last id of the vocabulary for end-of-text.
-    last = self.vocab_size - (2 if self.objective == "causal_lm" else 1)
+    last = self.vocab_size - (2 if self._objective.causal else 1)
     return min(last, NUM_SPECIAL + self.num_words - 1)
 
   def _walk(self, rng: np.random.Generator, successors: np.ndarray, length: int,
@@ -72,7 +77,7 @@ class SyntheticMarkov:
     return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
   def _example(self, rng: np.random.Generator, successors: np.ndarray) -> dict[str, np.ndarray]:
-    if self.objective == "causal_lm":
+    if self._objective.causal:
       return self._gpt_example(rng, successors)
     return self._bert_example(rng, successors)
 
@@ -82,7 +87,7 @@ class SyntheticMarkov:
     walk = self._walk(rng, successors, body + 1)
     a, b = walk[:len_a], walk[len_a:body]
     label = 0
-    if self.objective == "mlm_sop":
+    if self._objective.sentence_order:
       if rng.random() < 0.5:
         a, b, label = b, a, 1
     elif rng.random() < 0.5:
@@ -110,7 +115,7 @@ class SyntheticMarkov:
         "masked_lm_weights": np.pad(np.ones(num, np.float32), (0, pad_p)),
         "next_sentence_labels": np.int32(label),
     }
-    if self.objective == "mlm_sbo":
+    if self._objective.span_boundary:
       # Runs of adjacent masked positions are the spans (bertjax.data.span_masking).
       targets = span_boundary_targets(positions, len(tokens), SPAN_MAX_LENGTH)
       for name, values in zip(SPAN_BOUNDARY_FIELDS, targets):

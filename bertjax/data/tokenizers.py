@@ -1,24 +1,12 @@
-"""Tokenizers beyond a given vocab.txt: `train_sentencepiece` (unigram or BPE, BERT or GPT style),
-`SentencePieceTokenizer` (the interface of `wordpiece.WordPiece`, so the dataset builder and
-whole-word masking take either) and `load_tokenizer` (either kind, picked from the path); guide:
-docs/data.md, 'SentencePiece tokenizers'. SentencePiece because it trains a vocabulary from raw
-text with no language-specific pre-tokenizer (as T5, ALBERT, XLNet and LLaMA do).
+"""Tokenizers beyond a given vocab.txt: `train_sentencepiece` (unigram or BPE; bert, gpt, t5 or
+bart style), `SentencePieceTokenizer` (the interface of `wordpiece.WordPiece`, so the dataset
+builder and whole-word masking take either) and `load_tokenizer` (either kind, picked from the
+path).
 
-Special-token ids are fixed per style, so that configs and checkpoints agree. bert: 0 [PAD],
-1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK] (control symbols, added by the instance builders), pieces
-from 5. gpt: 0 <unk>, 1 <|endoftext|>, 2 <pad>, 3..258 the byte pieces, pieces from 259; byte
-fallback, no dummy prefix (a text's first word has no space before it, as GPT-2's) and, unless
-lower-cased, no normalisation, so decode(encode(text)) == text. t5: 0 <pad>,
-1 </s>, 2 <unk>, pieces from 3, then 100 sentinels <extra_id_99> ... <extra_id_0> (control
-pieces; <extra_id_0> is the last id, as T5's vocabularies). bart: 0 <s>, 1 <pad>, 2 </s>, 3
-<unk>, the byte pieces, pieces, then <mask> last (fairseq's layout; lossless as gpt). `encode`
-adds no special token. Lower-casing is SentencePiece's case folding, stored in the model; unlike
-BERT-uncased's WordPiece it keeps accents.
+Special-token ids are fixed per style, and training is deterministic: the same texts and
+arguments give a byte-identical spm.model.
 
-Determinism: the same texts and arguments give a byte-identical spm.model. More than
-`max_sentences` lines are reservoir-sampled here from `seed` (SentencePiece's own sampling is not
-reproducible across processes), and `num_threads` defaults to 1 (unigram training's scores and
-pieces depend on the thread count).
+The guide: docs/data.md, 'SentencePiece tokenizers'.
 """
 
 from __future__ import annotations
@@ -28,8 +16,9 @@ import json
 import os
 import random
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 import sentencepiece as spm
 
@@ -92,8 +81,10 @@ def train_sentencepiece(texts: Iterable[str], out_dir: str | Path, *, vocab_size
   Each text is split into lines (sentences, ideally: SentencePiece trains on lines); blank
   lines are skipped. The texts are streamed once; when there are more than `max_sentences`
   lines, a uniform sample of that many (reproducible from `seed`) is kept in memory and
-  trained on. See the module docstring for the special-token layout of each `style` and for
-  determinism. `verbose` shows SentencePiece's training log.
+  trained on (here, from `seed`: SentencePiece's own sampling is not reproducible across
+  processes). `num_threads` defaults to 1: unigram training's scores and pieces depend on the
+  thread count. docs/data.md, 'SentencePiece tokenizers', has the special-token layout of each
+  `style`. `verbose` shows SentencePiece's training log.
   """
   if model_type not in MODEL_TYPES:
     raise ValueError(f"model_type {model_type!r}: expected one of {', '.join(MODEL_TYPES)}")
@@ -290,7 +281,7 @@ class SentencePieceTokenizer:
 
   @classmethod
   def from_model(cls, path: str | Path, *, require: str | None = None,
-                 num_threads: int | None = None) -> "SentencePieceTokenizer":
+                 num_threads: int | None = None) -> SentencePieceTokenizer:
     """Loads a SentencePiece `.model` file. `require="bert"` checks for [PAD] [UNK] [CLS] [SEP]
     [MASK], `require="gpt"` for <|endoftext|>; `num_threads` for `encode_batch` (default:
     the CPUs this process may use)."""
@@ -314,14 +305,14 @@ class SentencePieceTokenizer:
       raise CorpusError(f"{path}: SentencePiece model lacks the {EOT_TOKEN} token that GPT "
                         "needs (train it with style='gpt')")
     elif require in ("t5", "bart") and tokenizer.style != require:
+      needs = "the sentinels <extra_id_N>" if require == "t5" else "<s>, <mask>"
       raise CorpusError(f"{path}: SentencePiece model lacks the special tokens {require} needs "
-                        f"(</s> and {'the sentinels <extra_id_N>' if require == 't5' else '<s>, <mask>'}"
-                        f"; train it with style='{require}')")
+                        f"(</s> and {needs}; train it with style='{require}')")
     return tokenizer
 
   @classmethod
   def from_dir(cls, path: str | Path, *, require: str | None = None,
-               num_threads: int | None = None) -> "SentencePieceTokenizer":
+               num_threads: int | None = None) -> SentencePieceTokenizer:
     """Loads `path`/spm.model (as written by `train_sentencepiece`); see `from_model`."""
     path = Path(path)
     if not (path / MODEL_FILE).is_file():

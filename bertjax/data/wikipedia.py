@@ -13,8 +13,9 @@ from __future__ import annotations
 import bz2
 import dataclasses
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, NamedTuple
+from typing import IO, NamedTuple
 from xml.parsers import expat
 
 from bertjax import paths

@@ -10,8 +10,8 @@ greedy longest-match WordPiece. tests/test_wordpiece.py checks its ids against t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
@@ -33,7 +33,7 @@ class WordPiece:
   vocab: dict[str, int]
 
   @classmethod
-  def from_vocab(cls, path: str | Path, lowercase: bool = True) -> "WordPiece":
+  def from_vocab(cls, path: str | Path, lowercase: bool = True) -> WordPiece:
     """Loads `vocab.txt` (one token per line, id = line number); `lowercase` as the
     checkpoint was trained (bert-base-uncased: True, -cased: False)."""
     path = Path(path)

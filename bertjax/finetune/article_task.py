@@ -1,8 +1,8 @@
 """A labelled task made from a corpus: which of K articles does a sentence come from?
 
-The transfer experiment (docs/finetuning.md) needs a small supervised task built from data the project ships:
-the K articles of the corpus with the most sentences (of at least `min_words` words) become
-the classes, each contributes the same number of sentences, shuffled with a seed; the dev set
+The transfer experiment (docs/finetuning.md) needs a small supervised task built from data the
+project ships: the K articles of the corpus with the most sentences (of at least `min_words` words)
+become the classes, each contributes the same number of sentences, shuffled with a seed; the dev set
 takes `dev_per_article` sentences of each, and training sets of the requested sizes are nested
 prefixes of the rest (train_100 is inside train_1000), balanced across classes. Written as
 GLUE-style TSV (`sentence`, `label`) that `bertjax finetune` reads as it is.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from bertjax.data.sentences import split_sentences
 from bertjax.data.sources import SkipCounts, parse_sources, read_source

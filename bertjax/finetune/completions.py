@@ -1,18 +1,12 @@
 """GPT fine-tuning data: prompt/completion and chat records (JSONL), encoded with the loss on the
-completions only and packed whole into fixed rows for `objectives.CausalLM` (`load_completions`);
-guide: docs/finetuning.md, 'GPT on prompts and completions'.
+completions only and packed whole into fixed rows for `objectives.CausalLM` (`load_completions`).
 
-A `{"prompt", "completion"}` record trains on prompt + completion exactly as given (as OpenAI's
-legacy format: end the prompt with a separator, start the completion with a space). A
-`{"messages": [{"role", "content"}, ...]}` record is rendered one line per system or user message
-("System: {content}\\n", "User: {content}\\n") and "Assistant: {content}<|endoftext|>" per
-assistant message; each assistant message (" {content}") is a completion, the rest prompt, and
-messages after the last assistant message are left out. <|endoftext|> closes every completion:
-pre-training taught the model that it ends a text, and generation stops on it.
+A chat is rendered as plain text, one "System:" or "User:" line per message and "Assistant:
+{content}<|endoftext|>" per assistant message; each assistant message is a completion, the rest
+prompt. Packing (`pack_examples`) is first-fit in input order, each example whole in its own
+segment.
 
-Packing (`pack_examples`): first-fit in input order, each example whole in its own segment; one
-longer than `seq_length` loses prompt tokens from the left, or is skipped and counted when its
-last completion would not fit behind one prompt token.
+The guide: docs/finetuning.md, 'GPT on prompts and completions'.
 """
 
 from __future__ import annotations
@@ -90,8 +84,8 @@ class PackedCompletions:
 
 
 def read_completion_records(path: str | Path) -> list[CompletionRecord]:
-  """Records of a JSONL file (prompt/completion or chat, see the module docstring); a malformed
-  line raises CorpusError naming the file and line."""
+  """Records of a JSONL file (prompt/completion or chat: docs/finetuning.md, 'GPT on prompts
+  and completions'); a malformed line raises CorpusError naming the file and line."""
   path = Path(path)
   if not path.is_file():
     raise CorpusError(f"{path}: no such file")
@@ -249,7 +243,7 @@ class _FirstFit:
 def pack_examples(examples: Sequence[EncodedExample], seq_length: int, pad_id: int,
                   skips: SkipCounts | None = None
                   ) -> tuple[dict[str, np.ndarray], int, SkipCounts]:
-  """Packs whole examples first-fit into rows of `seq_length` (see the module docstring).
+  """Packs whole examples first-fit into rows of `seq_length` (docs/finetuning.md, 'Packing').
 
   Returns the rows (numpy int32 [R, seq_length] per CausalLM key), how many examples were cut
   to fit, and the skip counts."""
@@ -293,7 +287,7 @@ def pack_examples(examples: Sequence[EncodedExample], seq_length: int, pad_id: i
 def load_completions(paths: str | Path | Sequence[str | Path], tokenizer: Any,
                      seq_length: int, *, holdout: int = 0, seed: int = 0) -> PackedCompletions:
   """Reads JSONL records from `paths`, holds out `holdout` of them (a seeded random choice,
-  kept in file order) for generation, and packs the rest (see the module docstring)."""
+  kept in file order) for generation, and packs the rest (`pack_examples`)."""
   if isinstance(paths, (str, Path)):
     paths = [paths]
   records = [r for p in paths for r in read_completion_records(p)]

@@ -1,16 +1,13 @@
 """Few-shot evaluation of a GPT without training, as GPT-3 (Brown et al. 2020): `evaluate_fewshot`
 predicts the label whose verbalisation (default: the label itself) the model finds most likely
-after k demonstrations and the query; guide: docs/finetuning.md, 'Few-shot evaluation of a GPT'.
+after k demonstrations and the query.
 
-`Template` (each part overridable): a demonstration is "{text}\\nAnswer:" + " {label}" + "\\n\\n",
-the query "{text}\\nAnswer:", each candidate " {label}". Per query one seeded draw
-(`demonstration_order`: uniform, or "balanced": the classes in turn) orders the pool without the
-query's text; k shots are its first k, so a larger k extends a smaller one, and the first drawn
-sits nearest the query. A prompt too long for `max_length` loses its last-drawn demonstrations; a
-query too long alone keeps the end of its prompt (both counted). A candidate's score is its summed
-log-probability (also length-normalised), prompt + candidate encoded as one text and split where
-`encode(prompt)` stops being a prefix (`completions.split_encode`). Baselines: the pool's
-majority class, and chance.
+`Template`: a demonstration is "{text}\\nAnswer:" + " {label}" + "\\n\\n", the query
+"{text}\\nAnswer:", each candidate " {label}". Per query one seeded draw orders the pool without
+the query's text, and k shots are its first k. A candidate's score is its summed
+log-probability (also length-normalised).
+
+The guide: docs/finetuning.md, 'Few-shot evaluation of a GPT'.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import json
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.data.errors import CorpusError
 from bertjax.finetune import labeled
 from bertjax.finetune.completions import split_encode
-from bertjax.data.errors import CorpusError
 from bertjax.models import ModelConfig, build_model
 
 Array = jax.Array
@@ -38,7 +36,7 @@ SAMPLING = ("random", "balanced")
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-  """How demonstrations and the query are written (see the module docstring)."""
+  """How demonstrations and the query are written; each part can be overridden."""
 
   query: str = "{text}\nAnswer:"
   answer: str = " {label}"
@@ -132,7 +130,7 @@ def score_continuations(params: Any, model_config: ModelConfig,
   """Σ log p(continuation tokens | context tokens) for each (context, continuation) pair
   (float32 [N]). Rows are right-padded to a multiple of `bucket` (at most the model's
   positions) and run `batch_size` at a time, so each length bucket compiles once."""
-  if model_config.family != "gpt":
+  if not model_config.is_decoder:
     raise ValueError(f"few-shot scoring needs a GPT model, got family={model_config.family!r}")
   limit = model_config.max_positions
   config = model_config.replace(hidden_dropout=0.0, attention_dropout=0.0)
@@ -200,7 +198,7 @@ def evaluate_fewshot(params: Any, model_config: ModelConfig, tokenizer: Any,
                      text_column: str = "sentence", label_column: str = "label",
                      max_length: int | None = None, batch_size: int = 16, bucket: int = 32,
                      return_prompts: bool = False) -> dict[str, Any]:
-  """Few-shot accuracy of a GPT on labelled `examples` for each k in `ks` (module docstring).
+  """Few-shot accuracy of a GPT on labelled `examples` for each k in `ks` (docs/finetuning.md).
 
   `examples` and `pool` (where demonstrations come from; default: `examples`, the query
   excluded) are a TSV/CSV/JSONL path with `text_column` and `label_column`, or a sequence of
@@ -336,7 +334,6 @@ def read_multiple_choice(path: str | Path) -> list[Choice]:
 
 def is_multiple_choice(path: str | Path) -> bool:
   """Whether `path` is multiple-choice JSONL (its first record has "choices")."""
-  import json
   path = Path(path)
   if path.suffix != ".jsonl":
     return False

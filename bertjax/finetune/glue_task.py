@@ -3,22 +3,10 @@
 `bertjax eval glue` reads GLUE's directory layout; the real data is a download this project
 does not ship. These tasks are built from the sentences of a corpus (the embedded Wikipedia
 sample by default), each written in its GLUE task's exact file format (columns, header or
-none, label spellings), so the suite runs end to end anywhere and a model's numbers on them
-are comparable between runs (not with published GLUE scores):
+none, label spellings), so the suite runs end to end anywhere; a model's numbers on them are
+comparable between runs, not with published GLUE scores.
 
-  CoLA   is the sentence as written (1) or with its words shuffled (0); header-less
-  SST-2  which of two articles a sentence comes from
-  MRPC   are two sentences consecutive in one article (1) or from two articles (0)
-  STS-B  a sentence and a copy with some words replaced by words of other articles; the score
-         is 5 x the fraction kept (regression)
-  QQP    are two sentences from one article (1) or from two (0)
-  MNLI   the next sentence (entailment), a sentence of the same article (neutral) or of another
-         article (contradiction); dev_mismatched from articles no other split uses
-  QNLI   is the sentence the one whose first words the question asks about
-  RTE    is sentence2 the beginning of sentence1
-  WNLI   RTE's question with 0/1 labels
-
-Splits are by article (dev never shares an article with train), seeded.
+The guide: docs/finetuning.md, 'GLUE and SQuAD as the papers report them'.
 """
 
 from __future__ import annotations

@@ -2,15 +2,12 @@
 vocabulary, and encoding into fixed-length BERT inputs.
 
 Sentence and sentence-pair tasks read `text_a` (and optionally `text_b`) and `label` from named
-columns (or 0-based column numbers for header-less files such as CoLA's). Token
-classification reads JSONL `{"tokens": [...], "tags": [...]}` or CoNLL (one `word ... tag` per
-line, a blank line between sentences). Every malformed line is a `CorpusError` naming the file
-and the line.
+columns (or 0-based column numbers for header-less files such as CoLA's); token classification
+reads JSONL or CoNLL. Every malformed line is a `CorpusError` naming the file and the line.
+Encoding is `[CLS] A [SEP] B [SEP]`, the longer side truncated first, padded to `seq_length`;
+word tags go to each word's first piece (the rest: IGNORE, -100).
 
-Encoding: `[CLS] A [SEP] B [SEP]` with token types 0/1, truncating the longer side first
-(google-research/bert's `_truncate_seq_pair`), padded to `seq_length`. Word tags go to the
-first piece of each word; the other pieces and the special tokens get IGNORE (-100), as
-Hugging Face's token-classification recipe does.
+The guide: docs/finetuning.md (its first section, 'Inputs').
 """
 
 from __future__ import annotations
@@ -19,8 +16,9 @@ import csv
 import dataclasses
 import json
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 

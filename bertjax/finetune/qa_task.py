@@ -2,14 +2,11 @@
 
 The fine-tuning experiments need an extractive QA task whose data come with the project (SQuAD
 itself must be downloaded). Questions are cloze-style and answerable by reading: one sentence
-of a paragraph, a span of it chosen as the answer (a year, a count, a capitalised name or an
-"X of Y" noun phrase) and replaced by a wh-phrase ("when", "how many", "who" / "what"), the
-paragraph as the context. So the answer is always in the context, next to the rest of the
-question's words, which is what a small model can learn in minutes.
+of a paragraph, a span of it replaced by a wh-phrase, the paragraph as the context. Articles
+are split between train and dev; v2.0 files add unanswerable questions. A seed gives identical
+files.
 
-Articles are split between train and dev (none in both); v2.0 files pair about a third of the
-same questions with another paragraph that lacks the answer (is_impossible, no answers).
-Everything is drawn from one seeded random.Random, so a seed gives identical files.
+The guide: docs/finetuning.md, 'Extractive question answering (SQuAD)'.
 """
 
 from __future__ import annotations

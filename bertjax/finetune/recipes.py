@@ -1,15 +1,13 @@
-"""Named fine-tuning presets (`bertjax finetune --recipe NAME`): the recipe table of how
-pre-trained weights are used, task by task, as fine-tuning settings by their friendly names
-(bertjax.config.finetune.SETTINGS: the `bertjax finetune` flags). Flags given with a recipe
-override its values.
+"""Named fine-tuning presets (`bertjax finetune --recipe NAME`): how pre-trained weights are used,
+task by task, as fine-tuning settings by their friendly names (bertjax.config.finetune.SETTINGS:
+the `bertjax finetune` flags). Flags given with a recipe override its values.
 
-Sources: Devlin et al. 2019 (GLUE: lr among 2e-5..5e-5, batch 32, 3 epochs; SQuAD), the course
-table this project serves (SQuAD lr 3e-5 for 2 epochs with full fine-tuning; GPT generation lr
-1e-5..3e-5 for 2-5 epochs; domain NER with the bottom layers frozen), Hu et al. 2021 (LoRA),
-Houlsby et al. 2019 (adapters), Li & Liang 2021 (prefix tuning), Raffel et al. 2020 (T5:
-Adafactor, constant 1e-3, batch 128 of 512 tokens), Lewis et al. 2020 and fairseq's BART
-recipes. The rates are for BERT-base / GPT-2-small-sized models; a tiny model wants larger ones
-(docs/finetuning.md).
+Sources: Devlin et al. 2019 (GLUE, SQuAD); the course table this project serves (SQuAD lr 3e-5
+for 2 epochs; GPT generation lr 1e-5..3e-5 for 2-5 epochs; domain NER with the bottom layers
+frozen); Hu et al. 2021 (LoRA); Houlsby et al. 2019 (adapters); Li & Liang 2021 (prefix
+tuning); Raffel et al. 2020 (T5); Lewis et al. 2020 and fairseq's BART recipes.
+
+The guide: docs/finetuning.md, 'Recipes'.
 """
 
 from __future__ import annotations

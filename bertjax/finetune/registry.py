@@ -1,6 +1,6 @@
-"""The fine-tuning tasks' registry: every fact about a task that more than one module needs (its
-model family, objective, head and default metric). A leaf: it imports nothing of bertjax, so
-the config, checkpoint and training code can ask it without loading the task readers.
+"""The fine-tuning tasks' registry: every fact about a task that more than one module needs (the
+kind of model it fine-tunes, its objective, head and default metric). A leaf: it imports nothing of
+bertjax, so the config, checkpoint and training code can ask it without loading the task readers.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import dataclasses
 class Task:
   """Every fact about a fine-tuning task that more than one module needs."""
 
-  # The model family it fine-tunes: "bert" (a fresh head on the encoder), "gpt" (the LM) or
-  # "encoder_decoder" (T5 or BART, the LM head on the decoder).
-  family: str
+  # The kind of model it fine-tunes (bertjax/models/families.py): "encoder" (a fresh head on
+  # the encoder), "decoder" (the LM) or "encoder_decoder" (the LM head on the decoder).
+  kind: str
   # The trainer's objective (bertjax.training.objectives).
   objective: str
   # The model's head (bertjax.models.build_model), also the Hugging Face export's head.
@@ -24,16 +24,14 @@ class Task:
 
 
 TASKS: dict[str, Task] = {
-    "classification": Task("bert", "classification", "sequence_classification", "accuracy"),
-    "regression": Task("bert", "regression", "sequence_classification", "pearson"),
-    "token_classification": Task("bert", "token_classification", "token_classification", "f1"),
-    "question_answering": Task("bert", "question_answering", "question_answering", "f1"),
-    "completion": Task("gpt", "causal_lm", "pretraining", "loss"),
+    "classification": Task("encoder", "classification", "sequence_classification", "accuracy"),
+    "regression": Task("encoder", "regression", "sequence_classification", "pearson"),
+    "token_classification": Task("encoder", "token_classification", "token_classification", "f1"),
+    "question_answering": Task("encoder", "question_answering", "question_answering", "f1"),
+    "completion": Task("decoder", "causal_lm", "pretraining", "loss"),
     # Its selection metric is its data's (bertjax.finetune.text_to_text.FORMATS).
     "text_to_text": Task("encoder_decoder", "text_to_text", "pretraining", "f1"),
 }
-# The model families of each task family.
-FAMILIES = {"bert": ("bert",), "gpt": ("gpt",), "encoder_decoder": ("t5", "bart")}
 # Metrics where lower is better; every other selection metric is maximised.
 LOWER_IS_BETTER = ("mse", "loss", "perplexity")
 

@@ -4,8 +4,11 @@ SQuAD's exact match and F1."""
 
 from __future__ import annotations
 
+import collections
 import math
-from typing import Sequence
+import re
+import string
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -129,15 +132,12 @@ def task_scores(task: str, labels: np.ndarray, preds: np.ndarray,
 
 def _squad_normalize(text: str) -> str:
   """Lower case, no punctuation, no articles (a, an, the), single spaces."""
-  import re
-  import string
   punctuation = set(string.punctuation)
   text = "".join(c for c in text.lower() if c not in punctuation)
   return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
 
 
 def _squad_f1(prediction: str, gold: str, version_2: bool) -> float:
-  import collections
   pred, true = _squad_normalize(prediction).split(), _squad_normalize(gold).split()
   if version_2 and (not pred or not true):
     return float(pred == true)  # v2.0: an empty answer matches only an empty one

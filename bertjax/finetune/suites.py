@@ -1,23 +1,11 @@
 """Evaluation suites as the papers report them (`bertjax eval glue|squad`; bertjax.cli.finetune
 runs the fine-tunes): GLUE (Wang et al. 2019), the nine tasks in GLUE's directory layout, and
 SQuAD v1.1 / v2.0 (Rajpurkar et al. 2016, 2018) by their file names; each task's metrics,
-several fine-tuning seeds per task and a rule that turns the seeds' dev scores into the task's
-number.
+several fine-tuning seeds per task and a rule (`RULES`) that turns the seeds' dev scores into
+the task's number: the median (RoBERTa, Liu et al. 2019), the best (BERT, Devlin et al. 2019)
+or the mean.
 
-The layout is the one GLUE's download script writes (`GLUE_DIR/CoLA/train.tsv`, ...): CoLA
-without a header row (label in column 1, sentence in column 3); MRPC's `Quality`, `#1 String`,
-`#2 String`; STS-B's `sentence1`, `sentence2`, `score`; QQP's `question1`, `question2`,
-`is_duplicate`; MNLI's `sentence1`, `sentence2`, `gold_label` with `dev_matched.tsv` and
-`dev_mismatched.tsv`; QNLI's `question`, `sentence`; SST-2, RTE and WNLI as named below.
-SQuAD: `train-v1.1.json` and `dev-v1.1.json`, `train-v2.0.json` and `dev-v2.0.json` in one
-directory (what SQuAD's site and `bertjax data qa-task` name them), scored by the official
-scripts' exact match and F1.
-
-Selection rules (`RULES`): a seed's dev score is its best evaluation's (the fine-tune keeps the
-parameters of its best epoch by the task's first metric); a task's number is the median of the
-seeds' (RoBERTa, Liu et al. 2019: "median over five random initializations"; ELECTRA's README
-scores are medians too), their best (BERT, Devlin et al. 2019: restarts "selected the best
-model on the Dev set"; ALBERT's single best-dev runs) or their mean.
+The guide: docs/finetuning.md, 'GLUE and SQuAD as the papers report them (`bertjax eval`)'.
 """
 
 from __future__ import annotations
@@ -55,6 +43,8 @@ class SuiteTask:
     return files
 
 
+# The layout GLUE's download script writes (GLUE_DIR/CoLA/train.tsv, ...): CoLA without a header
+# row (label in column 1, sentence in column 3), every other task's columns by header name.
 GLUE: dict[str, SuiteTask] = {task.name: task for task in (
     SuiteTask("cola", "CoLA", "classification", "3", "", "1", ("matthews",), header=False),
     SuiteTask("sst2", "SST-2", "classification", "sentence", "", "label"),
@@ -70,12 +60,18 @@ GLUE: dict[str, SuiteTask] = {task.name: task for task in (
     SuiteTask("rte", "RTE", "classification", "sentence1", "sentence2", "label"),
     SuiteTask("wnli", "WNLI", "classification", "sentence1", "sentence2", "label"),
 )}
+# SQuAD's files in one directory, as SQuAD's site and `bertjax data qa-task` name them; scored by
+# the official scripts' exact match and F1.
 SQUAD: dict[str, SuiteTask] = {task.name: task for task in (
     SuiteTask(f"squad{version}", ".", "question_answering", "", "", "", ("f1", "exact_match"),
               train=f"train-v{version}.json", dev=f"dev-v{version}.json", recipe="squad")
     for version in ("1.1", "2.0"))}
 SUITES = {"glue": GLUE, "squad": SQUAD}
 
+# A seed's dev score is its best evaluation's (the fine-tune keeps its best epoch by the task's
+# first metric). median: RoBERTa's "median over five random initializations" (ELECTRA's README
+# scores are medians too); best: BERT's restarts "selected the best model on the Dev set"
+# (ALBERT's single best-dev runs).
 RULES = {"median": statistics.median, "best": max, "mean": statistics.fmean}
 
 # Fine-tuning settings a task decides (a user's value for one of them is refused).

@@ -1,20 +1,14 @@
 """What each fine-tuning task reads, trains on and is scored by (`build`): the rows the one
 trainer steps over and the dev evaluation. The facts about each task are the registry's
-(bertjax.finetune.registry).
-
-- labelled tasks (classification, regression, token_classification; BERT): GLUE-style TSV/CSV/
-  JSONL or CoNLL (bertjax.finetune.labeled), dev scores by bertjax.finetune.scores.task_scores.
-- question_answering (BERT): SQuAD v1.1/v2.0 JSON (bertjax.finetune.squad): questions and contexts
-  cut into overlapping windows; dev answers decoded from the span logits of every window of a
-  question, scored by the official exact match and F1.
-- completion (GPT): prompt/completion or chat JSONL (bertjax.finetune.completions), packed into rows
-  with the loss on completion tokens only; dev completion loss and perplexity, and after
-  training the best parameters' greedy generations for the dev file's first prompts
-  (OUT/generations.jsonl: generated beside the reference completion).
+(bertjax.finetune.registry); the readers are bertjax.finetune.labeled (classification,
+regression, token_classification), bertjax.finetune.squad (question_answering) and
+bertjax.finetune.completions (completion).
 
 A `TaskData` holds the training rows (every field [N, ...], host arrays) and the functions the
 training loop calls (bertjax.training.finetuning); nothing here steps or saves. The settings
 come from the run config: its `finetune` group, `seq_length` and `batch_size`.
+
+The guide: docs/finetuning.md.
 """
 
 from __future__ import annotations
@@ -23,8 +17,9 @@ import dataclasses
 import json
 import logging
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 import jax
 import ml_collections
@@ -32,12 +27,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from bertjax import paths
-
 from bertjax.data.errors import CorpusError
+from bertjax.data.seq2seq import specials
 from bertjax.finetune import completions, labeled, scores, squad, text_to_text
 from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.inference import generate
-from bertjax.data.seq2seq import specials
 from bertjax.parallel.distributed import to_host
 
 log = logging.getLogger(__name__)

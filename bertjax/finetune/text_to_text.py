@@ -1,44 +1,30 @@
 """Text-to-text fine-tuning of an encoder-decoder (T5, BART): a task as input text -> target text
 (Raffel et al. 2020, section 2.4), trained on the decoder's cross-entropy over the target
 (objective `text_to_text`) and scored on the text the model generates (greedy) for each dev
-input; guide: docs/finetuning.md, 'Text to text'.
+input.
 
-The training file's format says what the task is (`FORMATS`):
-- `squad`: SQuAD v1.1/v2.0 JSON -> "question: {question} context: {context}" -> the first
-  answer (T5's SQuAD format); an unanswerable question (v2.0) -> "unanswerable". Scored by the
-  official exact match and F1 over every reference answer, "unanswerable" as no answer.
-- `prompt_completion`: JSONL of {"prompt", "completion"} -> the prompt -> the completion. Scored
-  by exact match and F1 (SQuAD's normalisation) against the completion.
-- `labels`: GLUE TSV/CSV/JSONL (the finetune.text_a / text_b / label columns) -> "sentence:
-  {a}" or "sentence1: {a} sentence2: {b}" -> the label as written, so label words are the
-  classes ("acceptable", not 1). Scored by accuracy (the generation equals the label) and the
-  fraction of generations that are no label at all.
-Besides the score, the dev loss over the targets.
+The training file's format says what the task is (`FORMATS`: SQuAD JSON, prompt/completion
+JSONL, GLUE-style labels); examples are packed in order into rows while both sides fit.
 
-Encoding: the source is the text's ids between the model's special tokens (T5: text </s>;
-BART: <s> text </s>), cut on the right to seq_length; the target likewise (as transformers'
-tokenizers write labels), cut to finetune.target_length; both cuts are counted. The decoder
-reads the target shifted right behind its start token (T5 <pad>, BART </s>). Examples are packed
-in order into rows while both sides fit, each with its own ids on both sides, so an example
-attends only to itself.
+The guide: docs/finetuning.md, 'Text to text: T5 and BART'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import ml_collections
 import numpy as np
 
 from bertjax.data import schema
 from bertjax.data.errors import CorpusError
+from bertjax.data.seq2seq import Specials
 from bertjax.finetune import labeled, scores, squad
 from bertjax.inference import generate
-from bertjax.data.seq2seq import Specials
-
 
 # Format -> the dev metric that selects the best parameters.
 FORMATS = {"squad": "f1", "prompt_completion": "f1", "labels": "accuracy"}

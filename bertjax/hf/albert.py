@@ -1,18 +1,12 @@
 """ALBERT's mapping: parameter names of AlbertForPreTraining, AlbertForMaskedLM and AlbertModel,
 and its config.json (model_type "albert") both ways.
 
-transformers' ALBERT keeps its layers in `num_hidden_groups` groups of `inner_group_num` layers;
-layer i runs group i·groups/layers. bertjax reads and writes two of its shapes: one group of one
-layer, every layer sharing it (`layer_sharing="all"`: `bert/encoder/shared_layer`, ALBERT as
-released), and one group per layer (`layer_sharing="none"`: `layers_{i}` = group i). Sharing
-only the attention or only the FFN (the paper's Table 4 ablations) has no transformers
-equivalent and is refused on export.
+bertjax reads and writes two of transformers' layer groupings: one group of one layer shared by
+every layer (`layer_sharing="all"`: `bert/encoder/shared_layer`, ALBERT as released) and one
+group per layer (`layer_sharing="none"`); attention-only or FFN-only sharing (the paper's Table
+4 ablations) has no transformers equivalent and is refused on export.
 
-The embeddings are BERT's at `embedding_size`, projected to the hidden size by
-`encoder.embedding_hidden_mapping_in` (ours: `bert/embeddings_project`) whatever the widths; the
-pooler is a bare Linear (`albert.pooler`); the MLM head (`predictions`) narrows to the embedding
-width before the decoder, which is tied to the word table and to `predictions.bias`; the
-sentence-order head (`sop_classifier.classifier`) is BertForPreTraining's NSP head (`nsp`).
+The guide: docs/models.md, 'Hugging Face names' (ALBERT).
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from typing import Any
 
 from bertjax.hf import bert
 from bertjax.hf.entries import Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the heads: its tensors' name prefix.
@@ -139,3 +134,13 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining
       "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
       "classifier_dropout_prob": 0.1, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3,
       "tie_word_embeddings": True, "torch_dtype": dtype, **(generation_ids or {})}
+
+
+FORMATS = (HFFormat(
+    model_type="albert", family="bert", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation, r.head,
+                                           r.generation_ids),
+    claims=lambda cfg: cfg.family == "bert" and cfg.architecture == "albert", priority=40,
+    check_exportable=check_exportable, heads=EXPORT_HEADS),)

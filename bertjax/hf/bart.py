@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, fused_qkv, norm, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 PREFIX = "model."
@@ -133,3 +134,15 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
           "scale_embedding": cfg.scale_embeddings, "tie_word_embeddings": True,
           "is_encoder_decoder": True, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
           "decoder_start_token_id": 2, "forced_eos_token_id": None, "torch_dtype": dtype}
+
+
+FORMATS = (HFFormat(
+    model_type="bart", family="bart", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: {**config_dict(cfg, r.dtype, r.activation),
+                                **(r.generation_ids or {})},
+    claims=lambda cfg: cfg.family == "bart",
+    heads={"pretraining": "BartForConditionalGeneration"},
+    ignored=lambda name: name == FINAL_LOGITS_BIAS, check_tensors=check_final_logits_bias,
+    extra_tensors=extra_tensors),)

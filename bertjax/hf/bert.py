@@ -9,10 +9,19 @@ PyTorch nn.Linear stores [out, in]: kernels are transposed; bertjax fuses Q, K, 
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
-from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, fused_qkv, norm, same, transposed
+from bertjax.hf.entries import (
+  HF_ACT,
+  Entry,
+  HFConversionError,
+  check_classic,
+  fused_qkv,
+  norm,
+  same,
+  transposed,
+)
+from bertjax.hf.formats import HFFormat, PeftLayout
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the heads: its tensors' name prefix.
@@ -172,3 +181,44 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining
       "initializer_range": cfg.initializer_range, "layer_norm_eps": cfg.layer_norm_eps,
       "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
       "torch_dtype": dtype}
+
+
+def check_unshared(cfg: ModelConfig) -> None:
+  """Only ALBERT's layout shares layers in transformers."""
+  if cfg.layer_sharing != "none":
+    raise HFConversionError(f"model.layer_sharing={cfg.layer_sharing}: transformers' "
+                            f"{cfg.architecture} has no shared layers (model.architecture=albert "
+                            "exports as ALBERT)")
+
+
+def check_exportable(cfg: ModelConfig) -> None:
+  """Raises unless `cfg` is BertForPreTraining's layout."""
+  check_unshared(cfg)
+  check_classic(cfg, "BertForPreTraining")
+  if cfg.norm_position != "post":
+    raise HFConversionError("pre-LN BERT has no Hugging Face BertForPreTraining equivalent")
+
+
+def _entries(cfg: ModelConfig, prefix: str, head: str, tensors: Any) -> list[Entry]:
+  del tensors
+  return entries(cfg, prefix) if head == "pretraining" else classifier_entries(cfg, head)
+
+
+def _without_equivalent(cfg: ModelConfig, head: str) -> list[tuple[str, ...]]:
+  """The pooler under a per-token head: trained by nothing there; HF's model has none."""
+  if head not in TOKEN_HEADS:
+    return []
+  return [e.ours for e in entries(cfg, PREFIX) if e.ours[:2] == ("bert", "pooler")]
+
+
+FORMATS = (HFFormat(
+    model_type="bert", family="bert", prefix=PREFIX, entries=_entries, tied_copies=tied_copies,
+    config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation, r.head, r.labels),
+    claims=lambda cfg: cfg.family == "bert", check_exportable=check_exportable,
+    heads=EXPORT_HEADS, without_equivalent=_without_equivalent,
+    peft=PeftLayout(layer=PREFIX + "encoder.layer.{}.",
+                    modules={"query": "attention.self.query", "key": "attention.self.key",
+                             "value": "attention.self.value", "out": "attention.output.dense",
+                             "wi": "intermediate.dense", "wo": "output.dense"},
+                    fan_in_fan_out=False, task_heads=True)),)

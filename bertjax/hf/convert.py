@@ -1,20 +1,9 @@
 """Hugging Face interop, the shared converter: bertjax parameters <-> `transformers` safetensors
-checkpoints (`import_hf`, `export_hf`), config.json both ways and tokenizer files, dispatching by
-model type to one mapping per family (bertjax/hf/bert.py, albert.py, modernbert.py, deberta.py,
-electra.py, gpt.py: names, layout differences, config translation). Scanned models stack layers
-on a leading axis here.
-
-Supported: BertForPreTraining, BertForMaskedLM and bare BertModel (missing heads are freshly
-initialised and reported), fine-tuned BERT exported as BertForSequenceClassification,
-BertForTokenClassification or BertForQuestionAnswering (`head=`), ModernBertForMaskedLM /
-ModernBertModel, DebertaV2ForMaskedLM / DebertaV2Model (DeBERTa-v2/v3), ElectraForPreTraining /
-ElectraForMaskedLM / ElectraModel and ELECTRA's fine-tuning heads, AlbertForPreTraining /
-AlbertForMaskedLM / AlbertModel (every layer shared, or none), DistilBertForMaskedLM /
-DistilBertModel (a BERT without token types and pooler), GPT2LMHeadModel /
-GPT2Model, OpenAIGPTLMHeadModel / OpenAIGPTModel, T5ForConditionalGeneration / T5Model (T5 1.0
-and 1.1 layouts), BartForConditionalGeneration / BartModel. Only safetensors are read or written: nothing
-is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an error naming the
-tensor. The names: docs/models.md, 'Hugging Face names'.
+checkpoints (`import_hf`, `export_hf`) and config.json both ways, asking each model_type's
+format (bertjax/hf/formats.py; declared by bertjax/hf/bert.py, gpt.py, ...) for names, layout
+differences and configs. Scanned models stack layers here. Only safetensors are read or
+written: nothing is unpickled. Every mismatch (unknown, missing or wrongly shaped tensor) is an
+error naming the tensor. The classes and names: docs/models.md, 'Hugging Face names'.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import ml_dtypes
 import numpy as np
 from etils import epath
 from flax import traverse_util
@@ -33,11 +23,10 @@ from safetensors import safe_open
 from safetensors.numpy import save as save_safetensors
 
 from bertjax import paths
-
-from bertjax.hf import (albert, bert, deberta, distilbert, electra, gpt,  # noqa: F401
-                        bart, modernbert, t5)
+from bertjax.hf import formats
 from bertjax.hf import tokenizer as hf_tokenizer
 from bertjax.hf.entries import Entry, HFConversionError
+from bertjax.hf.formats import ExportRequest, HFFormat
 from bertjax.models import ModelConfig, build_model, jit_init
 from bertjax.models.params import stack_layers, unstack_layers
 
@@ -55,6 +44,8 @@ TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
 class ImportReport:
   model_type: str
   architecture: str
+  # The bertjax head the checkpoint's class imported as (an ELECTRA's "discriminator").
+  head: str = "pretraining"
   # bertjax parameters that had no tensor in the checkpoint and were freshly initialised.
   fresh: list[str] = dataclasses.field(default_factory=list)
   # Checkpoint entries intentionally not loaded (buffers, tied copies).
@@ -69,42 +60,6 @@ class ImportReport:
     return "\n".join(lines)
 
 
-def _entries(cfg: ModelConfig, model_type: str, prefix: str, legacy: bool = False,
-             head: str = "pretraining") -> list[Entry]:
-  """`legacy`: a DeBERTa checkpoint's MLM head has the legacy names (deberta.is_legacy);
-  `head`: an ELECTRA's (electra.EXPORT_HEADS)."""
-  if model_type == "bert":
-    return bert.entries(cfg, prefix)
-  if model_type == "albert":
-    return albert.entries(cfg, prefix)
-  if model_type == "distilbert":
-    return distilbert.entries(cfg, prefix)
-  if model_type == "electra":
-    return electra.entries(cfg, prefix, head)
-  if model_type == "modernbert":
-    return modernbert.entries(cfg, prefix)
-  if model_type == "deberta-v2":
-    return deberta.entries(cfg, prefix, legacy)
-  if model_type == "t5":
-    return t5.entries(cfg, prefix)
-  if model_type == "bart":
-    return bart.entries(cfg, prefix)
-  return gpt.entries(cfg, prefix, gpt1=model_type == "openai-gpt")
-
-
-def _without_equivalent(cfg: ModelConfig, model_type: str,
-                        head: str = "pretraining") -> list[tuple[str, ...]]:
-  """bertjax parameters a Hugging Face model of `model_type` lacks: left out of an export,
-  taken from a fresh init on import."""
-  if model_type == "electra":
-    return electra.without_equivalent(head)
-  if model_type == "modernbert":
-    return modernbert.without_equivalent(cfg)
-  if model_type == "distilbert":
-    return distilbert.without_equivalent()
-  return deberta.without_equivalent(cfg) if model_type == "deberta-v2" else []
-
-
 def _flat_numpy(params: Any) -> Flat:
   params = nn.meta.unbox(params)
   return {k: np.asarray(jax.device_get(v)) for k, v in traverse_util.flatten_dict(params).items()}
@@ -113,95 +68,25 @@ def _flat_numpy(params: Any) -> Flat:
 # --- configs -----------------------------------------------------------------------------
 
 def model_config_from_hf(hf: dict[str, Any], scan_layers: bool = True) -> ModelConfig:
-  """A ModelConfig equivalent to a `transformers` config.json."""
-  model_type = hf.get("model_type")
+  """A ModelConfig equivalent to a `transformers` config.json (its model_type's format)."""
   common = dict(scan_layers=scan_layers, initializer_range=hf.get("initializer_range", 0.02))
-  if model_type == "bert":
-    return bert.config_from_hf(hf, common)
-  if model_type == "modernbert":
-    return modernbert.config_from_hf(hf, common)
-  if model_type == "deberta-v2":
-    return deberta.config_from_hf(hf, common)
-  if model_type == "electra":
-    return electra.config_from_hf(hf, common)
-  if model_type == "albert":
-    return albert.config_from_hf(hf, common)
-  if model_type == "distilbert":
-    return distilbert.config_from_hf(hf, common)
-  if model_type in ("gpt2", "openai-gpt"):
-    return gpt.config_from_hf(hf, common, gpt1=model_type == "openai-gpt")
-  if model_type == "t5":
-    return t5.config_from_hf(hf, common)
-  if model_type == "bart":
-    return bart.config_from_hf(hf, common)
-  raise HFConversionError(f"unsupported model_type {model_type!r} (bert, albert, distilbert, "
-                          "modernbert, deberta-v2, electra, gpt2, openai-gpt, t5, bart)")
+  return formats.get(hf.get("model_type")).config_from_hf(hf, common)
 
 
-def _hf_model_type(cfg: ModelConfig) -> str:
-  """The Hugging Face model type `cfg` exports as, which picks the family mapping; raises
-  where none fits."""
+def format_for(cfg: ModelConfig, head: str = "pretraining") -> HFFormat:
+  """The format `cfg` exports as, checked to have `head`; raises where none fits."""
   if cfg.has_generator:
     raise HFConversionError("a replaced-token-detection model exports as its discriminator and "
                             "its generator, two models (`bertjax export` writes both: "
                             "bertjax.checkpoints.exports.export_rtd_hf)")
-  if cfg.is_encoder_decoder:
-    return cfg.family
-  if cfg.architecture == "albert":
-    albert.check_exportable(cfg)
-    return "albert"
-  if cfg.layer_sharing != "none":
-    raise HFConversionError(f"model.layer_sharing={cfg.layer_sharing}: transformers' "
-                            f"{cfg.architecture} has no shared layers (model.architecture=albert "
-                            "exports as ALBERT)")
-  if cfg.architecture == "electra":
-    return "electra"
-  if cfg.architecture == "deberta":
-    deberta.check_exportable(cfg)
-    return "deberta-v2"
-  if cfg.family == "bert" and cfg.position_embedding == "rotary":
-    modernbert.check_exportable(cfg)
-    return "modernbert"
-  if distilbert.matches(cfg):  # no token types, no pooler: DistilBertForMaskedLM
-    distilbert.check_exportable(cfg)
-    return "distilbert"
-  modern = [name for name, classic in (("position_embedding", "learned"), ("mlp_gated", False),
-                                        ("pooler", True), ("attention_bias", True),
-                                        ("mlp_bias", True), ("norm_bias", True),
-                                        ("head_bias", True), ("local_window", 0))
-            if getattr(cfg, name) != classic]
-  if modern:
-    raise HFConversionError(f"{', '.join(f'{n}={getattr(cfg, n)!r}' for n in modern)}: no "
-                            f"{'BertForPreTraining' if cfg.family == 'bert' else 'GPT-2'} "
-                            "equivalent in transformers (MosaicBERT is remote code; a rotary "
-                            "BERT exports as ModernBERT)")
-  if cfg.family == "bert":
-    if cfg.norm_position != "post":
-      raise HFConversionError("pre-LN BERT has no Hugging Face BertForPreTraining equivalent")
-    return "bert"
-  return gpt.model_type(cfg)
-
-
-# The heads each model type exports (bertjax head -> transformers class, where it differs by
-# head); "encoder": the bare encoder (DebertaV2Model).
-_HEADS = {"bert": tuple(bert.EXPORT_HEADS), "electra": tuple(electra.EXPORT_HEADS),
-          "albert": tuple(albert.EXPORT_HEADS), "distilbert": ("pretraining",),
-          "deberta-v2": ("pretraining", "encoder", *deberta.TASK_HEADS),
-          "modernbert": ("pretraining",),
-          "gpt2": ("pretraining",), "openai-gpt": ("pretraining",), "t5": ("pretraining",),
-          "bart": ("pretraining",)}
-
-
-def _model_type_for(cfg: ModelConfig, head: str) -> str:
-  """The model type `cfg` exports as, checked to have `head`."""
-  known = {h for heads in _HEADS.values() for h in heads}
+  known = {h for fmt in formats.all_formats() for h in fmt.heads}
   if head not in known:
     raise ValueError(f"head must be one of {', '.join(sorted(known))}, got {head!r}")
-  model_type = _hf_model_type(cfg)
-  if head not in _HEADS[model_type]:
-    raise HFConversionError(f"head={head!r}: a {model_type} model exports with a head of "
-                            f"{', '.join(_HEADS[model_type])}")
-  return model_type
+  fmt = formats.for_config(cfg)
+  if head not in fmt.heads:
+    raise HFConversionError(f"head={head!r}: a {fmt.model_type} model exports with a head of "
+                            f"{', '.join(fmt.heads)}")
+  return fmt
 
 
 def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretraining",
@@ -211,35 +96,10 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
   export_hf). `generation_ids`: the special ids of the run's tokenizer
   (`hf_tokenizer.generation_ids`): a GPT's bos/eos(/pad)_token_id, where generation stops
   (default GPT-2's `vocab_size - 1`), or a ModernBERT's pad/cls/sep."""
-  model_type = _model_type_for(cfg, head)
+  fmt = format_for(cfg, head)
   act = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}[
       cfg.activation]
-  if model_type == "modernbert":
-    return {**modernbert.config_dict(cfg, dtype, act), **(generation_ids or {})}
-  if model_type == "t5":
-    return t5.config_dict(cfg, dtype, generation_ids)
-  if model_type == "bart":
-    return {**bart.config_dict(cfg, dtype, act), **(generation_ids or {})}
-  if model_type == "deberta-v2":
-    config = {**deberta.config_dict(cfg, dtype, act), **(generation_ids or {})}
-    if head == "encoder":
-      config["architectures"] = ["DebertaV2Model"]
-    elif head in deberta.TASK_HEADS:
-      config["architectures"] = [deberta.TASK_HEADS[head][0]]
-      if head == "question_answering":
-        config["num_labels"] = 2
-      else:
-        config.update(bert.label_keys(cfg, head, labels))
-    return config
-  if model_type == "electra":
-    return electra.config_dict(cfg, dtype, act, head, labels)
-  if model_type == "albert":
-    return albert.config_dict(cfg, dtype, act, head, generation_ids)
-  if model_type == "distilbert":
-    return distilbert.config_dict(cfg, dtype, act)
-  if model_type == "bert":
-    return bert.config_dict(cfg, dtype, act, head, labels)
-  return gpt.config_dict(cfg, dtype, act, generation_ids, gpt1=model_type == "openai-gpt")
+  return fmt.config_dict(cfg, ExportRequest(dtype, act, head, labels, generation_ids))
 
 
 # --- export ------------------------------------------------------------------------------
@@ -247,39 +107,26 @@ def hf_config_dict(cfg: ModelConfig, dtype: str = "float32", head: str = "pretra
 def to_hf_state_dict(params: Any, cfg: ModelConfig,
                      head: str = "pretraining") -> dict[str, np.ndarray]:
   """bertjax parameters -> `transformers` tensor names (tied copies omitted). `head`: the
-  parameters' heads (`_HEADS` per model type; fine-tuned models: a task head)."""
-  model_type = _model_type_for(cfg, head)
-  prefix = {"bert": bert.PREFIX, "modernbert": modernbert.PREFIX, "deberta-v2": deberta.PREFIX,
-            "electra": electra.PREFIX, "albert": albert.PREFIX,
-            "distilbert": distilbert.PREFIX, "gpt2": gpt.PREFIX,
-            "openai-gpt": gpt.PREFIX, "t5": t5.PREFIX, "bart": bart.PREFIX}[model_type]
+  parameters' heads (the format's `heads`; fine-tuned models: a task head)."""
+  fmt = format_for(cfg, head)
   flat = unstack_layers(_flat_numpy(params), cfg)
-  for key in _without_equivalent(cfg, model_type, head):
+  for key in fmt.without_equivalent(cfg, head):
     flat.pop(key, None)
   # SpanBERT's span-boundary head trains only: its export is the BERT it pre-trained.
   for key in [k for k in flat if k[0] == "sbo"]:
     flat.pop(key)
   tensors: dict[str, np.ndarray] = {}
-  entries = _entries(cfg, model_type, prefix, head=head)
+  entries = fmt.entries(cfg, fmt.prefix, head, None)
   if head == "encoder":  # the bare encoder: its heads are not exported
     entries = [e for e in entries if e.ours[0] == "bert"]
     for key in [k for k in flat if k[0] != "bert"]:
       flat.pop(key)
-  elif head in deberta.TASK_HEADS and model_type == "deberta-v2":
-    entries = deberta.task_entries(cfg, head)
-  elif head != "pretraining" and model_type == "bert":
-    entries = bert.classifier_entries(cfg, head)
-    if head in bert.TOKEN_HEADS:
-      # The pooler is trained by nothing under a per-token head; HF's model has none.
-      for key in [k for k in flat if k[:2] == ("bert", "pooler")]:
-        flat.pop(key)
   for entry in entries:
     if entry.ours not in flat:
       raise HFConversionError(f"bertjax parameter {'/'.join(entry.ours)} is missing")
     for name, value in zip(entry.theirs, entry.to_theirs(flat.pop(entry.ours))):
       tensors[name] = np.ascontiguousarray(value)
-  if model_type == "bart":
-    tensors.update(bart.extra_tensors(cfg))
+  tensors.update(fmt.extra_tensors(cfg))
   if flat:
     raise HFConversionError(f"bertjax parameters with no Hugging Face equivalent: "
                             f"{', '.join('/'.join(k) for k in flat)}")
@@ -304,7 +151,6 @@ def export_hf(params: Any, cfg: ModelConfig, out_dir: paths.PathLike, dtype: str
   out.mkdir(parents=True, exist_ok=True)
   tensors = to_hf_state_dict(params, cfg, head)
   if dtype == "bfloat16":
-    import ml_dtypes  # jax dependency; numpy has no bfloat16 of its own
     tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
   elif dtype != "float32":
     raise ValueError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
@@ -374,12 +220,11 @@ def _normalise_names(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def _ignored(name: str) -> bool:
+def _ignored(fmt: HFFormat, name: str) -> bool:
   # position_ids: a persistent buffer of old BERT files; attn.bias / attn.masked_bias: the
-  # causal-mask buffers of old GPT-2 files.
+  # causal-mask buffers of old GPT-2 files; and the format's own buffers.
   return (name.endswith("position_ids") or name.endswith(".attn.bias")
-          or name == bart.FINAL_LOGITS_BIAS  # zeros, checked by bart.check_final_logits_bias
-          or name.endswith(".attn.masked_bias"))
+          or name.endswith(".attn.masked_bias") or fmt.ignored(name))
 
 
 def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_type: str,
@@ -389,35 +234,13 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
   the discriminator's); heads absent from the checkpoint come from `fresh_params`. Returns
   (params, fresh parameter names, ignored tensor names)."""
   tensors = _normalise_names(tensors)
-  legacy = False
-  if model_type == "bert":
-    prefix = bert.PREFIX if any(k.startswith(bert.PREFIX) for k in tensors) else ""
-    tied = bert.tied_copies(prefix)
-  elif model_type == "modernbert":
-    prefix = modernbert.PREFIX if any(k.startswith(modernbert.PREFIX) for k in tensors) else ""
-    tied = modernbert.tied_copies(prefix)
-  elif model_type == "deberta-v2":
-    prefix = deberta.PREFIX if any(k.startswith(deberta.PREFIX) for k in tensors) else ""
-    tied, legacy = deberta.tied_copies(prefix), deberta.is_legacy(tensors)
-  elif model_type == "distilbert":
-    prefix = distilbert.PREFIX if any(k.startswith(distilbert.PREFIX) for k in tensors) else ""
-    tied = distilbert.tied_copies(prefix)
-  elif model_type == "electra":
-    prefix = electra.PREFIX if any(k.startswith(electra.PREFIX) for k in tensors) else ""
-    tied = electra.tied_copies(prefix)
-  elif model_type == "albert":
-    prefix = albert.PREFIX if any(k.startswith(albert.PREFIX) for k in tensors) else ""
-    tied = albert.tied_copies(prefix)
-  elif model_type == "t5":
-    prefix, tied = t5.PREFIX, t5.tied_copies()
-  elif model_type == "bart":
-    bart.check_final_logits_bias(tensors)
-    prefix, tied = bart.PREFIX, bart.tied_copies()
-  else:
-    prefix = gpt.PREFIX if any(k.startswith(gpt.PREFIX) for k in tensors) else ""
-    tied = gpt.tied_copies(prefix, gpt1=model_type == "openai-gpt")
-  ignored = [k for k in tensors if _ignored(k) or (model_type == "deberta-v2"
-                                                   and deberta.ignored(k))]
+  fmt = formats.get(model_type)
+  fmt.check_tensors(tensors)
+  prefix = fmt.prefix
+  if not any(k.startswith(prefix) for k in tensors):
+    prefix = ""  # a bare base model (BertModel, GPT2Model)
+  tied = fmt.tied_copies(prefix)
+  ignored = [k for k in tensors if _ignored(fmt, k)]
   for copy, original in tied.items():
     if copy in tensors:
       if original in tensors and not np.array_equal(tensors[copy], tensors[original]):
@@ -428,7 +251,7 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
   fresh_flat = unstack_layers(_flat_numpy(fresh_params), cfg)
   flat: Flat = {}
   fresh: list[str] = []
-  for entry in _entries(cfg, model_type, prefix, legacy, head):
+  for entry in fmt.entries(cfg, prefix, head, tensors):
     present = [name in remaining for name in entry.theirs]
     if not all(present):
       if entry.optional and not any(present):
@@ -441,14 +264,15 @@ def from_hf_state_dict(tensors: dict[str, np.ndarray], cfg: ModelConfig, model_t
     _check_shapes(entry, tensors, fresh_flat)
     value = entry.to_ours(*(remaining.pop(name) for name in entry.theirs))
     flat[entry.ours] = value.astype(fresh_flat[entry.ours].dtype)
-  for key in _without_equivalent(cfg, model_type, head):
+  for key in fmt.without_equivalent(cfg, head):
     if key in fresh_flat:
       flat[key] = fresh_flat[key]
       if key[0] != "bert":  # a head; the unused layer-0 norm goes unmentioned
         fresh.append("/".join(key))
   if remaining:
     raise HFConversionError(f"unknown tensor {sorted(remaining)[0]} in the checkpoint "
-                            f"({len(remaining)} unknown in all: {', '.join(sorted(remaining)[:8])})")
+                            f"({len(remaining)} unknown in all: "
+                            f"{', '.join(sorted(remaining)[:8])})")
   params = traverse_util.unflatten_dict(stack_layers(flat, cfg))
   return params, fresh, ignored
 
@@ -480,10 +304,9 @@ def import_hf(hf_dir: str | Path, scan_layers: bool = True, rng: jax.Array | Non
   dropped = sorted(k for k in tensors if k.startswith(drop)) if drop else []
   tensors = {k: v for k, v in tensors.items() if k not in set(dropped)}
   rng = jax.random.key(0) if rng is None else rng
-  # An ELECTRA checkpoint is a generator (MLM head) or a discriminator (any other class).
-  head = (electra.IMPORT_HEADS.get(architecture, "discriminator") if model_type == "electra"
-          else "pretraining")
+  # The class decides the head (an ELECTRA's: the generator's MLM or the discriminator).
+  head = formats.get(model_type).import_head(architecture)
   fresh_params = jit_init(build_model(cfg, head))(rng)
   params, fresh, ignored = from_hf_state_dict(tensors, cfg, model_type, fresh_params, head)
-  return params, cfg, ImportReport(model_type, architecture, fresh, dropped + ignored)
+  return params, cfg, ImportReport(model_type, architecture, head, fresh, dropped + ignored)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from bertjax.hf import bert
 from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.formats import ExportRequest, HFFormat
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the head: its tensors' name prefix.
@@ -198,3 +198,39 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       "share_att_key": cfg.share_attention_key,
       "norm_rel_ebd": "layer_norm" if cfg.relative_embedding_norm else "none",
       "legacy": False, "pad_token_id": 0, "tie_word_embeddings": True, "torch_dtype": dtype}
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  bert.check_unshared(cfg)
+  check_exportable(cfg)
+
+
+def _entries(cfg: ModelConfig, prefix: str, head: str, tensors: Any) -> list[Entry]:
+  if head in TASK_HEADS:
+    return task_entries(cfg, head)
+  return entries(cfg, prefix, tensors is not None and is_legacy(tensors))
+
+
+def _config_dict(cfg: ModelConfig, request: ExportRequest) -> dict[str, Any]:
+  """The MLM model's config.json, or a fine-tuned head's, or the bare encoder's."""
+  config = {**config_dict(cfg, request.dtype, request.activation),
+            **(request.generation_ids or {})}
+  if request.head == "encoder":
+    config["architectures"] = ["DebertaV2Model"]
+  elif request.head in TASK_HEADS:
+    config["architectures"] = [TASK_HEADS[request.head][0]]
+    if request.head == "question_answering":
+      config["num_labels"] = 2
+    else:
+      config.update(bert.label_keys(cfg, request.head, request.labels))
+  return config
+
+
+FORMATS = (HFFormat(
+    model_type="deberta-v2", family="bert", prefix=PREFIX, entries=_entries,
+    tied_copies=tied_copies, config_from_hf=config_from_hf, config_dict=_config_dict,
+    claims=lambda cfg: cfg.family == "bert" and cfg.architecture == "deberta", priority=30,
+    check_exportable=_check_exportable,
+    heads={"pretraining": "DebertaV2ForMaskedLM", "encoder": "DebertaV2Model",
+           **{head: names[0] for head, names in TASK_HEADS.items()}},
+    without_equivalent=lambda cfg, head: without_equivalent(cfg), ignored=ignored),)

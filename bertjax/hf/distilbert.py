@@ -1,17 +1,13 @@
 """DistilBERT's mapping (Sanh et al. 2019): parameter names of DistilBertForMaskedLM /
 DistilBertModel, and its config.json both ways.
 
-DistilBERT is BERT without token types and pooler (and without the NSP head): a word and a
-position table summed and normalised, post-LN layers with Q, K, V, output, FFN and their two
-LayerNorms under their own names, and the MLM head (`vocab_transform`, the config's
-activation, `vocab_layer_norm`, `vocab_projector` tied to the word table with its own bias). In
-bertjax that is a BERT-family ModelConfig with `type_vocab_size=0` and `pooler=False`
-(`matches`); BertForPreTraining's (unused) NSP head has no DistilBERT equivalent: left out
-of an export, freshly initialised on import (`without_equivalent`). LayerNorm eps is 1e-12,
-fixed in transformers' DistilBERT.
+DistilBERT is BERT without token types and pooler (and without the NSP head): in bertjax a
+BERT-family ModelConfig with `type_vocab_size=0` and `pooler=False` (`matches`); the NSP head
+is left out of an export and freshly initialised on import (`without_equivalent`). The shared
+converter (bertjax/hf/convert.py) dispatches here by model type "distilbert"; the layers are
+BERT's mapping under DistilBERT's names (`LAYER_NAMES`).
 
-The shared converter (bertjax/hf/convert.py) dispatches to this module by model type
-"distilbert"; the layers are BERT's mapping under DistilBERT's names (`LAYER_NAMES`).
+The guide: docs/models.md, 'DistilBERT'.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from typing import Any
 
 from bertjax.hf import bert
 from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 PREFIX = "distilbert."
@@ -109,3 +106,18 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       "initializer_range": cfg.initializer_range, "qa_dropout": 0.1,
       "seq_classif_dropout": 0.2, "pad_token_id": 0, "tie_weights_": True,
       "tie_word_embeddings": True, "torch_dtype": dtype}
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  bert.check_unshared(cfg)
+  check_exportable(cfg)
+
+
+FORMATS = (HFFormat(
+    model_type=MODEL_TYPE, family="bert", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation),
+    claims=matches, priority=10, check_exportable=_check_exportable,
+    heads={"pretraining": ARCHITECTURE},
+    without_equivalent=lambda cfg, head: without_equivalent()),)

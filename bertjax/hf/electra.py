@@ -15,6 +15,7 @@ from typing import Any
 
 from bertjax.hf import bert
 from bertjax.hf.entries import Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 PREFIX = "electra."
@@ -118,3 +119,14 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str, head: str = "pretraining
   elif head == "question_answering":
     config["num_labels"] = 2
   return config
+
+
+FORMATS = (HFFormat(
+    model_type="electra", family="bert", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix, head),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation, r.head, r.labels),
+    claims=lambda cfg: cfg.family == "bert" and cfg.architecture == "electra", priority=30,
+    check_exportable=bert.check_unshared, heads=EXPORT_HEADS, import_heads=IMPORT_HEADS,
+    default_import_head="discriminator",
+    without_equivalent=lambda cfg, head: without_equivalent(head)),)

@@ -57,3 +57,18 @@ def fused_qkv(ours: tuple[str, ...], theirs: tuple[str, str, str], d: int, n: in
             lambda q, k, v: np.stack([q, k, v]).reshape(3, n, h),
             lambda x: tuple(x.reshape(3, d))),
   ]
+
+
+# The classic layout: what BERT's and GPT-2's transformers classes hold (option, value).
+CLASSIC = (("position_embedding", "learned"), ("mlp_gated", False), ("pooler", True),
+           ("attention_bias", True), ("mlp_bias", True), ("norm_bias", True),
+           ("head_bias", True), ("local_window", 0))
+
+
+def check_classic(cfg: object, hf_class: str) -> None:
+  """Raises, naming the options, where `cfg` leaves the classic layout `hf_class` holds."""
+  modern = [name for name, classic in CLASSIC if getattr(cfg, name) != classic]
+  if modern:
+    raise HFConversionError(f"{', '.join(f'{n}={getattr(cfg, n)!r}' for n in modern)}: no "
+                            f"{hf_class} equivalent in transformers (MosaicBERT is remote code; "
+                            "a rotary BERT exports as ModernBERT)")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same
+from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, check_classic, norm, same
+from bertjax.hf.formats import HFFormat, PeftLayout
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the decoder under the LM head: its tensors' name prefix.
@@ -111,3 +112,30 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str, generation_ids: dict[str
   return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_inner": cfg.mlp_dim,
           "activation_function": act, **(generation_ids or _default_generation_ids(cfg)),
           **common}
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  check_classic(cfg, "GPT-2")
+  model_type(cfg)
+
+
+_PEFT = PeftLayout(layer=PREFIX + "h.{}.",
+                   modules={"qkv": "attn.c_attn", "out": "attn.c_proj", "wi": "mlp.c_fc",
+                            "wo": "mlp.c_proj"}, fan_in_fan_out=True, task_heads=False)
+
+
+def _format(model_type: str, gpt1: bool, norm_position: str, hf_class: str) -> HFFormat:
+  """GPT-2's format (pre-LN) or GPT-1's (post-LN): one mapping, told apart by `gpt1`."""
+  return HFFormat(
+      model_type=model_type, family="gpt", prefix=PREFIX,
+      entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix, gpt1=gpt1),
+      tied_copies=lambda prefix: tied_copies(prefix, gpt1=gpt1),
+      config_from_hf=lambda hf, common: config_from_hf(hf, common, gpt1=gpt1),
+      config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation, r.generation_ids,
+                                             gpt1=gpt1),
+      claims=lambda cfg: cfg.family == "gpt" and cfg.norm_position == norm_position,
+      check_exportable=_check_exportable, heads={"pretraining": hf_class}, peft=_PEFT)
+
+
+FORMATS = (_format("gpt2", False, "pre", "GPT2LMHeadModel"),
+           _format("openai-gpt", True, "post", "OpenAIGPTLMHeadModel"))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from bertjax.hf import bert
 from bertjax.hf.entries import HF_ACT, Entry, HFConversionError, norm, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 # Where the Hugging Face models keep the encoder under the head: its tensors' name prefix.
@@ -170,3 +172,20 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       # unknown (transformers' defaults are ModernBERT's own vocabulary's ids).
       "pad_token_id": 0, "cls_token_id": None, "sep_token_id": None, "bos_token_id": None,
       "eos_token_id": None}
+
+
+def _check_exportable(cfg: ModelConfig) -> None:
+  bert.check_unshared(cfg)
+  check_exportable(cfg)
+
+
+FORMATS = (HFFormat(
+    model_type="modernbert", family="bert", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: {**config_dict(cfg, r.dtype, r.activation),
+                                **(r.generation_ids or {})},
+    claims=lambda cfg: cfg.family == "bert" and cfg.position_embedding == "rotary",
+    priority=20, check_exportable=_check_exportable,
+    heads={"pretraining": "ModernBertForMaskedLM"},
+    without_equivalent=lambda cfg, head: without_equivalent(cfg)),)

@@ -8,6 +8,7 @@ No torch, transformers or peft import: the files are written with safetensors' n
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jax
@@ -16,18 +17,13 @@ from etils import epath
 from safetensors.numpy import save as save_safetensors
 
 from bertjax import paths
-from bertjax.hf.convert import hf_config_dict
+from bertjax.hf.convert import format_for
+from bertjax.hf.formats import PeftLayout
 from bertjax.models.config import ModelConfig
 from bertjax.models.lora import LORA_SITES, lora_param_names
 from bertjax.models.params import layer_prefix, unstack_layers
 from bertjax.models.peft import base_model_config, flat_params
 
-# Hugging Face module (inside one layer) each LoRA target updates.
-_HF_BERT_MODULES = {"query": "attention.self.query", "key": "attention.self.key",
-                    "value": "attention.self.value", "out": "attention.output.dense",
-                    "wi": "intermediate.dense", "wo": "output.dense"}
-_HF_GPT_MODULES = {"qkv": "attn.c_attn", "out": "attn.c_proj", "wi": "mlp.c_fc",
-                   "wo": "mlp.c_proj"}
 # peft's task type for each export head (None: the bare PeftModel; peft has no MLM task), and
 # the head module it must load from the adapter (modules_to_save).
 _PEFT_TASKS = {"pretraining": None, "sequence_classification": "SEQ_CLS",
@@ -36,19 +32,19 @@ _HEAD_MODULES = {"sequence_classification": "classifier", "token_classification"
                  "question_answering": "qa_outputs"}
 
 
-def _target_modules(config: ModelConfig) -> list[str] | str:
+def _target_modules(config: ModelConfig, layout: PeftLayout) -> list[str] | str:
   """peft's `target_modules`: module-name suffixes, or a regular expression where a suffix
-  would match too much (BERT's `output.dense` also ends `attention.output.dense`)."""
-  targets = config.lora_modules
-  if config.family == "gpt":
-    return [_HF_GPT_MODULES[t] for t in targets]
-  names = [_HF_BERT_MODULES[t] for t in targets]
-  if "wo" in targets and "out" not in targets:
-    return r".*\.layer\.\d+\.(" + "|".join(n.replace(".", r"\.") for n in names) + ")"
+  would match a module not targeted too (BERT's `output.dense` also ends
+  `attention.output.dense`)."""
+  names = [layout.modules[t] for t in config.lora_modules]
+  others = [m for t, m in layout.modules.items() if t not in config.lora_modules]
+  if any(other.endswith("." + name) for name in names for other in others):
+    layer = re.escape(layout.layer).replace(re.escape("{}"), r"\d+")
+    return ".*" + layer + "(" + "|".join(re.escape(n) for n in names) + ")"
   return names
 
 
-def _check_peft_export(config: ModelConfig, head: str) -> str:
+def _check_peft_export(config: ModelConfig, head: str) -> PeftLayout:
   if not config.lora_rank:
     raise ValueError("export_peft needs a LoRA model (model.lora_rank > 0)")
   if config.adapter_size or config.prefix_length:
@@ -57,27 +53,27 @@ def _check_peft_export(config: ModelConfig, head: str) -> str:
                                                     ("prefixes", config.prefix_length)) if on))
   if head not in _PEFT_TASKS:
     raise ValueError(f"head must be one of {', '.join(_PEFT_TASKS)}, got {head!r}")
-  model_type = hf_config_dict(base_model_config(config))["model_type"]
-  if model_type not in ("bert", "gpt2", "openai-gpt"):
-    raise ValueError(f"export_peft knows BERT and GPT-2 module names, not {model_type}'s; "
-                     "export the merged model with --format hf")
-  if model_type != "bert" and head != "pretraining":
-    raise ValueError(f"head={head!r} is for BERT; this is a {config.family} model")
-  return model_type
+  fmt = format_for(base_model_config(config))
+  if fmt.peft is None:
+    raise ValueError(f"export_peft does not know {fmt.model_type}'s module names; export the "
+                     "merged model with --format hf")
+  if not fmt.peft.task_heads and head != "pretraining":
+    raise ValueError(f"head={head!r} is for an encoder; this is a {config.family} model")
+  return fmt.peft
 
 
 def peft_config_dict(config: ModelConfig, base_model_name_or_path: str,
                      head: str = "pretraining") -> dict[str, Any]:
   """adapter_config.json: a peft LoraConfig (alpha/r scaling, no rsLoRA or DoRA)."""
-  model_type = _check_peft_export(config, head)
+  layout = _check_peft_export(config, head)
   alpha = config.lora_alpha
-  task = "CAUSAL_LM" if model_type != "bert" else _PEFT_TASKS[head]
+  task = _PEFT_TASKS[head] if layout.task_heads else "CAUSAL_LM"
   return {"peft_type": "LORA", "task_type": task, "base_model_name_or_path":
           base_model_name_or_path, "r": config.lora_rank,
           "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
-          "lora_dropout": config.lora_dropout, "target_modules": _target_modules(config),
+          "lora_dropout": config.lora_dropout, "target_modules": _target_modules(config, layout),
           # GPT-2's Conv1D stores [in, out]: peft transposes its update when merging.
-          "fan_in_fan_out": model_type != "bert", "bias": "none",
+          "fan_in_fan_out": layout.fan_in_fan_out, "bias": "none",
           "modules_to_save": [_HEAD_MODULES[head]] if head in _HEAD_MODULES else None,
           "init_lora_weights": True, "use_rslora": False, "use_dora": False,
           "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {},
@@ -89,7 +85,7 @@ def peft_state_dict(params: Any, config: ModelConfig,
   """The adapter's tensors under peft's names: `base_model.model.<module>.lora_A.weight`
   [r, in] and `lora_B.weight` [out, r] (nn.Linear layout, also for GPT-2's Conv1D), plus the
   head module's weight and bias for `modules_to_save`."""
-  model_type = _check_peft_export(config, head)
+  layout = _check_peft_export(config, head)
   flat = unstack_layers({k: np.asarray(jax.device_get(v), np.float32)
                          for k, v in flat_params(params).items()}, config)
   prefix = layer_prefix(config)
@@ -101,10 +97,7 @@ def peft_state_dict(params: Any, config: ModelConfig,
       site = LORA_SITES[target][0]
       a_name, b_name = lora_param_names(target)
       a, b = flat[layer + site + (a_name,)], flat[layer + site + (b_name,)]
-      if model_type == "bert":
-        module = f"bert.encoder.layer.{i}.{_HF_BERT_MODULES[target]}"
-      else:
-        module = f"transformer.h.{i}.{_HF_GPT_MODULES[target]}"
+      module = layout.layer.format(i) + layout.modules[target]
       # The output axes flatten in Hugging Face's order ([3, N, H] is c_attn's q|k|v, [N, H]
       # a head-major feature axis), as in bertjax.hf's kernel conversion.
       tensors[f"base_model.model.{module}.lora_A.weight"] = a.reshape(-1, r).T

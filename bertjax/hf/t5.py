@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.hf.entries import Entry, HFConversionError, same, transposed
+from bertjax.hf.formats import HFFormat
 from bertjax.models import ModelConfig
 
 PREFIX = ""
@@ -112,7 +113,8 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
       max_positions=hf.get("n_positions", 512), type_vocab_size=0,
       norm_position="pre", activation=act, mlp_gated=gated,
       layer_norm_eps=hf.get("layer_norm_epsilon", 1e-6), hidden_dropout=dropout,
-      attention_dropout=dropout, activation_dropout=dropout, attention_bias=False, mlp_bias=False, norm_bias=False,
+      attention_dropout=dropout, activation_dropout=dropout, attention_bias=False, mlp_bias=False,
+      norm_bias=False,
       relative_attention_buckets=hf.get("relative_attention_num_buckets", 32),
       relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
       scale_decoder_outputs=bool(scale), **common)
@@ -146,3 +148,11 @@ def config_dict(cfg: ModelConfig, dtype: str, generation_ids: dict[str, int] | N
           "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
           "decoder_start_token_id": 0, "n_positions": cfg.max_positions, "torch_dtype": dtype,
           **(generation_ids or {})}
+
+
+FORMATS = (HFFormat(
+    model_type="t5", family="t5", prefix=PREFIX,
+    entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
+    tied_copies=tied_copies, config_from_hf=config_from_hf,
+    config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.generation_ids),
+    claims=lambda cfg: cfg.family == "t5", heads={"pretraining": "T5ForConditionalGeneration"}),)

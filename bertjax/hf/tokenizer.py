@@ -14,15 +14,32 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
-from tokenizers import pre_tokenizers, processors
+from tokenizers import (
+  AddedToken,
+  Regex,
+  Tokenizer,
+  decoders,
+  models,
+  normalizers,
+  pre_tokenizers,
+  processors,
+)
 
 from bertjax import paths
 from bertjax.data.sentencepiece_proto import model_proto_class
-from bertjax.data.tokenizers import (BART_MASK_TOKEN, EOT_TOKEN, GPT_PAD_TOKEN, GPT_UNK_TOKEN,
-                                     MODEL_FILE, NUM_SENTINELS, WORD_START,
-                                     SentencePieceTokenizer, load_tokenizer, sentinel_piece,
-                                     special_ids)
+from bertjax.data.tokenizers import (
+  BART_MASK_TOKEN,
+  EOT_TOKEN,
+  GPT_PAD_TOKEN,
+  GPT_UNK_TOKEN,
+  MODEL_FILE,
+  NUM_SENTINELS,
+  WORD_START,
+  SentencePieceTokenizer,
+  load_tokenizer,
+  sentinel_piece,
+  special_ids,
+)
 from bertjax.data.wordpiece import WordPiece
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -218,7 +235,7 @@ def generation_ids(tokenizer_dir: str | Path | None) -> dict[str, int] | None:
   tokenizer = load_tokenizer(tokenizer_dir)
   ids = special_ids(tokenizer)
   if ids.get("eos") is not None:  # T5 (decoding starts at <pad>) and BART (at </s>)
-    from bertjax.data.seq2seq import specials
+    from bertjax.data.seq2seq import specials  # noqa: PLC0415 - brings Grain
     frame = specials(tokenizer)
     return {"pad_token_id": frame.pad, "eos_token_id": frame.eos,
             "decoder_start_token_id": frame.start,

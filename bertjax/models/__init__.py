@@ -6,57 +6,42 @@ bertjax/tools/param_report.py.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import bart, encoder, families, gpt, t5
 from bertjax.models.bart import Bart
-from bertjax.models.bert import (BertForPreTraining, BertForQuestionAnswering,
-                                 BertForSequenceClassification, BertForTokenClassification,
-                                 BertModel)
+from bertjax.models.bert import BertForPreTraining, BertForSequenceClassification, BertModel
 from bertjax.models.config import ModelConfig
-from bertjax.models.electra import ElectraDiscriminator, ReplacedTokenDetection
 from bertjax.models.gpt import GPT
-from bertjax.models.spanbert import SpanBertForPreTraining
 from bertjax.models.t5 import T5
 
 __all__ = ["ModelConfig", "BertModel", "BertForPreTraining", "BertForSequenceClassification",
            "GPT", "T5", "Bart", "build_model", "init_params", "jit_init", "abstract_params"]
 
-# The heads a model can carry; the names are also those of the Hugging Face export's head.
-Head = Literal["pretraining", "sequence_classification", "token_classification",
-               "question_answering", "discriminator"]
-BERT_HEADS = {"pretraining": BertForPreTraining,
-              "sequence_classification": BertForSequenceClassification,
-              "token_classification": BertForTokenClassification,
-              "question_answering": BertForQuestionAnswering,
-              "discriminator": ElectraDiscriminator}
+# The built-in families, one line each; others register from outside (bertjax.models.families).
+families.register(encoder.FAMILY)
+families.register(gpt.FAMILY)
+families.register(t5.FAMILY)
+families.register(bart.FAMILY)
+
+# A head a model can carry (its family's `heads`); the names are also those of the Hugging Face
+# export's head.
+Head = str
 
 
 def build_model(config: ModelConfig, head: Head = "pretraining") -> nn.Module:
-  """The module a config trains: BERT with its pre-training heads or a task's head, GPT, T5 or
-  BART (whose one head, the tied LM head, serves pre-training and fine-tuning alike). A model with
-  a generator pre-trains by replaced-token detection (both models in one module); its
-  discriminator alone is the "discriminator" head (transformers' ElectraForPreTraining)."""
-  if config.family == "gpt":
-    return GPT(config)
-  if config.is_encoder_decoder:
-    if head != "pretraining":
-      raise ValueError(f"an encoder-decoder ({config.family}) has one head, its LM head "
-                       f"(text-to-text), not {head!r}")
-    return T5(config) if config.family == "t5" else Bart(config)
-  if head not in BERT_HEADS:
-    raise ValueError(f"unknown head {head!r}; heads: {', '.join(BERT_HEADS)}")
-  if head == "pretraining" and config.has_generator:
-    return ReplacedTokenDetection(config)
-  if head == "pretraining" and config.span_boundary_positions:
-    return SpanBertForPreTraining(config, max_span_length=config.span_boundary_positions)
-  if head != "pretraining" and config.has_generator:
-    # A fine-tune or the discriminator alone: the generator is not part of it.
-    config = config.discriminator_config()
-  return BERT_HEADS[head](config)
+  """The module a config trains: its family's model with `head` (bertjax/models/families.py).
+  An encoder-decoder's or a decoder's one head, the tied LM head, serves pre-training and
+  fine-tuning alike."""
+  family = config.family_record
+  if head not in family.heads:
+    raise ValueError(f"a {config.family} model has the heads {', '.join(family.heads)}, not "
+                     f"{head!r}")
+  return family.build(config, head)
 
 
 def example_inputs(config: ModelConfig, batch: int = 1, length: int | None = None) -> tuple:

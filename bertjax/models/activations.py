@@ -6,7 +6,7 @@ tanh approximation (google-research/bert's TF code, GPT-2; Hugging Face "gelu_ne
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np

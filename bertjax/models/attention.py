@@ -131,8 +131,9 @@ def choose(config: ModelConfig, platform: str, training: bool = True) -> tuple[s
     # Prefix keys are read by every query, outside the fused kernels' causal/segment masks;
     # ALiBi and DeBERTa's c2p/p2c terms are score biases, which they do not take.
     return "xla", "the fused kernels take no prefix keys or score biases"
-  if config.family == "t5":
-    return "xla", "T5's relative position biases are score biases the fused kernels do not take"
+  if config.family_record.score_bias:
+    return "xla", (f"{config.family}'s attention adds a score bias in every layer (T5's "
+                   "relative position biases), which the fused kernels do not take")
   if platform == "tpu":
     return (("xla", "the splash kernel has no attention dropout") if dropout
             else ("splash", "TPU, no attention dropout"))
@@ -256,8 +257,13 @@ def _splash_per_device(q_BNLH: Array, k_BNSH: Array, v_BNSH: Array,
                        segment_ids_BL: Array | None, *, causal: bool, window: int,
                        interpret: bool) -> Array:
   """The splash kernel on one device's rows and heads (all of the sequence)."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
+  # The Pallas TPU kernels load only where splash attention runs.
+  from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+    splash_attention_kernel as splash,
+  )
+  from jax.experimental.pallas.ops.tpu.splash_attention import (  # noqa: PLC0415
+    splash_attention_mask as masks,
+  )
   _, heads, length, _ = q_BNLH.shape
   shape = (length, k_BNSH.shape[2])
   if window:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from bertjax.models import attention, encoder_decoder, layers
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.families import Family
 
 Array = jax.Array
 # fairseq's learned positions start at padding_idx + 1 = 2.
@@ -144,3 +145,12 @@ def _positions(ids_BL: Array, segments_BL: Array | None) -> Array:
   if segments_BL is None:
     return jnp.broadcast_to(jnp.arange(ids_BL.shape[1]), ids_BL.shape)
   return segment_positions(segments_BL)
+
+
+FAMILY = Family(
+    name="bart", kind="encoder_decoder", build=lambda config, head: Bart(config),
+    layer_stacks=encoder_decoder.layer_stacks, objectives=("denoising",),
+    lm_objective="denoising",
+    options=frozenset({"head_size", "decoder_layers", "activation_dropout",
+                       "scale_embeddings"}),
+    tokenizer_style="bart", sample_prompt="The city lies on the <mask> of the river.")

@@ -7,14 +7,25 @@ the model boundary so that model code reads typed fields, not dictionary keys.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax.numpy as jnp
 
-from bertjax.models.options import (  # noqa: F401 - the option names, read from here too
-    Family, ENCODER_DECODERS, UNBOUNDED_POSITIONS, NormPosition, Activation,
-    PositionEmbedding, Architecture, EmbeddingSharing, LayerSharing, RematPolicy,
-    DropoutRng, EmbedLookup, Attention, LORA_TARGETS, DEFAULT_LORA_TARGETS, MatmulOutput)
+from bertjax.models import checks, families
+from bertjax.models.options import (
+  Activation,
+  Architecture,
+  Attention,
+  DropoutRng,
+  EmbeddingSharing,
+  EmbedLookup,
+  LayerSharing,
+  MatmulOutput,
+  NormPosition,
+  PositionEmbedding,
+  RematPolicy,
+)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # A setting chosen per backend when a run starts (bertjax/training/defaults.py).
@@ -25,10 +36,11 @@ AUTO = "auto"
 class ModelConfig:
   """Shape and numerics of a BERT encoder, a GPT decoder or a T5 encoder-decoder."""
 
-  # "bert" (bidirectional encoder, MLM/NSP heads), "gpt" (causal decoder, tied LM head) or
-  # "t5" (encoder-decoder: RMS norms, bucketed relative position biases, no biases) or "bart"
-  # (encoder-decoder: learned positions, post-LN, biases).
-  family: Family
+  # A registered family (bertjax/models/families.py): "bert" (bidirectional encoder, MLM/NSP
+  # heads), "gpt" (causal decoder, tied LM head), "t5" (encoder-decoder: RMS norms, bucketed
+  # relative position biases, no biases) or "bart" (encoder-decoder: learned positions, post-LN,
+  # biases).
+  family: str
   vocab_size: int
   hidden_size: int
   num_layers: int
@@ -213,156 +225,35 @@ class ModelConfig:
   scale_embeddings: bool = False
 
   def __post_init__(self) -> None:
-    if self.hidden_size % self.num_heads and not self.head_size:
-      raise ValueError(
-          f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}")
-    if self.dropout_rng not in ("hash", "threefry"):
-      raise ValueError(f"model.dropout_rng must be 'hash' or 'threefry', got {self.dropout_rng!r}")
-    if self.embed_lookup not in ("gather", "one_hot"):
-      raise ValueError(f"model.embed_lookup must be 'gather' or 'one_hot', got "
-                       f"{self.embed_lookup!r}")
-    if self.attention not in ("auto", "xla", "splash", "cudnn"):
-      raise ValueError(f"model.attention must be one of auto, xla, splash, cudnn, got "
-                       f"{self.attention!r}")
-    if self.matmul_output not in ("auto", "compute", "float32"):
-      raise ValueError(f"model.matmul_output must be one of auto, compute, float32, got "
-                       f"{self.matmul_output!r}")
-    if self.loss_chunk < 0 or (self.loss_chunk and self.family != "gpt"):
-      raise ValueError(f"model.loss_chunk must be 0 or, for a GPT model, a positive number of "
-                       f"positions, got {self.loss_chunk!r} (family {self.family!r})")
-    if self.family not in ("bert", "gpt", *ENCODER_DECODERS):
-      raise ValueError(f"model.family must be 'bert', 'gpt', 't5' or 'bart', got "
-                       f"{self.family!r}")
     for name, allowed in (("dtype", [*_DTYPES, AUTO]), ("param_dtype", list(_DTYPES))):
       if getattr(self, name) not in allowed:
         raise ValueError(f"model.{name} must be one of {sorted(allowed)}, got "
                          f"{getattr(self, name)!r}")
-    self._check_peft()
-    self._check_modern()
-    self._check_rtd()
-    self._check_albert()
-    self._check_t5()
+    checks.check(self)
 
-  def _check_t5(self) -> None:
-    if self.head_size < 0 or self.decoder_layers < 0:
-      raise ValueError("model.head_size and model.decoder_layers must be >= 0 (0: the default)")
-    if not self.is_encoder_decoder and (self.head_size or self.decoder_layers):
-      raise ValueError(f"model.head_size and model.decoder_layers are encoder-decoder options "
-                       f"(family t5 or bart), not for a {self.family} model")
-    if self.family == "t5" and not (
-        0 < self.relative_attention_buckets // 2 < self.relative_attention_max_distance):
-      raise ValueError(f"model.relative_attention_buckets ({self.relative_attention_buckets}) "
-                       f"must be >= 2 and below twice model.relative_attention_max_distance "
-                       f"({self.relative_attention_max_distance})")
-    if self.is_encoder_decoder and self.peft:
-      raise ValueError("LoRA, adapters and prefixes are not built for T5 and BART yet")
+  @property
+  def family_record(self) -> families.Family:
+    """The registry's record of this model's family (bertjax/models/families.py)."""
+    return families.get(self.family)
 
   @property
   def is_encoder_decoder(self) -> bool:
-    return self.family in ENCODER_DECODERS
+    return self.family_record.is_encoder_decoder
+
+  @property
+  def is_decoder(self) -> bool:
+    """A causal decoder (GPT): generates by continuing its input."""
+    return self.family_record.is_decoder
+
+  @property
+  def is_encoder(self) -> bool:
+    """A bidirectional encoder (BERT and its kin): fills masks, carries task heads."""
+    return self.family_record.is_encoder
 
   @property
   def decoder_depth(self) -> int:
     """An encoder-decoder's decoder layers (decoder_layers, or num_layers where it is 0)."""
     return self.decoder_layers or self.num_layers
-
-  def _check_modern(self) -> None:
-    if self.position_embedding not in ("learned", "rotary", "alibi", "relative"):
-      raise ValueError(f"model.position_embedding must be learned, rotary, alibi or relative, got "
-                       f"{self.position_embedding!r}")
-    modern = {"position_embedding": self.position_embedding != "learned",
-              "mlp_gated": self.mlp_gated, "local_window": bool(self.local_window),
-              "first_attention_norm": not self.first_attention_norm}
-    used = [name for name, on in modern.items() if on]
-    if self.family == "t5":
-      used = [name for name in used if name != "mlp_gated"]  # T5 1.1's gated GeLU
-    if self.family != "bert" and used:
-      raise ValueError(f"model.{used[0]} is an encoder option (BERT family), not for a "
-                       f"{self.family} model")
-    if self.position_embedding == "rotary" and self.head_dim % 2:
-      raise ValueError(f"model.position_embedding=rotary needs an even head dim, got "
-                       f"{self.head_dim}")
-    if self.local_window < 0 or self.local_window % 2:
-      raise ValueError(f"model.local_window must be 0 (off) or an even number of positions, "
-                       f"got {self.local_window!r}")
-    if self.global_every < 1:
-      raise ValueError(f"model.global_every must be >= 1, got {self.global_every!r}")
-    if self.prefix_length and (self.local_window
-                               or self.position_embedding in ("alibi", "relative")):
-      raise ValueError(f"model.prefix_length={self.prefix_length} does not combine with "
-                       "sliding-window layers, ALiBi or relative attention (the prefix keys "
-                       "have no position)")
-    if not self.first_attention_norm and self.norm_position != "pre":
-      raise ValueError("model.first_attention_norm=False is a pre-LN option (layer 0 reads the "
-                       "normalised embeddings); set model.norm_position=pre")
-    if (self.position_embedding in ("alibi", "relative")
-        and self.attention in ("splash", "cudnn")):
-      raise ValueError(f"model.position_embedding={self.position_embedding} needs the XLA "
-                       f"attention core (the fused kernels take no score bias): set "
-                       f"model.attention=xla or auto, not {self.attention!r}")
-
-  def _check_rtd(self) -> None:
-    if self.architecture not in ("bert", "electra", "deberta", "albert"):
-      raise ValueError(f"model.architecture must be bert, electra, deberta or albert, got "
-                       f"{self.architecture!r}")
-    if self.architecture != "bert" and self.family != "bert":
-      raise ValueError(f"model.architecture={self.architecture!r} is an encoder layout (BERT "
-                       f"family), not for a {self.family} model")
-    if (self.architecture == "deberta") != (self.position_embedding == "relative"):
-      raise ValueError("DeBERTa's disentangled attention is its layout: model.architecture="
-                       "deberta goes with model.position_embedding=relative and only with it")
-    if self.architecture in ("electra", "deberta") and self.pooler:
-      raise ValueError(f"model.architecture={self.architecture} has no pooler (its heads read "
-                       "[CLS]'s final state): set model.pooler=False")
-    if self.embedding_size < 0:
-      raise ValueError(f"model.embedding_size must be >= 0 (0: hidden_size), got "
-                       f"{self.embedding_size!r}")
-    if self.embedding_size and self.architecture == "bert":
-      raise ValueError("model.embedding_size needs model.architecture=electra, deberta or "
-                       "albert (the layouts with an embedding projection)")
-    terms = self.relative_attention_terms.split("|")
-    if not terms or any(t not in ("c2p", "p2c") for t in terms) or len(set(terms)) != len(terms):
-      raise ValueError(f"model.relative_attention_terms must be c2p|p2c, c2p or p2c, got "
-                       f"{self.relative_attention_terms!r}")
-    if self.position_buckets < 0 or self.max_relative_positions < 0:
-      raise ValueError("model.position_buckets and model.max_relative_positions must be >= 0")
-    if self.embedding_sharing not in ("shared", "gdes"):
-      raise ValueError(f"model.embedding_sharing must be shared or gdes, got "
-                       f"{self.embedding_sharing!r}")
-    gen = ("generator_hidden_size", "generator_num_layers", "generator_num_heads",
-           "generator_mlp_dim")
-    if any(getattr(self, k) < 0 for k in gen):
-      raise ValueError(f"model.{', '.join(gen)} must be >= 0")
-    if self.generator_hidden_size:
-      if self.architecture in ("bert", "albert"):
-        raise ValueError("a generator (model.generator_hidden_size) needs model.architecture="
-                         "electra or deberta")
-      heads = self.generator_num_heads or self.num_heads
-      if self.generator_hidden_size % heads:
-        raise ValueError(f"model.generator_hidden_size={self.generator_hidden_size} is not "
-                         f"divisible by model.generator_num_heads={heads}")
-    if self.architecture == "deberta" and self.embedding_width != self.hidden_size:
-      raise ValueError("model.embedding_size: DeBERTa's MLM head multiplies hidden states by the "
-                       "word table, so the table's width must be hidden_size")
-
-  def _check_albert(self) -> None:
-    if self.layer_sharing not in ("none", "all", "attention", "ffn"):
-      raise ValueError(f"model.layer_sharing must be none, all, attention or ffn, got "
-                       f"{self.layer_sharing!r}")
-    if self.layer_sharing != "none" and self.family != "bert":
-      raise ValueError(f"model.layer_sharing={self.layer_sharing} is an encoder option (BERT "
-                       f"family), not for a {self.family} model")
-    if self.span_boundary_positions < 0:
-      raise ValueError(f"model.span_boundary_positions must be >= 0 (0: no span-boundary "
-                       f"head), got {self.span_boundary_positions!r}")
-    if self.span_boundary_positions and (self.family != "bert" or self.has_generator
-                                         or self.embedding_width != self.hidden_size):
-      raise ValueError("model.span_boundary_positions: the span-boundary head predicts through "
-                       "the MLM decoder of a BERT-family encoder of one width, without a "
-                       "generator")
-    if self.architecture == "albert" and not self.pooler:
-      raise ValueError("model.architecture=albert has BERT's tanh pooler (its sentence-order "
-                       "head reads it): set model.pooler=True")
 
   @property
   def projects_embeddings(self) -> bool:
@@ -379,12 +270,12 @@ class ModelConfig:
   def has_generator(self) -> bool:
     return bool(self.generator_hidden_size)
 
-  def discriminator_config(self) -> "ModelConfig":
+  def discriminator_config(self) -> ModelConfig:
     """This model without its generator: the discriminator alone (what fine-tunes and exports)."""
     return self.replace(generator_hidden_size=0, generator_num_layers=0, generator_num_heads=0,
                         generator_mlp_dim=0)
 
-  def generator_config(self) -> "ModelConfig":
+  def generator_config(self) -> ModelConfig:
     """The generator's config: this model's with the generator's shape, the same embedding
     width (the tables are shared), and no generator of its own."""
     if not self.generator_hidden_size:
@@ -403,41 +294,10 @@ class ModelConfig:
     layer index, inside a scanned layer stack)."""
     return bool(self.local_window) and layer % self.global_every != 0
 
-  def _check_peft(self) -> None:
-    for name in ("lora_rank", "adapter_size", "prefix_length"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"model.{name} must be >= 0 (0: off), got {getattr(self, name)!r}")
-    if not 0.0 <= self.lora_dropout < 1.0:
-      raise ValueError(f"model.lora_dropout must be in [0, 1), got {self.lora_dropout!r}")
-    if self.lora_rank and self.lora_alpha <= 0:
-      raise ValueError(f"model.lora_alpha must be > 0, got {self.lora_alpha!r}")
-    self._parse_lora_targets()
-    if self.prefix_length and self.attention in ("splash", "cudnn"):
-      raise ValueError(f"model.prefix_length={self.prefix_length} needs the XLA attention core "
-                       f"(its prefix keys are outside the fused kernels' masks): set "
-                       f"model.attention=xla or auto, not {self.attention!r}")
-
-  def _parse_lora_targets(self) -> tuple[str, ...]:
-    allowed = LORA_TARGETS.get(self.family, ())
-    if not self.lora_targets.strip():
-      return DEFAULT_LORA_TARGETS.get(self.family, ())
-    names = tuple(t.strip() for t in self.lora_targets.split(","))
-    for name in names:
-      if name not in allowed:
-        hint = {"qkv": " (BERT's fused kernel is targeted per slice: query, key, value)",
-                "query": " (GPT-2's fused c_attn is one target: qkv)",
-                "key": " (GPT-2's fused c_attn is one target: qkv)",
-                "value": " (GPT-2's fused c_attn is one target: qkv)"}.get(name, "")
-        raise ValueError(f"model.lora_targets: {name!r} is not a LoRA target of a "
-                         f"{self.family} model{hint}; choose from {', '.join(allowed)}")
-    if len(set(names)) != len(names):
-      raise ValueError(f"model.lora_targets lists a target twice: {self.lora_targets!r}")
-    return names
-
   @property
   def lora_modules(self) -> tuple[str, ...]:
     """The projections LoRA updates (`lora_targets` resolved); () when LoRA is off."""
-    return self._parse_lora_targets() if self.lora_rank else ()
+    return checks.lora_modules(self)
 
   @property
   def lora_scale(self) -> float:
@@ -465,14 +325,14 @@ class ModelConfig:
   def weight_dtype(self) -> Any:
     return _DTYPES[self.param_dtype]
 
-  def replace(self, **changes: Any) -> "ModelConfig":
+  def replace(self, **changes: Any) -> ModelConfig:
     return dataclasses.replace(self, **changes)
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_mapping(cls, values: Mapping[str, Any]) -> "ModelConfig":
+  def from_mapping(cls, values: Mapping[str, Any]) -> ModelConfig:
     """Builds a config from a ConfigDict/dict, rejecting unknown keys by name."""
     values = dict(values)
     known = {f.name for f in dataclasses.fields(cls)}

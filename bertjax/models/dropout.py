@@ -1,19 +1,19 @@
 """Dropout whose random bits cost a few integer operations per element.
 
-`flax.linen.Dropout` draws each element's bit with `jax.random.bernoulli`: one threefry-2x32
-evaluation (20 rounds) per element. On attention probabilities that is the largest
-elementwise cost of a step: GPT-2 small at 1,024 tokens needs 302 M draws per step, and the
-profile put dropout at 17.5% of its op time on CPU (docs/performance.md). Dropout needs
-independent-looking Bernoulli bits, not a cryptographic stream, so the default here is a
-counter-based hash (`rng="hash"`): a 64-bit seed from the layer's key (one threefry call per
-tensor) and the murmur3 finaliser applied to each element's global index. Being a function of
-the global index, the mask is the same however the tensor is sharded. `rng="threefry"` keeps
-`jax.random.bernoulli` (and so follows `jax_default_prng_impl`, e.g. `rbg` on TPU).
+The default (`rng="hash"`) is a counter-based hash: a 64-bit seed from the layer's key (one
+threefry call per tensor) and the murmur3 finaliser applied to each element's global index, so
+the mask is the same however the tensor is sharded. `rng="threefry"` keeps
+`flax.linen.Dropout`'s `jax.random.bernoulli` (and so follows `jax_default_prng_impl`, e.g.
+`rbg` on TPU).
+
+The guide: docs/models.md, 'Dropout'; why: docs/performance.md, 'Where a CPU step's time
+goes'.
 """
 
 from __future__ import annotations
 
 import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,11 @@ def _linear_index(shape: tuple[int, ...], axes: range) -> jax.Array:
   return index
 
 
+# Why a hash: `jax.random.bernoulli` is one threefry-2x32 evaluation (20 rounds) per element, the
+# largest elementwise cost of a step on attention probabilities (GPT-2 small at 1,024 tokens:
+# 302 M draws per step; dropout 17.5% of its CPU op time in
+# docs/results/2026-11-23-cpu-fp32-profiles.md). Dropout needs independent-looking Bernoulli
+# bits, not a cryptographic stream.
 def hash_keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
   """A boolean mask, True with probability 1 - rate independently per element.
 

@@ -2,17 +2,12 @@
 generator and the discriminator it trains, one module and one parameter tree.
 
 The tree is the discriminator's (`bert`, `discriminator_predictions`: what fine-tuning and the
-`ElectraForPreTraining` export read) with the generator under `generator` (`bert`, and the MLM
-head `mlm_transform`, `mlm_norm`, `mlm_bias` as BertForPreTraining names them): dropping the
-generator is dropping one key. Embedding sharing (`config.embedding_sharing`):
+`ElectraForPreTraining` export read) with the generator under `generator`, so dropping the
+generator is dropping one key. Embedding sharing (`config.embedding_sharing`) is ELECTRA's
+"shared" or DeBERTa-v3's gradient-disentangled "gdes"; `discriminator_params` adds a GDES
+residual up into a plain encoder.
 
-- "shared" (ELECTRA): the embedding tables and their LayerNorm are the discriminator's only;
-  the generator reads them (and ties its output to the word table), so both losses train
-  them. Each model projects the shared width to its own hidden size.
-- "gdes" (DeBERTa-v3's gradient-disentangled sharing): the generator owns the word table; the
-  discriminator's word rows are the generator's under stop-gradient plus its own residual
-  (`bert/word_embeddings`, initialised at zero), so the discriminator's loss never moves the
-  generator's table. `discriminator_params` adds them up into a plain encoder.
+The guide: docs/models.md, 'ELECTRA, DeBERTa and replaced-token detection'.
 """
 
 from __future__ import annotations

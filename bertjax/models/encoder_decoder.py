@@ -149,3 +149,8 @@ class EncoderDecoder(nn.Module):
     return self.decode(decoder_input_ids_BL, encoded_BSD, attention_mask_BS,
                        decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
                        deterministic)
+
+
+def layer_stacks(config: ModelConfig) -> list[tuple[tuple[str, ...], int]]:
+  """An encoder-decoder's two layer stacks: the encoder's and the decoder's."""
+  return [(("encoder",), config.num_layers), (("decoder",), config.decoder_depth)]

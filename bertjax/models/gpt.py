@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from bertjax.models import attention, layers
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.families import Family, LayerStacks
 
 Array = jax.Array
 
@@ -86,3 +87,17 @@ class GPT(nn.Module):
     if cfg.norm_position == "pre" and cfg.final_layer_norm:
       x_BLD = self.final_norm(x_BLD)
     return x_BLD
+
+
+def layer_stacks(config: ModelConfig) -> LayerStacks:
+  return [(("decoder",), config.num_layers)]
+
+
+_FUSED_QKV = " (GPT-2's fused c_attn is one target: qkv)"
+FAMILY = Family(
+    name="gpt", kind="decoder", build=lambda config, head: GPT(config),
+    layer_stacks=layer_stacks, objectives=("causal_lm",), lm_objective="causal_lm",
+    options=frozenset({"loss_chunk", "lora_rank", "adapter_size", "prefix_length"}),
+    lora_targets=("qkv", "out", "wi", "wo"), default_lora_targets=("qkv",),
+    lora_hints={"query": _FUSED_QKV, "key": _FUSED_QKV, "value": _FUSED_QKV},
+    tokenizer_style="gpt")

@@ -1,21 +1,20 @@
 """Transformer building blocks shared by BERT and GPT: `Dense`, `Embed`, `SelfAttention`, `Mlp`,
 `Adapter`, `Block`, `LayerStack` (cross-layer sharing: bertjax/models/sharing.py).
 
-Parameters carry logical axis names and the main activations logical sharding constraints; a
-rules table in the config maps them to mesh axes (bertjax/parallel/sharding.py; the names:
-docs/architecture.md, 'Logical axes and the rules table'). No mesh appears here. Shape suffixes
-in names: B batch, L (query) length, S (key) length, D model width, N heads, H head dim, F MLP
-width. Position encodings are in bertjax/models/positions.py, DeBERTa's relative attention in
-bertjax/models/relative.py (its table here in `LayerStack`). The parameter-efficient additions
-sit in the layers they modify, so that they scan and shard like their weights (LoRA in `Dense`,
-computed by bertjax/models/lora.py; adapters in `Block`; key/value prefixes in `SelfAttention`);
-their names all start with a prefix that `bertjax.models.groups.is_added` recognises.
+Parameters carry logical axis names, mapped to mesh axes by the config's rules table; no mesh
+appears here. Shape suffixes in names: B batch, L (query) length, S (key) length, D model width,
+N heads, H head dim, F MLP width. The parameter-efficient additions sit in the layers they
+modify, so that they scan and shard like their weights (LoRA in `Dense`, adapters in `Block`,
+key/value prefixes in `SelfAttention`); `bertjax.models.groups.is_added` recognises their names.
+
+The guide: docs/architecture.md, 'Logical axes and the rules table'.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -38,9 +37,10 @@ ACT_BLF = ("batch", "length", "mlp")
 
 
 def kernel_init(config: ModelConfig, std: float | None = None) -> Initializer:
-  """BERT uses a truncated normal (google-research/bert); GPT a plain normal (GPT-2)."""
+  """BERT uses a truncated normal (google-research/bert); GPT a plain normal (GPT-2): the
+  family's `truncated_init`."""
   std = config.initializer_range if std is None else std
-  if config.family == "bert":
+  if config.family_record.truncated_init:
     return nn.initializers.truncated_normal(stddev=std)
   return nn.initializers.normal(stddev=std)
 
@@ -146,7 +146,7 @@ class Embed(nn.Module):
   # A table this one is added to under stop-gradient (DeBERTa-v3's gradient-disentangled
   # embedding sharing: the discriminator's table is the generator's plus its own residual,
   # which then starts at zero); None: the table is this module's own.
-  base: "Embed | None" = None
+  base: Embed | None = None
 
   def setup(self) -> None:
     cfg = self.config

@@ -25,17 +25,16 @@ def count_params(params: Any) -> int:
 
 def layer_prefix(cfg: ModelConfig) -> tuple[str, ...]:
   """Where the layer stack of an encoder or decoder (BERT, GPT) sits in the parameter tree."""
-  if cfg.is_encoder_decoder:
-    raise ValueError("an encoder-decoder has two layer stacks: see layer_stacks")
-  return ("bert", "encoder") if cfg.family == "bert" else ("decoder",)
+  stacks = layer_stacks(cfg)
+  if len(stacks) != 1:
+    raise ValueError(f"a {cfg.family} model has {len(stacks)} layer stacks: see layer_stacks")
+  return stacks[0][0]
 
 
 def layer_stacks(cfg: ModelConfig) -> list[tuple[tuple[str, ...], int]]:
   """(where in the parameter tree, depth) of each layer stack: an encoder-decoder's encoder and
   decoder, or the one stack of the other models."""
-  if cfg.is_encoder_decoder:
-    return [(("encoder",), cfg.num_layers), (("decoder",), cfg.decoder_depth)]
-  return [(layer_prefix(cfg), cfg.num_layers)]
+  return cfg.family_record.layer_stacks(cfg)
 
 
 def unstack_layers(flat: Flat, cfg: ModelConfig) -> Flat:

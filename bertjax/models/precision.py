@@ -1,15 +1,12 @@
-"""Mixed precision: the dtype of each kind of computation, decided here and nowhere else; guide:
-docs/performance.md, 'Mixed precision (bf16) against the reference's best setting'.
+"""Mixed precision: the dtype of each kind of computation, decided here and nowhere else.
 
 Weights are stored in `model.param_dtype`. Matmuls (`einsum`, `product`) read `model.dtype` and
-accumulate in float32; what they write is `model.matmul_output`: "compute" (the compute dtype:
-TPU and GPU matrix units round once on the way out, and activations travel in 16 bits),
-"float32" (the accumulator; activations between matmuls are float32) or "auto" (`resolve`,
-applied by the Trainer: "float32" on CPU with a 16-bit compute dtype, else "compute"). XLA's CPU
-bf16 kernel (YNNPACK) is fast only with a float32 result and the left operand's contracting
-dimension minor in memory, which every weight gradient `xᵀ·g` lacks; so in "float32" mode
-`_mixed_einsum`'s custom VJP copies operands into that layout, forward and backward, and returns
-float32 weight gradients unrounded. With `model.dtype=float32` nothing here changes the program.
+accumulate in float32; what they write is `model.matmul_output` ("compute", "float32", or
+"auto": `resolve`, per platform). In "float32" mode `_mixed_einsum`'s custom VJP lays operands
+out in the form XLA's fast CPU bf16 kernel takes and returns float32 weight gradients
+unrounded. With `model.dtype=float32` nothing here changes the program.
+
+The guide: docs/performance.md, 'Mixed precision (bf16) against the reference's best setting'.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 head (SBO, §3.2), which predicts each token of a masked span from the encoder's outputs at the
 two tokens just outside the span and a learned embedding of the token's offset in it.
 
-The model is `BertForPreTraining` itself (its code, so its parameter tree: `bert`,
-`mlm_transform`, `mlm_norm`, `mlm_bias`, `nsp`; the NSP head is unused by SpanBERT's objective,
-as by RoBERTa-style `mlm` runs, and kept so that BERT checkpoints load and the weights export as
-BERT) plus `sbo`. The SBO head's output goes through the MLM head's decoder: the word embeddings
-(tied) and the MLM's bias `mlm_bias`, one decoder for both predictions (facebookresearch/
-SpanBERT's BertPairTargetPredictionHead ties the same table but adds a bias of its own).
+The model is `BertForPreTraining` itself (its code and parameter tree; the unused NSP head is
+kept so that BERT checkpoints load and the weights export as BERT) plus `sbo`, whose output
+goes through the MLM head's tied decoder and bias (facebookresearch/SpanBERT's head adds a bias
+of its own).
+
+The guide: docs/models.md, 'SpanBERT's span-boundary head'.
 """
 
 from __future__ import annotations

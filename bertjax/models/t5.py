@@ -1,17 +1,11 @@
 """T5 (Raffel et al. 2020, "Exploring the Limits of Transfer Learning with a Unified
 Text-to-Text Transformer"): an encoder and a decoder with cross-attention, pre-LN with RMS norms
-and no biases anywhere, no position table but a learned bias on the attention scores per head and
-bucket of relative distance (bidirectional in the encoder, causal in the decoder; computed once per
-stack and added in every layer), scores not scaled by 1/sqrt(H), one token table for both inputs
-and the LM head. T5 1.0: ReLU MLP, the decoder's output scaled by hidden_size ** -0.5 before the
-head; T5 1.1: gated GeLU (tanh form), no output scaling (`ModelConfig.scale_decoder_outputs`).
+and no biases, a learned bias per head and bucket of relative distance instead of a position
+table; T5 1.0 (ReLU MLP, scaled decoder output) and T5 1.1 (gated GeLU). Numerically identical
+to `transformers`' T5ForConditionalGeneration / T5EncoderModel given the same weights, padding
+and packed examples included (tests/test_t5.py).
 
-Numerically identical to `transformers`' T5ForConditionalGeneration / T5EncoderModel given the
-same weights (tests/test_t5.py), padding and packed examples included: segment ids number the
-examples packed into the encoder's and the decoder's rows, and no position reads another
-example's. The initialisation is Mesh TensorFlow's (transformers' T5 `_init_weights`): each
-projection a normal with std initializer_range / sqrt(fan-in), the token table std
-initializer_range (T5 configs set it to 1.0, transformers' initializer_factor).
+The guide: docs/models.md, 'T5 and BART: encoder-decoders'.
 """
 
 from __future__ import annotations
@@ -27,6 +21,7 @@ import numpy as np
 from bertjax.models import attention, encoder_decoder, layers, precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.dropout import Dropout
+from bertjax.models.families import Family
 
 Array = jax.Array
 Dense = layers.Dense
@@ -240,3 +235,21 @@ class T5(encoder_decoder.EncoderDecoder):
                        decoder_attention_mask_BL, encoder_segments_BS, decoder_segments_BL,
                        deterministic)
 
+
+def check(config: ModelConfig) -> None:
+  """T5's relative buckets: half each way, exact below half of them."""
+  if not 0 < config.relative_attention_buckets // 2 < config.relative_attention_max_distance:
+    raise ValueError(f"model.relative_attention_buckets ({config.relative_attention_buckets}) "
+                     f"must be >= 2 and below twice model.relative_attention_max_distance "
+                     f"({config.relative_attention_max_distance})")
+
+
+FAMILY = Family(
+    name="t5", kind="encoder_decoder", build=lambda config, head: T5(config),
+    layer_stacks=encoder_decoder.layer_stacks, objectives=("span_corruption",),
+    lm_objective="span_corruption",
+    options=frozenset({"head_size", "decoder_layers", "mlp_gated", "relative_attention_buckets",
+                       "relative_attention_max_distance", "scale_decoder_outputs",
+                       "activation_dropout"}),
+    check=check, score_bias=True, unbounded_positions=True, tokenizer_style="t5",
+    sample_prompt="The city lies on the <extra_id_0> of the river.")

@@ -15,10 +15,12 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from bertjax.parallel import host
@@ -169,7 +171,6 @@ def to_host(tree: Any) -> Any:
   """The global arrays of `tree` as host arrays, whole, on every process (an all-gather where
   they are spread over processes: every process must call it)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     tree = multihost_utils.process_allgather(tree, tiled=True)
   return jax.device_get(tree)
 
@@ -179,7 +180,6 @@ def any_process(flag: bool) -> bool:
   all-gather)."""
   if jax.process_count() == 1:
     return bool(flag)
-  from jax.experimental import multihost_utils
   return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
@@ -237,5 +237,4 @@ class StepWatchdog:
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier `name` (a no-op with one process)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)

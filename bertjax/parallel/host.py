@@ -6,8 +6,8 @@ setup asks whether it runs on a Cloud TPU VM (bertjax.parallel.distributed)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 
 def tpu_chips_present(dev: str = "/dev") -> bool:

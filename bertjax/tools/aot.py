@@ -11,8 +11,10 @@ the devices of the SPMD program), since XLA's `cost_analysis` counts a scanned l
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
+import multiprocessing
 import os
 import re
 import time
@@ -22,11 +24,12 @@ import jax
 import ml_collections
 
 from bertjax.data import decoder_length, schema
+from bertjax.models.params import count_params
 from bertjax.parallel import distributed, sharding
-from bertjax.training import flops as flops_lib
 from bertjax.tools.hlo import analyze_hlo
 from bertjax.tools.topology import TopologySpec, parse_topology, topology_devices, topology_mesh
-from bertjax.models.params import count_params
+from bertjax.training import flops as flops_lib
+from bertjax.training.trainer import Trainer
 
 GiB = 2 ** 30
 
@@ -118,7 +121,6 @@ def compile_for_topology(config: ml_collections.ConfigDict, topology: str,
   whether it fits, FLOPs against the analytic model FLOPs, collectives and a step time
   projected at `mfu`. Raises ValueError when the mesh or batch does not divide the slice and
   RuntimeError when libtpu is missing."""
-  from bertjax.training.trainer import Trainer
   spec = parse_topology(topology, num_slices)
   if not 0 < mfu <= 1:
     raise ValueError(f"mfu must be in (0, 1], got {mfu}")
@@ -238,8 +240,6 @@ def compile_in_child(config: ml_collections.ConfigDict, topology: str, mfu: floa
   dump. Raises concurrent.futures.process.BrokenProcessPool when the compiler crashed (a
   RuntimeError subclass: catch it first), and what `compile_for_topology` raises. `quiet`:
   the child's stderr is discarded."""
-  import concurrent.futures
-  import multiprocessing
   with concurrent.futures.ProcessPoolExecutor(
       max_workers=1, mp_context=multiprocessing.get_context("spawn"),
       initializer=_silence_stderr if quiet else None) as pool:
@@ -297,7 +297,8 @@ def format_report(report: CompileReport) -> str:
        f"  fits          yes ({(r.hbm_bytes - r.total_bytes) / GiB:.2f} GiB free)"
        if r.total_bytes <= r.hbm_bytes else
        "  fits          only just: the compiler accepted it, "
-       f"{(r.total_bytes - r.hbm_bytes) / GiB:.2f} GiB over the table's HBM (no headroom; prefer a setting with room)"),
+       f"{(r.total_bytes - r.hbm_bytes) / GiB:.2f} GiB over the table's HBM (no headroom; "
+       "prefer a setting with room)"),
   ]
   if r.compiler_error:
     lines.append(f"  compiler      {r.compiler_error}")

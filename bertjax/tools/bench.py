@@ -20,18 +20,22 @@ import platform
 import resource
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax.config import model_config
 from bertjax.data import decoder_length, schema
-from bertjax.training import flops as flops_lib
-from bertjax.parallel import sharding
 from bertjax.models.params import count_params
+from bertjax.parallel import sharding
 from bertjax.tools import bench_hf, hlo, profiles, timing
+from bertjax.training import defaults
+from bertjax.training import flops as flops_lib
+from bertjax.training.trainer import Trainer
 
 
 def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
@@ -46,14 +50,13 @@ def synthetic_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[st
 
 def predictions_per_seq(config: ml_collections.ConfigDict) -> int | None:
   """Positions per row whose vocabulary projection the step computes (None: all of them)."""
-  return None if config.objective == "causal_lm" else int(config.max_predictions)
+  return None if schema.objective(config.objective).causal else int(config.max_predictions)
 
 
 class OurStep:
   """Our train step on the config's mesh: compiled once, then timed `steps` at a time."""
 
   def __init__(self, config: ml_collections.ConfigDict, batch: dict[str, np.ndarray]) -> None:
-    from bertjax.training.trainer import Trainer
     self.mesh = sharding.mesh_from_config(config)
     self.trainer = Trainer(config, self.mesh)
     self.state = self.trainer.init_state(int(config.seed))
@@ -144,20 +147,18 @@ def run_benchmark(config: ml_collections.ConfigDict, *, steps: int = 5, pairs: i
   `exclusive`: a context manager held from the first peak reading to the last profiled step
   (the compiles and the reference's warm-up, `torch.compile` included, run before it), so
   that processes sharing one device time their steps one at a time (bertjax.tools.gpu_session)."""
-  from bertjax.config import model_config
-  from bertjax.training import defaults
   config, choices = defaults.resolve(config, jax.default_backend())
   for choice in choices:
     log(choice.line())
   model = model_config(config)
-  b, l = int(config.batch_size), int(config.seq_length)
+  b, seq = int(config.batch_size), int(config.seq_length)
   dtypes = list(PRECISIONS) if best else [model.dtype]
   if model.dtype not in dtypes:
     dtypes.insert(0, model.dtype)
   record: dict[str, Any] = {
       "config": {"model": f"{model.family} {model.num_layers}x{model.hidden_size}, "
                           f"{model.num_heads} heads, vocab {model.vocab_size}",
-                 "batch_size": b, "seq_length": l, "dtype": model.dtype,
+                 "batch_size": b, "seq_length": seq, "dtype": model.dtype,
                  "objective": config.objective, "mesh": dict(config.mesh),
                  "grad_accum_steps": int(config.grad_accum_steps),
                  "predictions_per_seq": predictions_per_seq(config),
@@ -270,7 +271,7 @@ def _finish(record: dict[str, Any], times: _Times, config: ml_collections.Config
             ) -> dict[str, Any]:
   """The record's runs, ratios and memory from the timed blocks of `_timed_section`."""
   ours_times, hf_times, pair_medians = times
-  b, l = int(config.batch_size), int(config.seq_length)
+  b, seq = int(config.batch_size), int(config.seq_length)
   model_flops = flops_lib.run_flops_per_step(model, config)
   nominal = record["peak"]["nominal_flops"]
   runs: dict[str, dict[str, Any]] = {}
@@ -283,7 +284,7 @@ def _finish(record: dict[str, Any], times: _Times, config: ml_collections.Config
         "compile_seconds": step.compile_seconds, "model_flops": model_flops,
         "compiled_dot_flops": compiled, "xla_cost_analysis_flops": xla_cost, **step.memory(),
         "step_seconds_median": seconds, "step_seconds": ours_times[d],
-        "tokens_per_second": b * l / seconds, "sequences_per_second": b / seconds,
+        "tokens_per_second": b * seq / seconds, "sequences_per_second": b / seconds,
         "model_flops_per_second": achieved,
         # MFU against the peak of the dtype the matmuls run in.
         "mfu_vs_xla_matmul_peak": achieved / record["peak"]["xla_matmul_flops_by_dtype"][d],
@@ -299,12 +300,12 @@ def _finish(record: dict[str, Any], times: _Times, config: ml_collections.Config
     hf_runs = {}
     for d, ref in references.items():
       seconds = statistics.median(hf_times[d])
-      hf_flops = ref.model_flops(model, b, l, decoder_length(config))
+      hf_flops = ref.model_flops(model, b, seq, decoder_length(config))
       hf_runs[d] = {
           "model": ref.describe(), "params": ref.params, "torch": ref.torch_version,
           "threads": ref.threads, "precision": bench_hf.PRECISION_NAMES[d],
           "model_flops": hf_flops, "step_seconds_median": seconds,
-          "step_seconds": hf_times[d], "tokens_per_second": b * l / seconds,
+          "step_seconds": hf_times[d], "tokens_per_second": b * seq / seconds,
           "sequences_per_second": b / seconds,
           "mfu_vs_torch_matmul_peak": (hf_flops / seconds
                                        / record["peak"]["torch_matmul_flops_by_dtype"][d]),

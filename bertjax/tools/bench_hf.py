@@ -19,16 +19,18 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from bertjax.training import flops as flops_lib
 from bertjax import hf
-from bertjax.tools import timing
+from bertjax.config import model_config
+from bertjax.data import schema
 from bertjax.models import ModelConfig
+from bertjax.tools import timing
+from bertjax.training import flops as flops_lib
 
 
 def _torch():
   try:
-    import torch
-    import transformers
+    import torch  # noqa: PLC0415 - optional (the hf extra)
+    import transformers  # noqa: PLC0415 - optional (the hf extra)
   except ImportError as e:
     raise RuntimeError("--compare hf needs PyTorch and transformers: pip install "
                        "'bertjax[hf]' (CPU torch: pip install torch --index-url "
@@ -72,7 +74,6 @@ class ReferenceStep:
     `torch.compile` (Inductor), PyTorch's fastest training setting on a GPU. On CUDA the
     AdamW update is the fused one (`fused=True`), the fastest torch has."""
     torch, transformers = _torch()
-    from bertjax.config import model_config
     self._torch = torch
     self.torch_version = torch.__version__
     # As many threads as XLA's CPU client uses (one per core it may run on).
@@ -116,7 +117,8 @@ class ReferenceStep:
 
     def t(x):
       return torch.as_tensor(np.asarray(x), dtype=torch.long, device=self.device)
-    if config.objective == "causal_lm":
+    objective = schema.objective(config.objective)
+    if objective.causal:
       return {"input_ids": t(batch["input_ids"]), "labels": t(batch["input_ids"])}
     if "decoder_input_ids" in batch:
       # An encoder-decoder (T5, BART): the decoder reads its shifted targets, as ours does.
@@ -131,7 +133,7 @@ class ReferenceStep:
       labels[row, batch["masked_lm_positions"][row][real]] = batch["masked_lm_ids"][row][real]
     inputs = {"input_ids": t(batch["input_ids"]), "token_type_ids": t(batch["token_type_ids"]),
               "attention_mask": t(batch["attention_mask"]), "labels": t(labels)}
-    if config.objective in ("mlm_nsp", "mlm_sop"):
+    if objective.sentence_pairs:
       inputs["next_sentence_label"] = t(batch["next_sentence_labels"])
     return inputs
 

@@ -11,8 +11,12 @@ at CPU size: the suite runs it so that the table cannot rot.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -81,7 +85,6 @@ CHILD_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FR
 def row_record(table: str, name: str, reduced: bool, steps: int, pairs: int,
                torch_compile: bool) -> dict[str, Any]:
   """One row's bench.run_benchmark record, in this process."""
-  import sys
   row = next(r for r in TABLES[table] if r.name == name)
   return bench.run_benchmark(row_config(row, reduced), steps=steps, pairs=pairs, compare="hf",
                              peak_size=flops_lib.matmul_peak_size(512),
@@ -92,9 +95,6 @@ def row_record(table: str, name: str, reduced: bool, steps: int, pairs: int,
 def _in_child(*args: Any) -> dict[str, Any]:
   """`row_record` in a fresh process: the previous row's memory (JAX's arena, PyTorch's cache)
   is returned to the device, as on the GPU it otherwise is not."""
-  import concurrent.futures
-  import multiprocessing
-  import os
   for key, value in CHILD_ENV.items():
     os.environ.setdefault(key, value)
   with concurrent.futures.ProcessPoolExecutor(

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jax
 import ml_collections
 
-from bertjax.parallel import distributed, sharding
+from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
+from bertjax.parallel import distributed, sharding
 from bertjax.training.trainer import Trainer
-from bertjax.checkpoints.train_state import TrainCheckpoints
 
 
 def run_checkpoint_bench(config: ml_collections.ConfigDict, blocks: int = 4,

@@ -14,16 +14,15 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
+from bertjax.data import schema
 from bertjax.data.build import build_dataset
-
-from bertjax.data.options import BuildOptions
+from bertjax.data.options import BuildOptions, LoaderConfig
 from bertjax.data.pipeline import CorpusBatches
-from bertjax.data.options import LoaderConfig
 from bertjax.data.prepare import corpus_sentences
 from bertjax.data.sources import parse_sources
 from bertjax.data.tokenizers import train_sentencepiece
@@ -59,12 +58,13 @@ def run_bench(sources: str | list[str], *, tokenizer: str = "", objective: str =
               out: str = "", epochs: int = 3) -> Iterator[str]:
   """Runs the benchmark, yielding report lines as results come in."""
   specs = parse_sources(sources or "embedded")
+  spec = schema.objective(objective)
   cores = min(os.cpu_count() or 1, 1 + workers)
   with tempfile.TemporaryDirectory() as tmp:
     root = Path(out or tmp)
     if not tokenizer:
       start = time.perf_counter()
-      style = "gpt" if objective == "causal_lm" else "bert"
+      style = "gpt" if spec.causal else "bert"
       tokenizer = str(train_sentencepiece(corpus_sentences(specs), root / "tokenizer",
                                           vocab_size=8192, model_type="unigram", style=style))
       yield (f"tokenizer: trained an 8192-piece {style} SentencePiece model in "
@@ -82,11 +82,11 @@ def run_bench(sources: str | list[str], *, tokenizer: str = "", objective: str =
                        seq_length=seq_length, max_predictions=max(1, round(0.15 * seq_length)),
                        num_epochs=0, num_workers=workers, prefetch=4 if workers else 0,
                        # RoBERTa's recipe for MLM alone; google-research/bert's with NSP.
-                       bert_instances="full_sentences" if objective == "mlm" else "pairs")
+                       bert_instances="pairs" if spec.sentence_pairs else "full_sentences")
     num_batches = max(1, round(epochs * corpus_tokens / (batch_size * seq_length)))
     tokens, load_s, startup_s = loader_run(cfg, batch_size, num_batches)
-    mode = {"causal_lm": "GPT packed windows", "mlm": "RoBERTa full sentences"}.get(
-        objective, "BERT pairs, fidelity mode")
+    mode = ("GPT packed windows" if spec.causal else
+            "BERT pairs, fidelity mode" if spec.sentence_pairs else "RoBERTa full sentences")
     yield (f"loader start-up (first batch: workers start, {batch_size} row streams fill their "
            f"windows): {startup_s:.2f} s")
     yield (f"instances ({mode}, seq {seq_length}): {num_batches} more batches of "

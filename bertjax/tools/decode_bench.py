@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax.inference import generate
 from bertjax.config import model_config
-from bertjax.training import defaults
-from bertjax.models import GPT, ModelConfig, build_model, jit_init
+from bertjax.inference import generate
+from bertjax.models import ModelConfig, build_model, jit_init
 from bertjax.models.params import unscanned
+from bertjax.training import defaults
 
 
 @functools.partial(jax.jit, static_argnames=("config", "new_tokens"))
@@ -63,11 +63,11 @@ def benchmark_decode(params: Any, config: ModelConfig, cache_sizes: Sequence[int
   of `size - new_tokens` tokens, then `new_tokens` generated), next to recomputing the whole
   sequence for one token at that size. `unroll=False` decodes with the layers as the config
   has them (scanned: the cache is a scan carry). Not a test: the numbers go in reports."""
-  if config.family != "gpt":
-    raise ValueError(f"decoding needs a GPT model, got family={config.family!r}")
+  if not config.is_decoder:
+    raise ValueError(f"decoding needs a GPT model (a decoder), got family={config.family!r}")
   if unroll:
     params, config = unscanned(params, config)
-  model = GPT(config.replace(remat_policy="none"))
+  model = build_model(config.replace(remat_policy="none"))
   full = jax.jit(lambda p, ids: model.apply({"params": p}, ids)[:, -1].argmax(-1))
   results = []
   for size in cache_sizes:
@@ -108,8 +108,9 @@ def decode_benchmark(config: ml_collections.ConfigDict, cache_sizes: list[int],
   """Per-token generation cost of the config's GPT (random weights) at each cache size."""
   config, _ = defaults.resolve(config, jax.default_backend())
   model = model_config(config)
-  if model.family != "gpt":
-    raise ValueError(f"--decode needs a GPT config, got model.family={model.family!r}")
+  if not model.is_decoder:
+    raise ValueError(f"--decode needs a GPT config (a decoder), got model.family="
+                     f"{model.family!r}")
   params = jit_init(build_model(model))(jax.random.key(int(config.seed)))
   return benchmark_decode(params, model, cache_sizes, new_tokens=new_tokens)
 

@@ -2,27 +2,10 @@
 
 One process per host runs every check, as `bertjax train` would run (same mesh, same
 `jax.distributed` set-up); each check is one line, pass / warn / fail / skip with its figure,
-and the whole report goes to JSON. The device's own checks (attention, products,
-collectives) are in device_checks.py; the run's (environment, speed, checkpoint, loader) here.
-Guide: docs/doctor.md.
+and the whole report goes to JSON. The device's own checks (attention, products, collectives)
+are in device_checks.py; the run's (environment, speed, checkpoint, loader) here.
 
-- environment: versions, devices, processes, the mesh and which batch rows each host loads;
-- attention: the platform's fused kernel (cuDNN on GPU, splash on TPU; on CPU both, the splash
-  kernel in Pallas interpret mode and the cuDNN call through XLA's implementation) against the
-  XLA core computed in float32, forward and gradients, for BERT padding, causal, packed and
-  local-window masks. Tolerance: twice the XLA core's own error in the same dtype, or two
-  units in the last place of a 16-bit dtype (bf16: 2^-6) / 1e-5 in float32, of the output's
-  scale, whichever is larger;
-- products: 16-bit matmuls accumulated in float32 against float32 (a platform that rounds
-  partial sums to 16 bits fails), and the matmul peak of each dtype against the data sheet;
-- collectives: all-reduce, all-gather and reduce-scatter over each mesh axis of more than one
-  device, checked value by value and timed (bus bandwidth, NCCL's convention) against the data
-  sheet's interconnect figure;
-- speed: a few steps of the config (its `runlocal` shape where the full one does not fit),
-  MFU against the data-sheet peak, which is the `--mfu` that calibrates `bertjax compile`'s
-  projection;
-- checkpoint: the train state written to and read back from the workdir with Orbax (equal
-  leaf by leaf), bytes/s each way; loader: the config's batches/s against the step's rate.
+The guide: docs/doctor.md, 'The checks'.
 """
 
 from __future__ import annotations
@@ -38,13 +21,19 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from bertjax import config as config_lib
+from bertjax import data as data_lib
 from bertjax import paths
+from bertjax.data.prepare import ensure_dataset
 from bertjax.parallel import distributed, sharding
 from bertjax.tools import bench
 from bertjax.tools.device_checks import (
@@ -66,16 +55,13 @@ CHECKS = ("environment", "attention", "products", "collectives", "speed", "check
 
 def environment(config: ml_collections.ConfigDict, trainer: Any | None,
                 choices: list[Any] = ()) -> Check:
-  import flax
-  import optax
-  import orbax.checkpoint as ocp
   device = jax.local_devices()[0]
   versions = {"python": platform_lib.python_version(), "jax": jax.__version__,
               "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else "",
               "flax": flax.__version__, "optax": optax.__version__,
               "orbax-checkpoint": getattr(ocp, "__version__", "")}
   try:
-    import libtpu
+    import libtpu  # noqa: PLC0415 - optional (the tpu extra)
     versions["libtpu"] = getattr(libtpu, "__version__", "installed")
   except ImportError:
     pass
@@ -188,7 +174,6 @@ def restore(checkpointer: Any, directory: Any, target: Any) -> Any:
 
 
 def checkpoint_check(state: Any, workdir: str) -> Check:
-  import orbax.checkpoint as ocp
   tree = {"params": state.params, "opt_state": state.opt_state}
   size = sum(x.nbytes for x in jax.tree.leaves(tree))
   root = paths.path(workdir) / "doctor"
@@ -225,7 +210,6 @@ def checkpoint_check(state: Any, workdir: str) -> Check:
 
 def _shared_token() -> str:
   """A name every process agrees on (process 0's, broadcast)."""
-  from jax.experimental import multihost_utils
   token = np.frombuffer(uuid.uuid4().bytes[:8], np.uint32).copy()
   token = multihost_utils.broadcast_one_to_all(token)
   return "".join(f"{int(x):08x}" for x in np.asarray(token))
@@ -233,10 +217,8 @@ def _shared_token() -> str:
 
 def loader_check(config: ml_collections.ConfigDict, workdir: str, step_seconds: float,
                  trainer: Any, batches: int = 32) -> Check:
-  from bertjax.data import make_batches
   dataset = ""
   if config.data.source == "corpus":
-    from bertjax.data.prepare import ensure_dataset
     try:
       dataset = ensure_dataset(config, workdir, build=False)
     except ValueError:
@@ -246,7 +228,7 @@ def loader_check(config: ml_collections.ConfigDict, workdir: str, step_seconds: 
   rows = distributed.local_rows(trainer.data_sharding(), int(config.batch_size))
   # What the compiled step takes: this process's rows of the config's batch.
   expected = {k: (len(rows),) + v.shape[1:] for k, v in bench.synthetic_batch(config).items()}
-  source = make_batches(config, "train", rows, dataset)
+  source = data_lib.make_batches(config, "train", rows, dataset)
   wrong: list[str] = []
   try:
     start = time.perf_counter()

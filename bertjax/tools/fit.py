@@ -1,16 +1,11 @@
 """`bertjax compile --fit`: the fastest projected setting of a config that fits a TPU slice.
 
-Searched: the attention implementation (the splash kernel where the config has no attention
-dropout, and the XLA core), the remat policy ("none", "dots"; "full" in float32 only, since
-libtpu crashes on it in bf16), and the number of micro-batches (the config's, then doubled
-while the batch divides). Memory falls as micro-batches grow, so for each (attention, remat)
-pair the search compiles from the fewest micro-batches up and stops at the first that fits;
-of the fitting settings the one with the shortest projected step wins (one the compiler
-accepted above the HBM the table lists only when no other fits). When nothing fits as
-written and the config has attention dropout, the fused kernel's settings without attention
-dropout are searched too and, if one fits, offered as what they are: a change of the recipe.
-Every compile runs in a child process, so that a compiler crash is reported as such and
-skipped.
+Searched: the attention implementation, the remat policy and the number of micro-batches; for
+each (attention, remat) pair the search compiles from the fewest micro-batches up and stops at
+the first that fits, and the fitting setting with the shortest projected step wins. Every
+compile runs in a child process, so that a compiler crash is reported as such and skipped.
+
+The guide: docs/reproducing.md, '`bertjax compile --fit`'.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from collections.abc import Callable
 import ml_collections
 
 from bertjax import config as config_lib
+from bertjax.tools import aot
 
 
 @dataclasses.dataclass
@@ -93,7 +89,6 @@ def search(config_name: str, overrides: list[tuple[str, str]], topology: str, mf
 
 def _run_one(config_name: str, overrides: list[tuple[str, str]], setting: dict[str, str],
              topology: str, mfu: float, slices: int) -> Trial:
-  from bertjax.tools import aot
   config = config_lib.load_config(config_name, list(overrides) + list(setting.items()))
   try:
     # The search reports each outcome on its own line: the child's libtpu noise is dropped.

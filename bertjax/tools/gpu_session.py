@@ -1,15 +1,13 @@
 """`bertjax bench --gpu-session OUT`: what a lent GPU runs, in one command that fits a short lease
 — the accelerator tier, the GPU table with a profile of every row (our kernels and the
 reference's), variants of our step (XLA flags, attention, the layer loop), and one results page,
-OUT/gpu-session.md (with OUT/gpu-session.json and OUT/traces.tar.gz). Guide: docs/doctor.md,
-"One command on a lent GPU".
+OUT/gpu-session.md (with OUT/gpu-session.json and OUT/traces.tar.gz).
 
-Each (row, variant) is a job in a process of its own (its own XLA flags). The jobs compile at
-the same time in waves — XLA's and torch.compile's compiles are most of a row's minute — and
-then time their steps one at a time under a lock file once the whole wave has compiled, so no
-timed step shares the device or the host's cores; the tier holds the lock while it runs. A
-deadline ends the session with what finished, and the page is written whatever happened.
-`--reduced` runs the same jobs at toy size on a CPU (the suite does).
+Each (row, variant) is a job in a process of its own; jobs compile together in waves, then time
+their steps one at a time under a lock file. A deadline ends the session with what finished;
+the page is written whatever happened.
+
+The guide: docs/doctor.md, 'One command on a lent GPU'.
 """
 
 from __future__ import annotations
@@ -21,12 +19,20 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+import traceback
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
+from bertjax import config as config_lib
 from bertjax import paths
-from bertjax.tools import bench_table
+from bertjax.parallel import host
+from bertjax.tools import bench, bench_table, session_page
+from bertjax.training import flops
+
 
 # A variant of our step: XLA flags for its process and config overrides.
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +119,6 @@ def device_lock(out: Path) -> contextlib.AbstractContextManager:
 def run_job(job: Job, out: Path, reduced: bool, steps: int, pairs: int) -> dict[str, Any]:
   """The job's bench record: our step (and the reference's) compiled, then timed and profiled
   under the device lock; the optimized program is kept beside the trace."""
-  from bertjax import config as config_lib
-  from bertjax.tools import bench
-  from bertjax.training import flops
   row = next(r for r in bench_table.TABLES["gpu"] if r.name == job.row)
   overrides = bench_table.config_overrides(row, reduced)
   overrides.update(VARIANTS[job.variant].overrides)
@@ -145,14 +148,12 @@ def _job_main(spec: str) -> int:
   try:
     record = run_job(job, out, args["reduced"], args["steps"], args["pairs"])
   except Exception as e:  # noqa: BLE001 - the job's failure is its result
-    import traceback
     traceback.print_exc()
     record = {"job": dataclasses.asdict(job),
               "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
   finally:
     # A job that failed while compiling must not hold its wave's timing back.
     (out / "jobs" / f"{job.slug}.compiling").unlink(missing_ok=True)
-  from bertjax.tools import bench
   bench.write_record(record, str(path))
   return 0
 
@@ -193,7 +194,6 @@ TIER_COMMAND = ("-m", "pytest", "-m", "accelerator", "-n", "0", "-p", "no:cachep
 def run_tier(out: Path, deadline: float, select: str = "") -> dict[str, Any]:
   """The accelerator tier (tests/test_accelerator.py; `select`: a pytest -k expression) under
   the device lock: each test's outcome and seconds, from pytest's JUnit report."""
-  import xml.etree.ElementTree as ElementTree
   repo = Path(__file__).resolve().parents[2]
   if not (repo / "tests" / "test_accelerator.py").is_file():
     return {"error": "no tests/test_accelerator.py beside this bertjax (an installed copy)"}
@@ -205,7 +205,6 @@ def run_tier(out: Path, deadline: float, select: str = "") -> dict[str, Any]:
   # The tier runs on the accelerator: tests/conftest.py otherwise defaults JAX_PLATFORMS to
   # the CPU and adds the suite's CPU flags, which a newer jaxlib may not know (jax 0.11 aborts
   # on --xla_cpu_use_fusion_emitters: the tier of 2026-11-28's H200 session ended there).
-  from bertjax.parallel import host
   if not env.get("JAX_PLATFORMS", "").strip():
     env["JAX_PLATFORMS"] = host.accelerator_platform() or "cpu"
   started = time.time()
@@ -283,7 +282,6 @@ def run_session(out: str, *, jobs: list[Job], reduced: bool = False, tier: bool 
   """Runs the tier (`tier_select`: a -k expression) and `jobs` within `seconds`, in waves of
   at most `max_jobs` slots (`_next_wave`); writes OUT/gpu-session.json, .md and
   traces.tar.gz. Returns the session's record."""
-  import threading
   root = Path(out)
   (root / "jobs").mkdir(parents=True, exist_ok=True)
   started = time.time()
@@ -331,7 +329,6 @@ def run_session(out: str, *, jobs: list[Job], reduced: bool = False, tier: bool 
       session["jobs"].append({"job": dataclasses.asdict(job), "error": why})
   session["elapsed_seconds"] = time.time() - started
   (root / "gpu-session.json").write_text(json.dumps(session, indent=1, default=str))
-  from bertjax.tools import session_page
   (root / "gpu-session.md").write_text(session_page.render(session))
   with tarfile.open(root / "traces.tar.gz", "w:gz") as tar:
     for sub in ("traces", "jobs"):

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from bertjax import config as config_lib
-
 from bertjax.checkpoints import params as checkpoint
-
-from bertjax.training import objectives
 from bertjax.data import make_batches
 from bertjax.models import build_model
+from bertjax.training import objectives
 
 
 def mlm_scores(params: Any, model_config: Any, batches: Sequence[dict]) -> dict[str, float]:

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from bertjax.models import Head, ModelConfig, abstract_params, build_model
+from bertjax.models import peft as adapters
 from bertjax.models.config import AUTO
 
 
@@ -69,7 +70,6 @@ def trainable_report(config: ModelConfig, freeze: str = "none",
 
   A model with additions under `freeze="none"` trains everything; the report then counts what
   `optimizer.freeze=base` (the parameter-efficient recipe) would train, and says so."""
-  from bertjax.models import peft as adapters
   if not config.peft and freeze == "none":
     return None
   counted = "base" if config.peft and freeze == "none" else freeze

@@ -1,15 +1,13 @@
-"""Reading profiles of a train step: where its device time goes; guide: docs/performance.md,
-"Profiles".
+"""Reading profiles of a train step: where its device time goes.
 
 `profile_step` runs our compiled step under the JAX profiler and `summarize_trace` reads the
-trace it writes. On a GPU (or TPU) the kernels are the device's events: each kernel's time is
-attributed to the program instruction that launched it (`hlo_op`) and to what that instruction
-does (`hlo.instruction_purposes`), and the timeline says how busy the device was — the kernels'
-union over the window, the idle gaps between kernels inside a step and between steps, and how
-many kernels a step launches. On a CPU the host threads run the ops, and only the op time by
-purpose is read. `torch_profile` gives the same kernel summary for the PyTorch reference, and
-`kernel_class` sorts any kernel name (ours or the reference's) into the few kinds that decide a
-transformer step's time (GEMMs, fused attention, the rest), so the two steps compare by kind.
+trace it writes: on a GPU (or TPU) each kernel's time attributed to the instruction that
+launched it and to what that instruction does, and how busy the device was; on a CPU the op
+time by purpose only. `torch_profile` summarises the PyTorch reference's kernels the same way,
+and `kernel_class` sorts any kernel name into the few kinds (GEMMs, fused attention, the rest)
+by which the two steps compare.
+
+The guide: docs/performance.md (`bertjax bench --profile DIR`, and 'GPU').
 """
 
 from __future__ import annotations
@@ -20,7 +18,10 @@ import gzip
 import json
 import os
 import re
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from bertjax.tools import hlo
 
 # A gap between two kernels shorter than this is the launch itself, not idleness.
 GAP_US = 5.0
@@ -252,7 +253,7 @@ def trace_step(step: Any, directory: str, steps: int = 2) -> str:
   """Runs `steps` of `step` (bench.OurStep) under the JAX profiler, after one untimed step;
   the trace (viewable in Perfetto/TensorBoard) and the optimized program (program.hlo.txt.gz)
   are written under `directory`. Returns the trace's *.trace.json.gz."""
-  import jax
+  import jax  # noqa: PLC0415 - the trace readers load no jax
   step.run(1)
   with jax.profiler.trace(directory):
     step.run(steps)
@@ -266,8 +267,7 @@ def summarize_step(step: Any, trace: str, steps: int = 2) -> dict[str, Any]:
   """`summarize_trace` of `step`'s trace (`trace_step`), with the matmul rate: the compiled
   dot FLOPs over the matmuls' time, which says whether the GEMMs or everything around them is
   in the way."""
-  import jax
-  from bertjax.tools import hlo
+  import jax  # noqa: PLC0415 - the trace readers load no jax
   purposes = hlo.instruction_purposes(step.compiled.as_text())
   summary = summarize_trace(trace, purposes, steps, devices=jax.local_device_count())
   compiled_flops, _ = step.compiled_flops()  # all devices'
@@ -287,7 +287,7 @@ def profile_step(step: Any, directory: str, steps: int = 2) -> dict[str, Any]:
 def torch_profile(run_one: Callable[[], None], steps: int = 2) -> dict[str, Any]:
   """The PyTorch reference's kernels over `steps` calls of `run_one` (torch.profiler on CUDA):
   by kernel kind, the top kernels, and the timeline, as `summarize_trace` gives ours."""
-  import torch
+  import torch  # noqa: PLC0415 - optional (the hf extra)
   activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
   with torch.profiler.profile(activities=activities) as prof:
     for _ in range(steps):

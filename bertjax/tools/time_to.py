@@ -20,8 +20,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 _TARGET = re.compile(r"^(?:(?P<split>[a-z_]+)/)?(?P<metric>[A-Za-z0-9_]+)\s*"
                      r"(?P<op>>=|<=|=)\s*(?P<value>[-+0-9.eE]+)$")

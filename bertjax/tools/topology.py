@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 import ml_collections
+from jax._src import xla_bridge
+from jax.experimental import topologies
 
 from bertjax.parallel import sharding
 
@@ -158,7 +160,6 @@ def parse_topology(name: str, num_slices: int = 1) -> TopologySpec:
 
 def libtpu_available() -> bool:
   """Whether the TPU compiler (libtpu) is installed."""
-  from jax._src import xla_bridge
   try:
     return xla_bridge.get_tpu_library_path() is not None
   except Exception:  # noqa: BLE001 - any failure to locate it means "not available"
@@ -170,7 +171,6 @@ def topology_devices(spec: TopologySpec) -> list[Any]:
   `slice_index` (no TPU needed; needs libtpu)."""
   if not libtpu_available():
     raise RuntimeError(LIBTPU_MISSING)
-  from jax.experimental import topologies
   # libtpu takes /tmp/libtpu_lockfile so that one process owns the TPU; a compile-only client
   # owns nothing, and two `bertjax compile` runs (or one beside a CPU job) must not collide.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -1,16 +1,12 @@
 """What a config's "auto" settings become on the backend a run computes on: decided once when
 the run starts, said in its first lines and its summary, and written into the run's config.json
-(so a resume on a machine that decides otherwise is refused, naming the key). Guide:
-docs/performance.md, "Defaults per backend".
+(so a resume on a machine that decides otherwise is refused, naming the key).
 
-- `model.dtype="auto"`: bf16 compute (float32 weights) on TPUs and GPUs, whose matrix units
-  are built for it. On a CPU, bf16 only where its matmuls are measured at least
-  `BF16_OVER_FP32` times as fast as float32's (the per-machine probe `flops.cpu_matmul_peak`,
-  cached): without native bf16 products (no AVX-512 BF16 or AMX) XLA computes them in float32
-  and the step also pays the conversions, so a bf16 step is slower than a float32 one there
-  (docs/results/2026-11-28-auto-dtype-cpu.md has the readings on both kinds of CPU).
-- `model.attention="auto"` is made concrete by the Trainer for the platform it compiles for
-  (`attention.choose`), which logs what it chose and why.
+`model.dtype="auto"`: bf16 compute on TPUs and GPUs; on a CPU only where its bf16 matmuls are
+measured at least `BF16_OVER_FP32` times as fast as float32's. `model.attention="auto"` is made
+concrete by the Trainer for the platform it compiles for (`attention.choose`).
+
+The guide: docs/performance.md, 'Defaults per backend'.
 """
 
 from __future__ import annotations
@@ -22,12 +18,16 @@ from collections.abc import Callable
 import ml_collections
 
 from bertjax.models.config import AUTO
+from bertjax.parallel import distributed
+from bertjax.training import flops
 
 log = logging.getLogger(__name__)
 
 # bf16 products this many times float32's on a CPU make bf16 its compute dtype: between the
 # readings of a CPU without native bf16 and one with AVX-512 BF16, far from both
-# (docs/results/2026-11-28-auto-dtype-cpu.md).
+# (docs/results/2026-11-28-auto-dtype-cpu.md). Without native bf16 products (no AVX-512 BF16 or
+# AMX) XLA computes them in float32 and the step also pays the conversions, so a bf16 step is
+# slower than a float32 one there.
 BF16_OVER_FP32 = 1.5
 # Platforms whose matrix units compute in bf16 at full rate.
 _BF16_NATIVE = ("tpu", "gpu", "cuda", "rocm")
@@ -46,7 +46,6 @@ class Choice:
 
 def cpu_bf16_speedup() -> float:
   """How many times float32's rate this CPU's bf16 matmuls run at (cached probes)."""
-  from bertjax.training import flops
   return flops.cpu_matmul_peak("bfloat16")[0] / flops.cpu_matmul_peak("float32")[0]
 
 
@@ -92,5 +91,4 @@ def resolve(config: ml_collections.ConfigDict, platform: str, *,
 
 def all_processes_agree(flag: bool) -> bool:
   """True where every process of the run says True (one small all-gather)."""
-  from bertjax.parallel import distributed
   return not distributed.any_process(not flag)

@@ -2,35 +2,12 @@
 (Sanh et al. 2019) and distilgpt2, after huggingface/transformers'
 examples/research_projects/distillation (distiller.py, train.py).
 
-A frozen teacher runs in the same jitted train step as the student (the run's model). Its
-parameters are the train state's `teacher` (bertjax.training.trainer.TrainState): sharded by
-the same logical-axis rules as the student's, passed through the step unchanged (bit for bit),
-outside the gradient and the optimizer (no optimizer state), never checkpointed (read again
-from `distillation.teacher` on resume) and never exported: the checkpoint, `params/` and
-`bertjax export` hold the student alone.
+A frozen teacher (the train state's `teacher`: outside the gradient and the optimizer, never
+checkpointed or exported) runs in the same jitted train step as the student, the run's model.
+The loss is DistilBERT's weighted sum (distiller.py's `step`) of the soft KL term, the
+student's own MLM or causal-LM loss and the cosine term on the last hidden states.
 
-The loss is DistilBERT's weighted sum (distiller.py's `step`):
-
-  alpha_ce · T² · KL(softmax(t/T) ‖ softmax(s/T))   soft targets, the mean over positions
-  + alpha_mlm · the student's masked-LM loss         (BERT) or alpha_clm · its causal-LM loss
-  + alpha_cos · (1 − cos(h_s, h_t))                   last hidden states, the mean over tokens
-
-with s, t the student's and teacher's logits and h their last hidden states (after a pre-LN
-model's final norm, as transformers' `hidden_states[-1]`). The soft term covers every real
-token (attention_mask; GPT: document_ids > 0), as distiller.py does by default, or with
-`restrict_ce_to_mask` (BERT) the masked positions only; the KL is torch's KLDivLoss with
-"batchmean" over those positions. The hard terms are the student objectives' own (mean over
-the masked positions / the loss_mask targets); the cosine term is CosineEmbeddingLoss with
-target 1 over real tokens. Every term is a sum over the micro-batch divided by a normaliser
-computed from the whole batch (as bertjax.training.objectives), so gradient accumulation adds
-up to the full-batch loss. The teacher runs deterministically (distiller.py's teacher.eval()),
-in the student's compute dtype.
-
-Where bertjax differs from the reference: masking is BERT's uniform 15% (the reference draws
-positions in proportion to token frequency ^ -0.7, XLM's smoothing); sequences are the data
-pipeline's (packed or paired rows, not one line of text per sequence grouped by length); the
-soft term is logged as the KL (the reference's `loss_ce`) and the teacher's entropy beside it
-(`teacher_entropy`; KL + entropy is the soft cross-entropy).
+The guide: docs/training.md, 'Distillation (`config.distillation`)'.
 """
 
 from __future__ import annotations
@@ -44,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bertjax.checkpoints.weights import load_teacher, teacher_config
+from bertjax.data import schema
 from bertjax.models import attention, build_model, distill, init_params, layers, precision
 from bertjax.models.bert import gather_positions
 from bertjax.models.config import ModelConfig
@@ -176,7 +154,7 @@ class Distillation:
 
   @property
   def causal(self) -> bool:
-    return self.model.config.family == "gpt"
+    return self.model.config.is_decoder
 
   def _real(self, batch: Batch) -> Array:
     """1.0 at every real (non-padding) token."""
@@ -262,15 +240,16 @@ def objective(name: str, model: nn.Module, teacher: Teacher,
               settings: ml_collections.ConfigDict) -> Distillation:
   """The distillation objective over the student objective `name` (mlm for BERT, causal_lm for
   GPT: the hard loss and the batches) with `settings` (a run config's distillation group)."""
-  family = model.config.family
-  hard = "causal_lm" if family == "gpt" else "mlm"
+  family = model.config.family_record
+  hard = family.lm_objective
   if name != hard:
-    raise ValueError(f"objective {name!r}: a distilled {family} student trains with objective "
-                     f"{hard} (its hard loss and batches)")
+    raise ValueError(f"objective {name!r}: a distilled {family.name} student trains with "
+                     f"objective {hard} (its hard loss and batches)")
   return Distillation(
       model, teacher.model(), temperature=float(settings.temperature),
       alpha_ce=float(settings.alpha_ce),
-      alpha_lm=float(settings.alpha_clm if family == "gpt" else settings.alpha_mlm),
+      alpha_lm=float(settings.alpha_clm if schema.objective(hard).causal
+                     else settings.alpha_mlm),
       alpha_cos=float(settings.alpha_cos),
       restrict_ce_to_mask=bool(settings.restrict_ce_to_mask))
 

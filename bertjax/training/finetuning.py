@@ -2,16 +2,12 @@
 and readers of bertjax.finetune), the dev set scored at every evaluation, the best parameters
 kept, an early stop, and the task's products at the end.
 
-Before the run the config is resolved (`resolve`): the model is the one of `init_from` (with
-the task's head, `num_labels`, and the parameter-efficient options of `model.*`), the steps
-follow from `finetune.epochs` over the task's rows, warmup from `finetune.warmup_fraction`.
-A BERT starts from its encoder under a fresh head; a GPT keeps its tied LM head. The loop then
-saves what this run adds to a checkpoint (the best score, the evaluations so far and the best
-parameters), so a fine-tune killed anywhere resumes to the same best parameters.
+Before the run the config is resolved (`resolve`): the model is the one of `init_from` with the
+task's head (a BERT starts from its encoder under a fresh head; a GPT keeps its tied LM head),
+and the steps follow from `finetune.epochs`. What this run adds (the best score, the
+evaluations, the best parameters) is checkpointed, so a killed fine-tune resumes exactly.
 
-At the end: OUT/best (a params-only checkpoint with finetune.json: task, labels, metric,
-settings; a `freeze=base` run with a base holds only its trained parameters and names the base),
-the completion task's generations, and with `finetune.export_hf` OUT/hf (and OUT/peft for LoRA).
+The guide: docs/finetuning.md, 'A fine-tune is a run of the training loop'.
 """
 
 from __future__ import annotations
@@ -22,8 +18,9 @@ import json
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,8 +35,7 @@ from bertjax.config import model_config
 from bertjax.data.rows import EpochBatches
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.finetune import registry, tasks
-from bertjax.models import ModelConfig, peft
-from bertjax.models.config import UNBOUNDED_POSITIONS
+from bertjax.models import ModelConfig, families, peft
 from bertjax.parallel import distributed, sharding
 from bertjax.training import hooks
 from bertjax.training.metrics import MetricsWriter
@@ -101,23 +97,26 @@ class FineTuning:
                             "checkpoint to resume; choose a new output directory")
     self.start = self._start_weights(config)
     model = self.start.config
-    if int(config.seq_length) > model.max_positions and model.family not in UNBOUNDED_POSITIONS:
+    family = model.family_record
+    if int(config.seq_length) > model.max_positions and not family.unbounded_positions:
       raise ValueError(f"seq_length={config.seq_length} exceeds the model's max_positions="
                        f"{model.max_positions} (a --recipe sets its paper's length; give "
                        "--seq-length)")
-    if self.task.family == "gpt" and int(ft.max_new_tokens) >= model.max_positions:
+    if family.is_decoder and int(ft.max_new_tokens) >= model.max_positions:
       raise ValueError(f"max_new_tokens={ft.max_new_tokens} leaves no room for a prompt in the "
                        f"model's {model.max_positions} positions")
-    if model.family == "bart" and int(ft.target_length) > model.max_positions:
-      raise ValueError(f"target_length={ft.target_length} exceeds BART's "
+    if (family.is_encoder_decoder and not family.unbounded_positions
+        and int(ft.target_length) > model.max_positions):
+      raise ValueError(f"target_length={ft.target_length} exceeds the {model.family} model's "
                        f"{model.max_positions} decoder positions")
     self.tokenizer_path = ft.tokenizer or self.start.tokenizer
     if not self.tokenizer_path:
       raise ValueError(f"{self.start.source} ships no tokenizer: set finetune.tokenizer")
-    # An encoder-decoder's tokenizer is its family's (T5's sentinels, BART's <s> and <mask>).
-    require = model.family if self.task.family == "encoder_decoder" else self.task.family
+    # The tokenizer is the family's style (GPT's <|endoftext|>, T5's sentinels, BART's <s> and
+    # <mask>).
     tokenizer = load_tokenizer(paths.local_copy(self.tokenizer_path),
-                               _lowercase(ft.lowercase, self.tokenizer_path), require=require)
+                               _lowercase(ft.lowercase, self.tokenizer_path),
+                               require=family.tokenizer_style)
     self.data = tasks.build(config, tokenizer)
     # The weights' own additions stay unless the config sets others (a LoRA OUT/best goes on
     # with its LoRA).
@@ -130,7 +129,7 @@ class FineTuning:
     if len(tokenizer) > model.vocab_size:
       raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                        f"only {model.vocab_size}")
-    if is_main and self.task.family == "bert" and (
+    if is_main and family.is_encoder and (
         note := recipe_note(float(config.optimizer.learning_rate), model.hidden_size)):
       log.warning("%s", note)
     self.rows = len(next(iter(self.data.train.values())))
@@ -161,10 +160,10 @@ class FineTuning:
       if saved.get("init_from") == config.init_from and int(saved.get("init_step", -1)) >= 0:
         step = int(saved["init_step"])
     start = describe_weights(config.init_from, None if step < 0 else step)
-    families = registry.FAMILIES[self.task.family]
-    if start.config.family not in families:
+    if start.config.family_record.kind != self.task.kind:
+      needed = " or ".join(families.of_kind(self.task.kind))
       raise ValueError(f"{config.init_from}: a {start.config.family} model; task "
-                       f"{config.finetune.task} needs a {' or '.join(families)} model")
+                       f"{config.finetune.task} needs a {needed} model")
     return start
 
   def _resolved(self, config: ml_collections.ConfigDict, model: Any) -> ml_collections.ConfigDict:
@@ -190,7 +189,7 @@ class FineTuning:
     state = trainer.init_state(int(self.config.seed))
     if self.config.init_from:
       # A BERT's own heads make way for the task's fresh one; a GPT keeps its LM head.
-      keep = ("bert",) if self.task.family == "bert" else ()
+      keep = ("bert",) if self.task.kind == "encoder" else ()
       state, _ = trainer.start_from(state, self.config.init_from, self.start.step, keep)
     log.info("fine-tuning %s from %s: %d train / %d dev examples (%d training rows), %d steps "
              "(%d per epoch), freeze %s", self.config.finetune.task, self.start.source,

@@ -1,15 +1,13 @@
 """Model FLOPs per training step and device peaks, for MFU.
 
-Model FLOPs count the work the model needs, not what the program happens to do
-(PaLM, App. B): per training token 6·N for the layer stack's matmul parameters, plus
-attention's 12·layers·seq·width (QKᵀ and AV, forward and backward; no causal halving, as
-PaLM counts, and sliding-window layers as global ones, so a windowed model's MFU reads high by
-the keys outside its windows; on CPU the XLA core skips the causal score blocks above the
-diagonal from 512 tokens, `attention.causal_query_blocks`, and the compiled dots read below
-the model FLOPs by them), plus
-6·vocab·width for each position whose vocabulary projection is computed (MLM: the gathered
-positions only; GPT: every position), plus BERT's small heads. Rematerialisation adds hardware
-FLOPs, never model FLOPs. tests/test_bench.py holds the formula to the dots XLA compiles.
+Model FLOPs count the work the model needs, not what the program happens to do (PaLM, App. B):
+6·N per training token for the layer stack's matmul parameters, plus attention's
+12·layers·seq·width (no causal halving), plus 6·vocab·width per position whose vocabulary
+projection is computed, plus BERT's small heads. On CPU the XLA core skips the causal score
+blocks above the diagonal from 512 tokens (`attention.causal_query_blocks`), so the compiled
+dots read below the model FLOPs by them.
+
+The guide: docs/training.md, 'Metrics' (MFU and peaks).
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import paths
+from bertjax.data import decoder_length, schema
 from bertjax.models import ModelConfig, relative
 
 log = logging.getLogger(__name__)
@@ -92,10 +91,7 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, seq_length: int,
     generator -= 6 * 2 * cfg.generator_hidden_size * batch_size  # it has no sentence head
     return float(stack + projection + 6 * (d * d + d) * tokens + generator)
   vocab = 6 * cfg.vocab_size * e * predicted
-  heads = 0
-  if cfg.family == "bert":
-    pooler = d * d if cfg.pooler else 0
-    heads = 6 * d * e * predicted + 6 * (pooler + 2 * d) * batch_size
+  heads = cfg.family_record.head_flops(cfg, batch_size, predicted)
   return float(stack + projection + vocab + heads)
 
 
@@ -105,14 +101,13 @@ def run_flops_per_step(cfg: ModelConfig, config: Any, batch_size: int | None = N
   positions reach the vocabulary: MLM's gathered predictions, every position for a causal or
   encoder-decoder LM, none for a fine-tuning head); `batch_size` and `seq_length` where a phase
   or a ramp stage differs from the config's."""
-  from bertjax.data import decoder_length, schema
   b = int(config.batch_size) if batch_size is None else batch_size
   length = int(config.seq_length) if seq_length is None else seq_length
-  objective = config.objective
+  objective = schema.objective(config.objective)
   if cfg.is_encoder_decoder:
     return encoder_decoder_flops_per_step(cfg, b, length, decoder_length(config))
-  predictions = (None if objective == "causal_lm" else
-                 int(config.max_predictions) if schema.is_masked_lm(objective) else 0)
+  predictions = (None if objective.causal else
+                 int(config.max_predictions) if objective.masked_lm else 0)
   return train_flops_per_step(cfg, b, length, predictions)
 
 

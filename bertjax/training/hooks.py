@@ -1,15 +1,13 @@
 """What the training loop does around its steps, as hooks over a `StepInfo`.
 
 After every step the loop builds a `StepInfo` (the step number, the state and the metrics still
-on the device, the phase the step trained in, timing) and runs the registered hooks in order;
-each hook has a cadence: every N steps, at given steps, at the run's last step. The hooks only
-observe the run; what changes its course (a phase switch, a checkpoint save, a preemption, the
-data running out) stays in the loop (bertjax/training/loop.py), in that order after the hooks.
+on the device, the phase, timing) and runs the registered hooks in order, each at its cadence.
+The hooks only observe the run; what changes its course (a phase switch, a checkpoint save, a
+preemption, the data running out) stays in the loop (bertjax/training/loop.py). Train metrics
+are read one step late (`TrainMetrics`), so the host never waits on the device while the device
+has nothing queued.
 
-Train metrics are read one step late (`TrainMetrics`): a log step's metrics stay on the device
-until the next step is dispatched, so the host never waits on the device while the device has
-nothing queued. Where the loop waits on the device anyway (an eval, a checkpoint save, the
-compilation of a new phase's step, the end of the run) what is pending is read first.
+The guide: docs/training.md, 'The loop: workloads, step hooks and when metrics are read'.
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 

@@ -1,13 +1,12 @@
 """The one training loop of every run, pre-training and fine-tuning alike.
 
-A run's workload says what it trains on and how it is judged (bertjax.training.pretraining:
-a corpus and its held-out eval; bertjax.training.finetuning: a task, its dev set, the best
-parameters); the loop does the rest for both: the workdir's lock, resume or initialise, the
-jitted step, the hooks after each step (bertjax.training.hooks: bookkeeping, first-step timing,
-profile, train metrics, the workload's evaluation), then what changes the run's course — a phase
-switch, a checkpoint save, an early stop, a preemption — and the end-of-run summary. The host
-never waits on the device at a log step (its metrics are read after the next step is
-dispatched); it waits at evaluations, saves, a phase's first step and the end.
+A run's workload says what it trains on and how it is judged (bertjax.training.pretraining,
+bertjax.training.finetuning); the loop does the rest for both: the workdir's lock, resume or
+initialise, the jitted step, the hooks after each step (bertjax.training.hooks), then what
+changes the run's course (a phase switch, a checkpoint save, an early stop, a preemption) and
+the end-of-run summary. The host never waits on the device at a log step.
+
+The guide: docs/training.md, 'The loop: workloads, step hooks and when metrics are read'.
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Protocol, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, Protocol, TextIO
 
 import jax
 import ml_collections
@@ -27,8 +27,11 @@ from etils import epath
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from bertjax import paths
-from bertjax.checkpoints.train_state import (CheckpointWriteError, TrainCheckpoints,
-                                             restore_or_initialize)
+from bertjax.checkpoints.train_state import (
+  CheckpointWriteError,
+  TrainCheckpoints,
+  restore_or_initialize,
+)
 from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
 from bertjax.config import phases, ramp
 from bertjax.parallel import distributed, sharding
@@ -487,7 +490,7 @@ def _print_summary(report: TextIO, workdir: epath.Path, step: int, total: int,
   metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
   try:
     records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
-    lines = summary_lines(str(workdir), records, step, total, trainer.model_config.family,
+    lines = summary_lines(str(workdir), records, step, total, trainer.model_config.family_record,
                           wall_seconds, params=(workdir / "params").exists(), plotted=plotted)
   except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
     log.warning("could not summarise the run from %s: %s", metrics_path, e)

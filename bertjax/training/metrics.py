@@ -10,11 +10,13 @@ import json
 import math
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from bertjax import paths
-from bertjax.training import plot
+from bertjax.models.families import Family
+from bertjax.training import plot, tracking
 
 # The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
 # replaced-token detection: the generator's MLM and the discriminator's; GPT: the LM loss,
@@ -73,11 +75,10 @@ class MetricsWriter:
       self._mirror = paths.LocalMirror(
           workdir, names=("metrics.jsonl", "tensorboard", plot.PLOT_NAME))
       self._jsonl = open(self._mirror.local / "metrics.jsonl", "a", encoding="utf-8")
-      from tensorboardX import SummaryWriter
+      from tensorboardX import SummaryWriter  # noqa: PLC0415 - slow (~1.4 s); process 0 only
       self._tb = SummaryWriter(str(self._mirror.local / "tensorboard"))
     self._tracker = None
     if enabled and config is not None:
-      from bertjax.training import tracking
       self._tracker = tracking.tracker(config, workdir, str(self._mirror.local))
 
   def write(self, step: int, metrics: Mapping[str, Any], prefix: str = "train") -> None:
@@ -143,7 +144,7 @@ class MetricsWriter:
 
 
 def summary_lines(workdir: str, records: plot.Records, step: int, total_steps: int,
-                  family: str, wall_seconds: float | None = None, params: bool = True,
+                  family: Family, wall_seconds: float | None = None, params: bool = True,
                   plotted: bool = True) -> list[str]:
   """What `bertjax train` prints at the end: how far the run got (`step`), its last metrics,
   where its files are and what to run next. `wall_seconds`: this invocation's (None: nothing
@@ -168,14 +169,12 @@ def summary_lines(workdir: str, records: plot.Records, step: int, total_steps: i
     lines.append(f"  plot         {root}/{plot.PLOT_NAME}  (compare runs: bertjax plot "
                  f"{root} OTHER_WORKDIR --out runs.png)")
   if params and state == "finished":
-    prompt = {"bert": "The capital of France is [MASK].",
-              "t5": "The city lies on the <extra_id_0> of the river.",
-              "bart": "The city lies on the <mask> of the river."}.get(family, "Once upon a time")
+    prompt = family.sample_prompt
     lines += [f"  parameters   {root}/params",
               "next:",
               f"  bertjax export --params {root}/params --format hf --out {root}/hf",
               f"  bertjax generate --params {root}/params --prompt '{prompt}'"]
-    if family == "bert":
+    if family.is_encoder:
       lines.append(f"  bertjax finetune --init-from {root}/params --train TRAIN.tsv --dev "
                    f"DEV.tsv --out {root}/finetune  (docs/finetuning.md)")
   elif state == "stopped":

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.data import schema
 from bertjax.finetune.labeled import IGNORE
-from bertjax.models import precision
+from bertjax.models import families, precision
 from bertjax.models.config import ModelConfig
 from bertjax.models.spanbert import SpanBertForPreTraining
 
@@ -30,11 +32,6 @@ Batch = dict[str, Array]
 # (params, batch, normalizers, dropout rng or None) -> (loss, metric sums already normalised)
 LossFn = Callable[[Any, Batch, dict[str, Array], Array | None], tuple[Array, dict[str, Array]]]
 
-PRETRAINING = ("mlm_nsp", "mlm", "mlm_sop", "mlm_sbo", "rtd", "causal_lm", "span_corruption",
-               "denoising")
-FINETUNING = ("classification", "regression", "token_classification", "question_answering",
-              "text_to_text")
-OBJECTIVES = PRETRAINING + FINETUNING
 
 
 
@@ -386,35 +383,30 @@ def build_objective(name: str, model: nn.Module, discriminator_weight: float = 5
   `regression`, `token_classification`, `question_answering` (BERT with its fine-tuning task's
   head: bertjax.finetune.tasks) and `text_to_text` (T5, BART: the decoder's targets).
   Knowledge distillation builds on these (bertjax.training.distillation.objective)."""
-  family = model.config.family
-  if name == "causal_lm":
-    if family != "gpt":
-      raise ValueError("objective causal_lm needs a GPT model (model.family='gpt')")
+  spec = schema.objective(name)
+  config = model.config
+  family = config.family_record
+  if spec.trains != family.kind:
+    needed = " or ".join(families.of_kind(spec.trains))
+    raise ValueError(f"objective {name} needs a{'n' if needed[0] in 'aeiou' else ''} "
+                     f"{needed} model (model.family), got a {config.family} model")
+  if spec.pretraining and name not in family.objectives:
+    raise ValueError(f"objective {name!r}: a {config.family} model pre-trains with "
+                     f"{', '.join(family.objectives)}")
+  if spec.causal:
     return CausalLM(model)
-  if name in ("span_corruption", "denoising", "text_to_text"):
-    if not model.config.is_encoder_decoder:
-      raise ValueError(f"objective {name} needs an encoder-decoder (model.family='t5' or "
-                       f"'bart'), got {family!r}")
+  if spec.seq2seq:
     return Seq2SeqLM(model)
-  if model.config.is_encoder_decoder:
-    raise ValueError(f"objective {name!r}: an encoder-decoder ({family}) pre-trains with "
-                     "span_corruption (T5) or denoising (BART)")
-  if name == "rtd":
-    if family != "bert" or not model.config.has_generator:
-      raise ValueError("objective rtd needs an encoder with a generator "
+  if spec.finetuning:
+    return Finetuning(model, name)
+  if spec.replaced_tokens:
+    if not config.has_generator:
+      raise ValueError(f"objective {name} needs an encoder with a generator "
                        "(model.generator_hidden_size > 0)")
     return ReplacedTokenDetection(model, discriminator_weight)
-  if name == "mlm_sbo":
+  if spec.span_boundary:
     if not isinstance(model, SpanBertForPreTraining):
-      raise ValueError("objective mlm_sbo needs SpanBERT's span-boundary head "
+      raise ValueError(f"objective {name} needs SpanBERT's span-boundary head "
                        "(model.span_boundary_positions > 0; SpanBERT: 10)")
     return SpanBoundaryPretraining(model)
-  if name in ("mlm_nsp", "mlm", "mlm_sop"):
-    if family != "bert":
-      raise ValueError(f"objective {name} needs a BERT model (model.family='bert')")
-    return BertPretraining(model, sentence_task=name != "mlm")
-  if name in FINETUNING:
-    if family != "bert":
-      raise ValueError(f"objective {name} needs a BERT model, got family={family!r}")
-    return Finetuning(model, name)
-  raise ValueError(f"unknown objective {name!r}; objectives: {', '.join(OBJECTIVES)}")
+  return BertPretraining(model, sentence_task=spec.sentence_pairs)

@@ -1,25 +1,13 @@
 """Optimizers and learning-rate schedules, built from the config's `optimizer` group.
 
-- AdamW with BERT's conventions (eps 1e-6, decoupled weight decay 0.01, no decay on LayerNorm
-  parameters and biases), LAMB (You et al. 2020, large-batch BERT), Adafactor.
-- StableAdamW (Wortsman et al. 2023, "Stable and low-precision training for large-scale
-  vision-language models", Alg. 2; ModernBERT's optimizer): AdamW whose step for each tensor is
-  divided by max(1, RMS(g² / v̂)^½), AdaFactor's update clipping per tensor instead of a global
-  gradient-norm clip.
-- Schedules: linear warmup + linear decay to zero (BERT), linear warmup + cosine decay to a
-  floor and constant after (GPT-2/3), constant after warmup, or warmup-stable-decay
-  (trapezoidal: constant, then the last `decay_fraction` of the steps down to the floor,
-  linear, cosine or 1-sqrt; Hägele et al. 2024, ModernBERT).
-- Global-norm gradient clipping.
-- Parameter groups (pre-training and fine-tuning alike): `freeze` gives parts of the encoder
-  no update (the embeddings, the bottom K layers, or all of it, or — "base" — every parameter
-  of the base model, training only the parameter-efficient additions and the heads), and
-  `head_learning_rate` gives the parameters outside the encoder (a fresh classifier, or
-  pre-training heads) their own peak learning rate — `optax.multi_transform` over
-  per-parameter labels (`parameter_groups`).
+AdamW with BERT's conventions, StableAdamW (Wortsman et al. 2023, Alg. 2; ModernBERT's), LAMB
+(You et al. 2020) and Adafactor; warmup then linear, cosine, constant or warmup-stable-decay
+schedules (Hägele et al. 2024); global-norm clipping; parameter groups (`freeze`,
+`head_learning_rate`) as `optax.multi_transform` over per-parameter labels
+(`parameter_groups`). `decay_mask` is the one place that decides which parameters take weight
+decay; bertjax.models.groups tells which parameter is what.
 
-Weight decay applies to matrices and embedding tables only: `decay_mask` is the one place that
-decides, from the parameter's leaf name; bertjax.models.groups tells which parameter is what.
+The guide: docs/training.md, 'Optimisation (`config.optimizer`)'.
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ def _panels(runs: dict[str, Records]) -> list[str]:
 def plot_runs(runs: dict[str, Records], out: Path, title: str = "") -> Figure:
   """One figure of `runs` (label -> records) into the PNG `out`, and returned: a panel for the
   loss and one per accuracy logged; a colour per run, train solid, eval dashed with markers."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 - when drawing
+  from matplotlib.figure import Figure  # noqa: PLC0415 - when drawing
 
   panels = _panels(runs)
   # Up to three panels in a row; more (BERT and GPT runs compared) wrap to keep them legible.

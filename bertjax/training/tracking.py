@@ -31,7 +31,7 @@ class WandbTracker:
     if str(c.mode) not in MODES:
       raise ValueError(f"wandb.mode must be one of {', '.join(MODES)}, got {c.mode!r}")
     try:
-      import wandb
+      import wandb  # noqa: PLC0415 - optional (the wandb extra)
     except ImportError:
       raise ValueError("wandb.project is set but the wandb package is not installed: "
                        "pip install wandb (or pip install 'bertjax[wandb]')") from None

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -22,7 +23,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax import paths
-from bertjax.checkpoints.params import (abstract_params_of, load_model_config, load_params)
+from bertjax.checkpoints.params import load_params, saved_abstract_params
 from bertjax.checkpoints.weights import FINETUNE_FILE, load_weights
 from bertjax.config import model_config, ramp
 from bertjax.data import schema
@@ -119,8 +120,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
 
       def accumulate(carry, xs):
         micro_batch, i = xs
-        (l, m), g = grad_fn(state.params, micro_batch, norm, jax.random.fold_in(key, i))
-        return jax.tree.map(jnp.add, carry, (l, m, g)), None
+        (loss, m), g = grad_fn(state.params, micro_batch, norm, jax.random.fold_in(key, i))
+        return jax.tree.map(jnp.add, carry, (loss, m, g)), None
 
       shapes = jax.eval_shape(
           lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro), norm, key))
@@ -325,7 +326,7 @@ class Trainer:
       raise ValueError(f"{source} does not fit the model ({len(problems)} parameter(s)):\n  "
                        + "\n  ".join(problems[:20]))
     placed = {k: (jax.make_array_from_callback(
-        v.shape, v.sharding, lambda idx, w=np.asarray(flat_weights[k], v.dtype): w[idx])
+        v.shape, v.sharding, np.asarray(flat_weights[k], v.dtype).__getitem__)
                   if k in flat_weights else v) for k, v in flat_state.items()}
     return state.replace(params=unflatten_dict(placed, sep="/")), fresh, dropped
 
@@ -339,7 +340,7 @@ class Trainer:
     path = paths.path(source)
     if (not keep and (path / "model.json").is_file()
         and not (path / FINETUNE_FILE).is_file()):
-      saved = abstract_params_of(load_model_config(path))
+      saved = saved_abstract_params(path)
       if not shape_mismatches(flatten_dict(saved, sep="/"),
                               flatten_dict(state.params, sep="/"), "model"):
         # The same model: restored straight into its shardings, no host copy (pod scale).
