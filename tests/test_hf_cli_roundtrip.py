@@ -128,3 +128,18 @@ def test_the_imported_head_survives_a_params_export(tmp_path, capsys):
   assert "ElectraForPreTraining" in capsys.readouterr().out
   written = json.loads((tmp_path / "export" / "config.json").read_text())
   assert written["architectures"] == ["ElectraForPreTraining"]
+
+
+def test_a_params_directory_that_lost_its_head_is_one_line(tmp_path, capsys):
+  """head.json removed by hand: the export names the mismatch in one line, exit code 2."""
+  config_cls, values, _ = CASES["electra"]
+  hf_models.perturbed(transformers.ElectraForPreTraining(
+      getattr(transformers, config_cls)(**values))).save_pretrained(tmp_path / "hf")
+  assert cli.main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "params")]) == 0
+  (tmp_path / "params" / "head.json").unlink()
+  capsys.readouterr()
+  assert cli.main(["export", "--params", str(tmp_path / "params"), "--format", "hf",
+                   "--out", str(tmp_path / "export")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1, err
+  assert "does not hold the parameter tree its model.json and head.json describe" in err

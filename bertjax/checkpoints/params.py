@@ -79,7 +79,15 @@ def load_params(directory: paths.PathLike, shardings: Any = None,
   if abstract is None:
     abstract = abstract_params_of(config, load_head(directory))
   target = abstract_with(abstract, shardings)
-  params = ocp.StandardCheckpointer().restore(directory / "params", target)
+  try:
+    params = ocp.StandardCheckpointer().restore(directory / "params", target)
+  except ValueError as e:
+    if "tree structures do not match" not in str(e):
+      raise
+    # Orbax's message goes on with the whole tree diff; one line says what to look at.
+    raise ValueError(f"{directory / 'params'} does not hold the parameter tree its model.json "
+                     f"and {HEAD_FILE} describe (head {load_head(directory)!r}; "
+                     f"{str(e).splitlines()[0].rstrip(':')})") from None
   return params, config
 
 
