@@ -169,6 +169,7 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
 
 def check_exportable(cfg: ModelConfig) -> None:
   """Raises unless a DeBERTa-layout config has DebertaV2ForMaskedLM's layout."""
+  bert.check_unshared(cfg)
   wrong = [f"{k}={getattr(cfg, k)!r}" for k, v in _DEBERTA.items() if getattr(cfg, k) != v]
   if wrong:
     raise HFConversionError("a DeBERTa exports as DebertaV2ForMaskedLM, which needs "
@@ -200,11 +201,6 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       "legacy": False, "pad_token_id": 0, "tie_word_embeddings": True, "torch_dtype": dtype}
 
 
-def _check_exportable(cfg: ModelConfig) -> None:
-  bert.check_unshared(cfg)
-  check_exportable(cfg)
-
-
 def _entries(cfg: ModelConfig, prefix: str, head: str, tensors: Any) -> list[Entry]:
   if head in TASK_HEADS:
     return task_entries(cfg, head)
@@ -230,7 +226,7 @@ FORMATS = (HFFormat(
     model_type="deberta-v2", family="bert", prefix=PREFIX, entries=_entries,
     tied_copies=tied_copies, config_from_hf=config_from_hf, config_dict=_config_dict,
     claims=lambda cfg: cfg.family == "bert" and cfg.architecture == "deberta", priority=30,
-    check_exportable=_check_exportable,
+    check_exportable=check_exportable,
     heads={"pretraining": "DebertaV2ForMaskedLM", "encoder": "DebertaV2Model",
            **{head: names[0] for head, names in TASK_HEADS.items()}},
     without_equivalent=lambda cfg, head: without_equivalent(cfg), ignored=ignored),)

@@ -40,6 +40,7 @@ def matches(cfg: ModelConfig) -> bool:
 
 def check_exportable(cfg: ModelConfig) -> None:
   """An HFConversionError naming what a DistilBERT-shaped config has that DistilBERT has not."""
+  bert.check_unshared(cfg)
   classic = (("position_embedding", "learned"), ("norm_position", "post"),
              ("mlp_gated", False), ("attention_bias", True), ("mlp_bias", True),
              ("norm_bias", True), ("head_bias", True), ("local_window", 0),
@@ -108,16 +109,11 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       "tie_word_embeddings": True, "torch_dtype": dtype}
 
 
-def _check_exportable(cfg: ModelConfig) -> None:
-  bert.check_unshared(cfg)
-  check_exportable(cfg)
-
-
 FORMATS = (HFFormat(
     model_type=MODEL_TYPE, family="bert", prefix=PREFIX,
     entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
     tied_copies=tied_copies, config_from_hf=config_from_hf,
     config_dict=lambda cfg, r: config_dict(cfg, r.dtype, r.activation),
-    claims=matches, priority=10, check_exportable=_check_exportable,
+    claims=matches, priority=10, check_exportable=check_exportable,
     heads={"pretraining": ARCHITECTURE},
     without_equivalent=lambda cfg, head: without_equivalent()),)

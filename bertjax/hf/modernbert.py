@@ -136,6 +136,7 @@ def config_from_hf(hf: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
 
 def check_exportable(cfg: ModelConfig) -> None:
   """Raises unless a rotary BERT config has ModernBertForMaskedLM's layout."""
+  bert.check_unshared(cfg)
   wrong = [f"{k}={getattr(cfg, k)!r}" for k, v in _MODERNBERT.items() if getattr(cfg, k) != v]
   if wrong or not cfg.local_window:
     raise HFConversionError("a rotary BERT exports as ModernBERT, which needs "
@@ -174,11 +175,6 @@ def config_dict(cfg: ModelConfig, dtype: str, act: str) -> dict[str, Any]:
       "eos_token_id": None}
 
 
-def _check_exportable(cfg: ModelConfig) -> None:
-  bert.check_unshared(cfg)
-  check_exportable(cfg)
-
-
 FORMATS = (HFFormat(
     model_type="modernbert", family="bert", prefix=PREFIX,
     entries=lambda cfg, prefix, head, tensors: entries(cfg, prefix),
@@ -186,6 +182,6 @@ FORMATS = (HFFormat(
     config_dict=lambda cfg, r: {**config_dict(cfg, r.dtype, r.activation),
                                 **(r.generation_ids or {})},
     claims=lambda cfg: cfg.family == "bert" and cfg.position_embedding == "rotary",
-    priority=20, check_exportable=_check_exportable,
+    priority=20, check_exportable=check_exportable,
     heads={"pretraining": "ModernBertForMaskedLM"},
     without_equivalent=lambda cfg, head: without_equivalent(cfg)),)

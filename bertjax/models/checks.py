@@ -6,23 +6,20 @@ registry record names them), then each group of options' values, one line naming
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
-from bertjax.models import families
+from bertjax.models import families, options
 
 # A ModelConfig: named loosely here, since bertjax/models/config.py imports this module.
 ModelConfig = Any
 
-# What each option may be, for options whose values are names.
-_CHOICES = {
-    "dropout_rng": ("hash", "threefry"), "embed_lookup": ("gather", "one_hot"),
-    "attention": ("auto", "xla", "splash", "cudnn"),
-    "matmul_output": ("auto", "compute", "float32"),
-    "position_embedding": ("learned", "rotary", "alibi", "relative"),
-    "architecture": ("bert", "electra", "deberta", "albert"),
-    "embedding_sharing": ("shared", "gdes"),
-    "layer_sharing": ("none", "all", "attention", "ffn"),
-}
+# What each option may be, for options whose values are names: the option types' values.
+_CHOICES = {name: typing.get_args(kind) for name, kind in (
+    ("dropout_rng", options.DropoutRng), ("embed_lookup", options.EmbedLookup),
+    ("attention", options.Attention), ("matmul_output", options.MatmulOutput),
+    ("position_embedding", options.PositionEmbedding), ("architecture", options.Architecture),
+    ("embedding_sharing", options.EmbeddingSharing), ("layer_sharing", options.LayerSharing))}
 _FUSED = ("splash", "cudnn")
 
 
