@@ -11,6 +11,11 @@ lines are prefixed with [pN]. If a process fails, the launcher says which and ho
 status or the signal that killed it), the others get --grace seconds to notice and exit on
 their own, then are terminated; the launcher exits with the first failure's code (128 + N for
 signal N).
+
+With --restarts N the launcher starts the whole group again, up to N times, when a process
+fails in a way a restart cures: a lost peer (exit status 3), a hardware fault found by replay or
+the replica check (5), a hang (6) or a kill by a signal. The command resumes from its workdir's
+last checkpoint; a user error (2) or a failed run (1) is not restarted.
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ def _pump(index: int, stream) -> None:
       sys.stdout.flush()
 
 
+# Exit statuses a restart cures (bertjax.cli.common): a lost peer, a hardware fault, a hang.
+RESTARTABLE = (3, 5, 6)
+
+
+def restartable(code: int) -> bool:
+  """Whether a group that failed with `code` (a process's status, negative for a signal) is
+  started again."""
+  return code in RESTARTABLE or code < 0
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,20 +77,34 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
   parser.add_argument("--grace", type=float, default=60.0,
                       help="seconds the others get to exit after one process fails")
+  parser.add_argument("--restarts", type=int, default=0,
+                      help="start the group again up to this many times after a lost peer, "
+                           "a hardware fault, a hang or a kill (0)")
   parser.add_argument("--dry-run", action="store_true", help="print the commands only")
   parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
   if not command:
     parser.error("no command given (put it after --)")
-  port = args.port or free_port()
   if args.dry_run:
+    port = args.port or free_port()
     for i in range(args.processes):
       env = process_env(i, args.processes, args.devices, port)
       keys = ("BERTJAX_COORDINATOR_ADDRESS", "BERTJAX_NUM_PROCESSES", "BERTJAX_PROCESS_ID",
               "JAX_PLATFORMS", "XLA_FLAGS")
       print(" ".join(f"{k}='{env[k]}'" for k in keys) + " " + " ".join(command))
     return 0
+  for attempt in range(args.restarts + 1):
+    code = run_group(args, command, args.port or free_port())
+    if code == 0 or not restartable(exit_code_of(code)) or attempt == args.restarts:
+      return code
+    print(f"[launch] restart {attempt + 1} of {args.restarts}: a process "
+          f"{how(exit_code_of(code))}; starting the group again", flush=True)
+  return code
+
+
+def run_group(args: argparse.Namespace, command: list[str], port: int) -> int:
+  """Runs the group once; the first failure's status (128 + N for signal N)."""
   procs, pumps = [], []
   for i in range(args.processes):
     proc = subprocess.Popen(command, env=process_env(i, args.processes, args.devices, port),
@@ -111,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     pump.join(timeout=10)
   # A process killed by a signal: the shell's convention, 128 + the signal number.
   return 128 - first_failure if first_failure < 0 else first_failure
+
+
+def exit_code_of(status: int) -> int:
+  """A group's status back as a process's (a signal's 128 + N as -N)."""
+  return 128 - status if status > 128 else status
 
 
 def how(code: int) -> str:

@@ -101,6 +101,24 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
       '  echo "[slurm] preempted: requeueing"',
       '  scontrol requeue "$SLURM_JOB_ID"',
       "fi",
+      "# A lost peer (3), a hardware fault found by replay or the replica check (5) or a hang",
+      "# (6): the run resumes from its last checkpoint in a requeued job, up to",
+      "# --max-restarts times. srun reports the worst status of the tasks (a task it killed",
+      "# after the first one exited), so the status the run exits with is read from",
+      "# WORKDIR/exit.json, which bertjax writes on those exits.",
+      "STATUS=$RC",
+      f"EXIT_FILE={shlex.quote(str(Path(flag_value(train, '--workdir')) / 'exit.json'))}",
+      'if [ "$RC" != 0 ] && [ -f "$EXIT_FILE" ]; then',
+      '  STATUS=$(sed -n \'s/.*"status": \\([0-9]*\\).*/\\1/p\' "$EXIT_FILE")',
+      "fi",
+      'case "$STATUS" in',
+      "  3|5|6)",
+      f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {a.max_restarts} ]; then',
+      '      echo "[slurm] exit status $STATUS: requeueing (restart '
+      f'$((${{SLURM_RESTART_COUNT:-0}} + 1)) of {a.max_restarts})"',
+      '      scontrol requeue "$SLURM_JOB_ID"',
+      "    fi;;",
+      "esac",
       'exit "$RC"',
   ]
   return "\n".join(lines) + "\n"
@@ -127,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                  help="coordinator port (default: 20000 + job id mod 20000)")
   p.add_argument("--grace", type=int, default=120,
                  help="seconds before the time limit that SIGTERM comes (default 120)")
+  p.add_argument("--max-restarts", dest="max_restarts", type=int, default=3,
+                 help="requeue the job after a lost peer, a hardware fault or a hang (exit "
+                      "status 3, 5, 6) up to this many times (default 3)")
   p.add_argument("--setup", action="append", default=[],
                  help="a shell line run before srun, e.g. 'source venv/bin/activate' "
                       "or 'module load cuda' (repeatable)")

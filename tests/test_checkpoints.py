@@ -104,7 +104,7 @@ def _assert_same_params(a: Path, b: Path):
 
 
 # What a step computes (timings are the machine's).
-_TIMING = ("step_time", "tokens_per_sec", "mfu")
+_TIMING = ("step_time", "tokens_per_sec", "mfu", "goodput")
 
 
 def _records(workdir: Path) -> list[dict]:

@@ -18,6 +18,7 @@ import pytest
 
 from bertjax.config import config_files, file_variants, load_config, model_config
 from bertjax.config.distillation_schema import distillation_group
+from bertjax.config.resilience_schema import faults_group, resilience_group
 from bertjax.config.schema import FINETUNE_KEYS, batch_ramp_group, seq_warmup_group
 
 GOLDEN = Path(__file__).parent / "golden" / "resolved_configs.json"
@@ -91,6 +92,10 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          # Weights & Biases, off: wandb.project is empty.
          "config.wandb.project": "", "config.wandb.entity": "", "config.wandb.name": "",
          "config.wandb.mode": "online", "config.wandb.tags": "",
+         # Resilience (bertjax.resilience): the spike guard and its policy with their
+         # defaults; the fault lab, off.
+         **{f"config.resilience.{key}": value for key, value in resilience_group().items()},
+         **{f"config.faults.{key}": value for key, value in faults_group().items()},
          # Batch-size ramp, off: start_batch_size is 0.
          **{f"config.batch_ramp.{key}": value for key, value in batch_ramp_group().items()},
          **{f"config.seq_warmup.{key}": value for key, value in seq_warmup_group().items()},

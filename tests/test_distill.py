@@ -455,7 +455,7 @@ def _env() -> dict:
 
 
 def _train_records(workdir: Path) -> list[dict]:
-  timing = ("step_time", "tokens_per_sec", "mfu")
+  timing = ("step_time", "tokens_per_sec", "mfu", "goodput")
   return [{k: v for k, v in json.loads(line).items() if k not in timing}
           for line in (workdir / "metrics.jsonl").read_text().splitlines()
           if '"train"' in line]

@@ -5,7 +5,7 @@ node) and compared with the same command through launch/local.py: a job trains t
 the same per-step losses; SIGTERM as SLURM sends it at the time limit (batch shell only) or on
 preemption (every step and the batch shell) commits a checkpoint, the job requeues itself and
 resumes exactly; a task killed outright fails the job within the heartbeat time and a requeue
-resumes from the last committed step. Skipped with a reason where SLURM is not installed
+resumes from the last committed step; a hang exits with status 6 and the job requeues itself. Skipped with a reason where SLURM is not installed
 (.ci/run installs it)."""
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ def reference_24(tmp_path_factory) -> Path:
   return workdir
 
 
-def _submit(cluster: Cluster, config: str, workdir: Path, steps: int) -> tuple[int, Path]:
+def _submit(cluster: Cluster, config: str, workdir: Path, steps: int,
+            extra: list[str] = ()) -> tuple[int, Path]:
   """Submits through launch/slurm.py from `workdir`'s parent, as a user would; the job's
   environment is the submitting shell's (4 simulated CPU devices per task)."""
   workdir.parent.mkdir(parents=True, exist_ok=True)
@@ -187,7 +188,8 @@ def _submit(cluster: Cluster, config: str, workdir: Path, steps: int) -> tuple[i
   result = subprocess.run(
       [sys.executable, str(ROOT / "launch" / "slurm.py"), "--nodes", "1", "--tasks-per-node", "2",
        "--gpus-per-node", "0", "--job-name", workdir.name, "--output", str(log),
-       "--port", str(_free_port()), "--grace", "30", "--", *_train(config, workdir, steps)],
+       "--port", str(_free_port()), "--grace", "30", "--", *_train(config, workdir, steps),
+       *extra],
       cwd=workdir.parent, env=env, capture_output=True, text=True, timeout=60)
   assert result.returncode == 0, result.stdout + result.stderr
   assert f"[launch] wrote {workdir.name}.sbatch" in result.stdout
@@ -290,3 +292,22 @@ def test_a_killed_task_fails_the_job_and_a_requeue_resumes(cluster, reference_24
   assert f"resumed from {workdir / 'checkpoints'} step {resume_from}" in output
   assert "run finished at step 24 of 24" in output
   _assert_same_run(reference_24, workdir)
+
+
+def test_a_hang_exits_6_and_the_job_requeues_itself(cluster, tmp_path):
+  """Task 1 never sends step 15 (the fault lab; the watchdog's floor 5 s): both tasks write
+  their stacks and exit with status 6, the batch script requeues the job, and the requeued job
+  (a new attempt: the fault does not fire again) resumes from the last checkpoint and ends."""
+  workdir = tmp_path / "runs" / "job"
+  job_id, log = _submit(cluster, "gpt_tiny", workdir, 24, [
+      "--config.faults.hang=collective:15", "--config.faults.process=1",
+      "--config.resilience.hang_floor_s=5"])
+  info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))
+  output = log.read_text()
+  assert info["JobState"] == "COMPLETED", output[-3000:]
+  assert "[slurm] exit status 6: requeueing (restart 1 of 3)" in output
+  assert output.count("hang: ") >= 2 and "in before_step" in output
+  assert f"[slurm] job {job_id} (restart 1)" in output
+  assert re.search(rf"resumed from {re.escape(str(workdir / 'checkpoints'))} step 1[0-4]\b",
+                   output), output[-3000:]
+  assert "run finished at step 24 of 24" in output

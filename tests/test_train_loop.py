@@ -20,7 +20,7 @@ import pytest
 import train_helpers
 from bertjax import cli
 from bertjax.checkpoints import params as checkpoint
-from bertjax.training import flops, hooks, loop, plot
+from bertjax.training import flops, hooks, loop, phase_data, plot
 from bertjax.training.pretraining import Pretraining
 from bertjax.parallel import sharding
 from bertjax.training.metrics import TrainingDiverged
@@ -90,16 +90,23 @@ def test_bert_train_mlm_and_nsp_metrics(tmp_path):
 
 
 @pytest.mark.slow
-def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path):
+@pytest.mark.parametrize("guard", [False, True], ids=["guard-off", "guard-on"])
+def test_nan_loss_stops_the_run_with_a_clear_message(tmp_path, guard):
+  """A learning rate of 1e30 diverges at once: without the spike guard the first NaN stops
+  the run; with it each rewind meets NaN again and the run stops after max_rewinds."""
   result = subprocess.run(
       [sys.executable, "-m", "bertjax", "train", "--config", "gpt_tiny", "--workdir",
        str(tmp_path), *SMALL, "--config.num_train_steps=30", "--config.eval_every=0",
        "--config.optimizer.learning_rate=1e30", "--config.optimizer.clip_norm=0",
-       "--config.log_every=1"],
+       "--config.log_every=1", f"--config.resilience.spike_sigmas={6.0 if guard else 0.0}",
+       "--config.resilience.max_rewinds=2"],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
       env={**os.environ, "XLA_FLAGS": xla_flags(1)})
   assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
-  assert "loss is nan" in result.stderr.lower() or "loss is inf" in result.stderr.lower()
+  if guard:
+    assert "came back after 2 rewind(s) (resilience.max_rewinds=2); stopping" in result.stderr
+  else:
+    assert "loss is nan" in result.stderr.lower() or "loss is inf" in result.stderr.lower()
   assert "stopping" in result.stderr
 
 
@@ -328,10 +335,10 @@ def test_the_loops_batch_check_uses_the_rules_data_parallel_width(devices, rules
   workload = Pretraining(config, None, is_main=True)  # synthetic data: no dataset to build
   if 4 % ways:
     with pytest.raises(ValueError, match=f"not divisible by the {ways} data-parallel ways"):
-      loop._PhaseData(workload, trainer, 0)
+      phase_data.PhaseData(workload, trainer, 0)
   else:
-    phase = loop._PhaseData(workload, trainer, 0)
+    phase = phase_data.PhaseData(workload, trainer, 0)
     phase.batches.close()
     assert phase.rows == (0, 1, 2, 3) and phase.layout.batch_size == 4
   config.batch_size = 8  # a multiple of both widths
-  loop._PhaseData(workload, trainer, 0).batches.close()
+  phase_data.PhaseData(workload, trainer, 0).batches.close()

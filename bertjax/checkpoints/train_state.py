@@ -122,6 +122,22 @@ def _leaves(tree: Any) -> dict[str, Any]:
           for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+def _train_item(state: Any) -> dict[str, Any]:
+  """What the `train` item holds: step, optimizer state, dropout key and, when the spike guard
+  is on, its statistics (bertjax.resilience.guard)."""
+  item = {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}
+  guard = getattr(state, "guard", None)
+  if guard is not None:  # as a dict: a checkpoint's tree is plain containers
+    item["guard"] = {f.name: getattr(guard, f.name) for f in dataclasses.fields(guard)}
+  return item
+
+
+def _zeros_like(abstract: Any) -> Any:
+  """Zeros in the shardings of an abstract tree (a guard that starts afresh)."""
+  return jax.tree.map(lambda a: jax.jit(lambda: jax.numpy.zeros(a.shape, a.dtype),
+                                        out_shardings=a.sharding)(), abstract)
+
+
 class TrainCheckpoints:
   """The CheckpointManager of one run directory."""
 
@@ -179,8 +195,7 @@ class TrainCheckpoints:
     write (this one or the previous one still in the background) raises CheckpointWriteError."""
     args = ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
-        train=ocp.args.StandardSave({"step": state.step, "opt_state": state.opt_state,
-                                     "rng": state.rng}),
+        train=ocp.args.StandardSave(_train_item(state)),
         data=DataSave(batches),
         config=ocp.args.JsonSave(json.loads(config.to_json_best_effort())),
         **{name: (ocp.args.JsonSave(value) if name == "run" else ocp.args.StandardSave(value))
@@ -266,15 +281,18 @@ class TrainCheckpoints:
         errors.append(f"step {candidate}: {problem}")
         log.warning("checkpoint step %d cannot be restored: %s%s", candidate, problem, fallback)
         continue
-      items = {
-          "params": ocp.args.StandardRestore(abstract_state.params),
-          "train": ocp.args.StandardRestore({"step": abstract_state.step,
-                                             "opt_state": abstract_state.opt_state,
-                                             "rng": abstract_state.rng}),
-      }
-      if batches is not None:
-        items["data"] = DataRestore(batches)
+      train_item = _train_item(abstract_state)
+      guard = getattr(abstract_state, "guard", None)
       try:
+        fresh_guard = guard is not None and not self._has_guard(candidate)
+        if fresh_guard:  # saved before the spike guard existed, or with it off
+          del train_item["guard"]
+        items = {
+            "params": ocp.args.StandardRestore(abstract_state.params),
+            "train": ocp.args.StandardRestore(train_item),
+        }
+        if batches is not None:
+          items["data"] = DataRestore(batches)
         self.check_shapes(candidate, abstract_state.params)
         restored = self.manager.restore(candidate, args=ocp.args.Composite(**items))
       except CheckpointMismatch:
@@ -287,7 +305,13 @@ class TrainCheckpoints:
         continue
       train = restored["train"]
       state = abstract_state.replace(step=train["step"], params=restored["params"],
-                                     opt_state=train["opt_state"], rng=train["rng"])
+                                     opt_state=train["opt_state"], rng=train["rng"],
+                                     guard=type(guard)(**train["guard"]) if guard is not None
+                                     and not fresh_guard else None)
+      if fresh_guard:
+        log.info("checkpoint step %d has no spike-guard statistics: they start afresh",
+                 candidate)
+        state = state.replace(guard=_zeros_like(guard))
       if getattr(abstract_state, "teacher", None) is not None:
         if self.teacher_loader is None:
           raise ValueError("the state to restore has a distillation teacher but no teacher "
@@ -299,6 +323,10 @@ class TrainCheckpoints:
       return state, candidate
     raise ValueError(f"no checkpoint in {self.directory} can be restored:\n  " +
                      "\n  ".join(errors))
+
+  def _has_guard(self, step: int) -> bool:
+    train = self.manager.item_metadata(step)["train"]
+    return train is not None and "guard" in train
 
   def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
     """Only the parameters of `step` (default latest): what export and fine-tuning need; the

@@ -7,8 +7,11 @@ import argparse
 from collections.abc import Callable
 
 # Exit statuses, the same for every command (docs/training.md has the table); 3, a peer
-# process lost, is bertjax.parallel.distributed.EXIT_PEER_LOST.
+# process lost, is bertjax.parallel.distributed.EXIT_PEER_LOST; 5, a hardware fault (a replay
+# did not reproduce the trouble), and 6, a hang, are bertjax.resilience.watchdog's: the
+# launchers restart a run on 3, 5 and 6.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_COMPILER_CRASH = 0, 1, 2, 4
+EXIT_HARDWARE, EXIT_HUNG = 5, 6
 
 OVERRIDES_EPILOG = ("Any key of the config file can be overridden on the command line, e.g.\n"
                      "  --config.model.num_layers=4 --config.mesh.fsdp=2")

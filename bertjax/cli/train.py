@@ -8,21 +8,27 @@ import logging
 import sys
 
 from bertjax import config as config_lib
-from bertjax.cli.common import EXIT_FAILED, OVERRIDES_EPILOG, Add
+from bertjax.cli.common import EXIT_FAILED, EXIT_HARDWARE, OVERRIDES_EPILOG, Add
 
 Overrides = list[tuple[str, str]]
 
 
 def cmd_train(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.resilience import watchdog
+  from bertjax.resilience.policy import GaveUp, HardwareFault
   from bertjax.training import loop
   from bertjax.training.metrics import TrainingDiverged
   config = config_lib.load_config(args.config, overrides)
   logging.getLogger("bertjax").setLevel(logging.INFO)
   try:
     loop.train_and_evaluate(config, args.workdir)
-  except TrainingDiverged as e:
+  except (TrainingDiverged, GaveUp) as e:
     print(f"bertjax train: {e}", file=sys.stderr)
     return EXIT_FAILED
+  except HardwareFault as e:
+    print(f"bertjax train: {e}", file=sys.stderr)
+    watchdog.record_exit(args.workdir, EXIT_HARDWARE, str(e))
+    return EXIT_HARDWARE
   return 0
 
 
@@ -51,6 +57,13 @@ def cmd_init(args: argparse.Namespace, overrides: Overrides) -> int:
 def cmd_plot(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax.training import plot
   return plot.cmd_plot(args)
+
+
+def cmd_goodput(args: argparse.Namespace, overrides: Overrides) -> int:
+  from bertjax.resilience import ledger
+  for line in ledger.table(args.workdir):  # a workdir without a ledger: one line, status 2
+    print(line)
+  return 0
 
 
 def register(add: Add) -> None:
@@ -86,3 +99,13 @@ def register(add: Add) -> None:
           "  bertjax plot runs/lr_1e-3 runs/lr_3e-4 --out lr.png", cmd_plot)
   from bertjax.training import plot as plot_lib  # cheap: matplotlib is imported when drawing
   plot_lib.add_arguments(p)
+
+  p = add("goodput", "where a run's wall-clock time went, across its restarts",
+          "Reads WORKDIR/goodput/ (written by `bertjax train` at every log step and save) and "
+          "prints the wall clock from the first start to the last record, split into "
+          "productive steps, start-up, compilation, data wait, blocking checkpoint time, "
+          "evaluation, restore, skipped and replayed steps, progress lost to restarts and "
+          "rewinds, hung time and time between attempts; each attempt's span, and any host "
+          "named as slow (docs/resilience.md).",
+          "example:\n  bertjax goodput runs/bert_tiny", cmd_goodput)
+  p.add_argument("workdir", help="a training run's directory (local or gs://)")

@@ -14,6 +14,7 @@ import ml_collections
 
 from bertjax.config.data_schema import data_group
 from bertjax.config.distillation_schema import distillation_group
+from bertjax.config.resilience_schema import faults_group, resilience_group
 from bertjax.models import families
 from bertjax.models.config import ModelConfig
 
@@ -321,11 +322,17 @@ def base_config(model: ConfigDict) -> ConfigDict:
       # jax.distributed heartbeat: how soon a dead peer is noticed.
       "heartbeat_timeout_s": 100,
       "initialization_timeout_s": 300,
-      # Exit with a message when no step completes for this long (0: off).
+      # The hang watchdog's limit before the first steady steps and during compilation,
+      # evaluation, saves and restores (0: no watchdog); in steady training the resilience
+      # group's hang_factor and hang_floor_s apply (bertjax.resilience.watchdog).
       "step_timeout_s": 600.0,
       # Use gloo CPU collectives (multi-process CPU runs and tests).
       "cpu_collectives": False,
   })
+  # Spike guard, rewind-and-skip, step replay, hang watchdog (bertjax.resilience).
+  config.resilience = resilience_group()
+  # The fault lab (bertjax.resilience.faults): faults to inject, for tests and drills.
+  config.faults = faults_group()
   # Device mesh sizes per axis (data, fsdp, tensor) within one TPU slice (or the whole machine
   # set elsewhere); one -1 takes the remaining devices.
   config.mesh = ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -183,8 +181,8 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
-# The exit status of a process that stops because a peer process is gone (the same as the
-# step watchdog's; bertjax.cli has the table).
+# The exit status of a process that stops because a peer process is gone (bertjax.cli has the
+# table; a hang is bertjax.resilience.watchdog's EXIT_HUNG).
 EXIT_PEER_LOST = 3
 
 
@@ -200,38 +198,6 @@ def abandon(error: BaseException) -> None:
         f"failed ({reason}): a peer process has probably died. Exiting with status "
         f"{EXIT_PEER_LOST} so the job can be restarted from its last checkpoint.", flush=True)
   os._exit(EXIT_PEER_LOST)
-
-
-class StepWatchdog:
-  """Exits the process, with a message, when no step completes for `timeout_s` seconds.
-
-  A peer that dies mid-collective can leave the others blocked forever; the coordination
-  service usually notices within its heartbeat timeout, and this is the backstop.
-  """
-
-  def __init__(self, timeout_s: float) -> None:
-    self.timeout_s = timeout_s
-    self._last = time.monotonic()
-    self._stop = threading.Event()
-    self._thread = None
-    if timeout_s > 0 and jax.process_count() > 1:
-      self._thread = threading.Thread(target=self._watch, daemon=True)
-      self._thread.start()
-
-  def tick(self) -> None:
-    self._last = time.monotonic()
-
-  def stop(self) -> None:
-    self._stop.set()
-
-  def _watch(self) -> None:
-    while not self._stop.wait(min(5.0, self.timeout_s / 4)):
-      idle = time.monotonic() - self._last
-      if idle > self.timeout_s:
-        print(f"bertjax: process {jax.process_index()} of {jax.process_count()}: no training "
-              f"step completed in {idle:.0f} s; a peer process has probably died or hung. "
-              "Exiting so the job can be restarted from its last checkpoint.", flush=True)
-        os._exit(EXIT_PEER_LOST)
 
 
 def barrier(name: str) -> None:

@@ -231,7 +231,8 @@ class FineTuning:
           self.stopped = True
       train_metrics.exclude(time.perf_counter() - eval_start)
 
-    step_hooks.add(evaluate_dev, every=int(self.config.eval_every), last=True, name="dev_eval")
+    step_hooks.add(evaluate_dev, every=int(self.config.eval_every), last=True, name="dev_eval",
+                   category="evaluation")
 
   def evaluated_at(self, step: int) -> bool:
     return step == self._evaluated_step

@@ -12,6 +12,7 @@ The guide: docs/training.md, 'The loop: workloads, step hooks and when metrics a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -63,6 +64,8 @@ class Hook:
   fn: Callable[[StepInfo], Any]
   cadence: Cadence
   name: str
+  # The goodput ledger's category of its time (bertjax.resilience.ledger; None: the step's).
+  category: str | None = None
 
 
 class Hooks:
@@ -72,16 +75,22 @@ class Hooks:
     self.hooks: list[Hook] = []
 
   def add(self, fn: Callable[[StepInfo], Any], *, every: int = 0, steps=(), last: bool = False,
-          name: str | None = None) -> Hook:
+          name: str | None = None, category: str | None = None) -> Hook:
     hook = Hook(fn, Cadence(int(every), frozenset(int(s) for s in steps), last),
-                name or getattr(fn, "__name__", type(fn).__name__))
+                name or getattr(fn, "__name__", type(fn).__name__), category)
     self.hooks.append(hook)
     return hook
 
-  def run(self, info: StepInfo) -> None:
+  def run(self, info: StepInfo,
+          timing: Callable[[str], contextlib.AbstractContextManager] | None = None) -> None:
+    """Runs the due hooks; `timing(category)` wraps a hook that has a ledger category."""
     for hook in self.hooks:
       if hook.cadence.due(info):
-        hook.fn(info)
+        if hook.category and timing:
+          with timing(hook.category):
+            hook.fn(info)
+        else:
+          hook.fn(info)
 
   def names(self) -> list[str]:
     return [hook.name for hook in self.hooks]
@@ -96,9 +105,14 @@ class TrainMetrics:
   is when the step it reads has finished on the device, so an interval is the device time of
   its steps. Excluded: evals (`exclude`) and a phase's first, compiling step (`restart`)."""
 
-  def __init__(self, writer: MetricsWriter, peak: Any, step: int) -> None:
+  def __init__(self, writer: MetricsWriter, peak: Any, step: int,
+               on_read: Callable[[int, dict[str, float]], bool] | None = None) -> None:
+    """`on_read(step, values)`: sees (and may add to) every record before it is written; True
+    when the run recovers from the step's trouble itself (bertjax.resilience.policy), so a
+    non-finite loss is not a divergence."""
     self.writer = writer
     self.peak = peak
+    self.on_read = on_read
     self.last: dict[str, float] = {}  # the last train metrics written
     self.logged_step: int | None = None
     self._pending: StepInfo | None = None
@@ -107,6 +121,12 @@ class TrainMetrics:
   def restart(self, step: int) -> None:
     """The next interval starts now, after `step`."""
     self._since, self._since_step, self._excluded = time.perf_counter(), step, 0.0
+
+  def rewound(self, step: int) -> None:
+    """The run went back to `step` (bertjax.training.recovery): a record still pending is of
+    steps undone, never written."""
+    self._pending = None
+    self.restart(step)
 
   def exclude(self, seconds: float) -> None:
     """Time spent on something other than training (an eval): not step time."""
@@ -141,7 +161,8 @@ class TrainMetrics:
     self._write(info.step, values)
 
   def _write(self, step: int, values: dict[str, float]) -> None:
-    check_finite(step, values)
+    if not (self.on_read and self.on_read(step, values)):
+      check_finite(step, values)
     self.writer.write(step, values)
     self.last, self.logged_step = values, step
 

@@ -12,7 +12,6 @@ The guide: docs/training.md, 'The loop: workloads, step hooks and when metrics a
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -32,14 +31,20 @@ from bertjax.checkpoints.train_state import (
   TrainCheckpoints,
   restore_or_initialize,
 )
-from bertjax.checkpoints.workdir import WorkdirLock, check_resume_config
-from bertjax.config import phases, ramp
+from bertjax.checkpoints.workdir import WorkdirLock
+from bertjax.config import phases
 from bertjax.parallel import distributed, sharding
-from bertjax.training import defaults, flops, hooks, plot
+from bertjax.resilience.faults import Faults
+from bertjax.resilience.ledger import Ledger, read_attempts
+from bertjax.resilience.policy import Policy
+from bertjax.resilience.watchdog import HangWatchdog, SlowHosts, clear_exit
+from bertjax.training import defaults, flops, hooks, plot, run_start
 from bertjax.training.finetuning import FineTuning
-from bertjax.training.metrics import MetricsWriter, summary_lines
+from bertjax.training.metrics import MetricsWriter, print_summary
+from bertjax.training.phase_data import PhaseData
 from bertjax.training.preemption import Preemption
 from bertjax.training.pretraining import Pretraining
+from bertjax.training.recovery import Recovery
 from bertjax.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
@@ -86,124 +91,6 @@ class _TqdmStream:
     pass
 
 
-class _PhaseData:
-  """The data iterator, batch shape and model FLOPs of the phase that step `step` trains in
-  (bertjax.config.phases): a two-phase run builds a new one at the switch, and the step is
-  jitted again for its batch shape at its first batch (`compiled`). With a batch ramp or a
-  sequence-length warmup (bertjax.config.ramp) the iterator delivers unit batches of full rows
-  for the whole run and each stage takes as many of them per step as it needs, its rows cut to
-  its length (`set_stage`)."""
-
-  def __init__(self, workload: Workload, trainer: Trainer, step: int) -> None:
-    config = workload.config
-    self.index = phases.phase_of(config, step)
-    self.base_config = phases.config_at(config, step)
-    self.ramp = ramp.from_config(self.base_config)
-    self.warmup = ramp.seq_warmup_from_config(self.base_config)
-    self.full_length = int(self.base_config.seq_length)  # a warmup's rows are cut from these
-    self.trainer = trainer
-    self.stage: tuple[int, int] | None = None
-    self.set_stage(step)
-    if self.ramp is None:
-      self.batches = workload.batches(self.base_config, self.rows)
-    else:
-      unit = self.base_config.copy_and_resolve_references()
-      unit.batch_size = self.ramp.unit
-      self.batches = workload.batches(
-          unit, distributed.local_rows(trainer.data_sharding(), self.ramp.unit))
-    # Finite epochs: a row stream that runs out ends the run for every process at once.
-    self.finite = (self.config.data.source == "corpus" and int(self.config.data.num_epochs) > 0
-                   and not self.config.finetune.task)
-
-  @property
-  def staged(self) -> bool:
-    return self.ramp is not None or self.warmup is not None
-
-  def samples_before(self, step: int) -> int:
-    """Sequences consumed by steps 0..step-1 (0-based)."""
-    if self.ramp is not None:
-      return self.ramp.samples_before(step)
-    return step * int(self.base_config.batch_size)
-
-  def stage_of(self, step: int) -> tuple[int, int]:
-    """(ramp stage, row length) of the step with 0-based index `step`."""
-    return (self.ramp.stage_index(step) if self.ramp else 0,
-            self.warmup.length_at(self.samples_before(step)) if self.warmup
-            else self.full_length)
-
-  def set_stage(self, step: int) -> bool:
-    """Takes the batch and row length of the stage that step `step` (0-based) trains in;
-    whether they changed (the step then compiles again at its next batch)."""
-    stage = self.stage_of(step)
-    if stage == self.stage:
-      return False
-    self.stage = stage
-    self.config = self.base_config
-    if self.staged:
-      self.config = self.base_config.copy_and_resolve_references()
-      self.config.seq_length = stage[1]
-    if self.ramp is not None:
-      self.config.batch_size = self.ramp.stages[stage[0]].batch_size
-      micro = int(self.base_config.batch_size) // int(self.base_config.grad_accum_steps)
-      self.config.grad_accum_steps = ramp.accum_steps(
-          int(self.config.batch_size), micro, sharding.batch_ways(self.trainer.mesh,
-                                                                  self.trainer.rules))
-    # Evaluation reads full rows whatever the warmup's length.
-    self.eval_config = self.config
-    if self.warmup is not None:
-      self.eval_config = self.config.copy_and_resolve_references()
-      self.eval_config.seq_length = self.full_length
-    self.batch_size = int(self.config.batch_size)
-    self.seq_length = int(self.config.seq_length)
-    self.accum_steps = int(self.config.grad_accum_steps)
-    self.units = self.batch_size // self.ramp.unit if self.ramp else 1
-    trainer = self.trainer
-    sharding.check_batch(self.batch_size, self.accum_steps, trainer.mesh, trainer.rules)
-    # This host's rows of every global batch follow from the batch sharding (on a TPU slice
-    # they interleave with other hosts' rows); the data of a row is the same wherever loaded.
-    self.layout = distributed.row_layout(trainer.data_sharding(), self.batch_size)
-    self.rows = distributed.local_rows(trainer.data_sharding(), self.batch_size)
-    self.flops_per_step = flops.run_flops_per_step(trainer.model_config, self.config,
-                                                   self.batch_size, self.seq_length)
-    self.compiled = False
-    return True
-
-  def global_batch(self, trainer: Trainer, local: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return distributed.global_batch(local, trainer.batch_shardings, self.rows, self.batch_size)
-
-  def next_batch(self) -> dict[str, np.ndarray] | None:
-    """This host's rows of the next batch, or None when the data has run out on any host
-    (finite epochs; every process gets the same answer at the same step)."""
-    parts = []
-    try:
-      for _ in range(self.units):
-        parts.append(next(self.batches))
-      exhausted = False
-    except StopIteration:
-      exhausted = True
-      if parts:  # a ramp stage's step needs every unit: the rows of a partial step are dropped
-        log.info("the data ran out inside a step of %d units: the %d unit batch(es) taken are "
-                 "not trained on", self.units, len(parts))
-    if self.finite:
-      exhausted = distributed.any_process(exhausted)
-    elif exhausted:
-      raise RuntimeError("the training data ended although data.num_epochs=0 (repeat forever)")
-    if exhausted:
-      return None
-    batch = parts[0] if self.units == 1 else ramp.interleave(parts)
-    if self.seq_length < self.full_length:
-      batch = ramp.cut_rows(batch, self.seq_length)
-    return batch
-
-  def describe(self) -> str:
-    staged = (f", ramp stage {self.stage[0] + 1} of {len(self.ramp.stages)}" if self.ramp
-              else "")
-    if self.seq_length < self.full_length:
-      staged += f", rows cut to {self.seq_length} of {self.full_length} tokens"
-    return (f"phase {self.index + 1}: batch {self.batch_size} x {self.seq_length} tokens, "
-            f"{self.accum_steps} micro-batch(es){staged}")
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLike,
                        report: TextIO | None = None) -> dict[str, Any]:
   """Runs `config` in `workdir` (a local path or an object store such as gs://): pre-training,
@@ -214,7 +101,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLik
   phases.validate(config)
   workdir = paths.path(workdir)
   is_main = jax.process_index() == 0
-  lock = _lock_workdir(workdir, is_main)
+  lock = run_start.lock_workdir(workdir, is_main)
   try:
     return _run(config, workdir, is_main, lock, report or sys.stdout)
   except jax.errors.JaxRuntimeError as e:
@@ -224,36 +111,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: paths.PathLik
     raise
   finally:
     lock.release()
-
-
-def _lock_workdir(workdir: epath.Path, is_main: bool) -> WorkdirLock:
-  """Process 0 takes the workdir's lock; every process learns whether it could."""
-  lock = WorkdirLock(workdir)
-  failure = None
-  if is_main:
-    try:
-      lock.acquire()
-    except ValueError as e:
-      failure = e
-  if distributed.any_process(failure is not None):
-    raise failure or ValueError(f"process 0 could not lock {workdir} (its message says why)")
-  return lock
-
-
-def _check_resume(config: ml_collections.ConfigDict, checkpoints: TrainCheckpoints,
-                  choices: Sequence[defaults.Choice] = ()) -> None:
-  """A resumed run's config against the one its checkpoint was written with (an "auto"
-  setting this machine resolves otherwise is named as such)."""
-  current = json.loads(config.to_json_best_effort())
-  hints = {c.key: f"{c.line()} here; --config.{c.key}=<the checkpoint's> continues as it was"
-           for c in choices}
-  for step in checkpoints.resume_candidates(int(config.restore_step)):
-    try:
-      saved = checkpoints.saved_config(step)
-    except Exception:  # noqa: BLE001 - a damaged step: the restore's fallback reports it
-      continue
-    check_resume_config(saved, current, step, bool(config.resume_with_changes), hints)
-    return
 
 
 def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
@@ -267,22 +124,35 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   if is_main:
     for choice in choices:
       log.info("%s", choice.line())
+  # Where this attempt's time goes, from the process's start (bertjax.resilience.ledger).
+  ledger = Ledger(workdir, run_start.attempt_number(workdir), enabled=is_main)
+  if is_main:
+    clear_exit(workdir)
   workload: Workload = (FineTuning if config.finetune.task else Pretraining)(
       config, workdir, is_main)
   config = workload.config
   trainer = Trainer(config, mesh)
+  family = trainer.model_config.family_record
   total = int(config.num_train_steps)
   checkpoints = TrainCheckpoints(workdir, config, workload.checkpoint_items,
                                 trainer.teacher.load if trainer.teacher else None)
+  faults = Faults.from_config(config, ledger.attempt)
+  policy = Policy(config, workdir, is_main, ledger)
+  recovery = Recovery(config, workload, trainer, checkpoints, policy, ledger, faults, _dispatch)
   try:
-    if checkpoints.latest_step() is not None:
-      _check_resume(config, checkpoints, choices)
+    resuming = checkpoints.latest_step() is not None
+    if resuming:
+      run_start.check_resume(config, checkpoints, choices)
     if is_main:
       (workdir / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
       log.info("mesh %s on %d devices (%d processes)", dict(mesh.shape), jax.device_count(),
                jax.process_count())
     workload.prepare()
-    state, phase = _restore_or_initialize(workload, trainer, checkpoints)
+    with ledger.timing("restore" if resuming else "startup"):
+      state, phase = _restore_or_initialize(workload, trainer, checkpoints)
+      ledger.step = int(state.step)
+      ledger.restored_step = ledger.step if resuming else None
+      recovery.resumed(phase, ledger.step)
   except BaseException:
     checkpoints.close()  # its background threads would outlive the error
     raise
@@ -292,11 +162,11 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     checkpoints.close()
     result = workload.finish(state, trainer, trained=False)
     if is_main:  # an early stop ended the run where it stopped
-      _print_summary(report, workdir, int(state.step),
-                     int(state.step) if workload.stopped else total, trainer,
-                     plotted=(workdir / plot.PLOT_NAME).exists(),
-                     extra=[*(f"  {c.line()}" for c in choices),
-                            *workload.summary_lines(result)])
+      print_summary(report, workdir, int(state.step),
+                    int(state.step) if workload.stopped else total, family,
+                    plotted=(workdir / plot.PLOT_NAME).exists(),
+                    extra=[*(f"  {c.line()}" for c in choices),
+                           *workload.summary_lines(result)])
     return result
 
   # MFU is against the peak of the dtype the model's matmuls run in.
@@ -322,22 +192,40 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   quiet_bar = contextlib.ExitStack()
   if progress:
     quiet_bar.enter_context(logging_redirect_tqdm())
-  watchdog = distributed.StepWatchdog(float(config.distributed.step_timeout_s))
+  r = config.resilience
+  watchdog = HangWatchdog(ledger, workdir, float(config.distributed.step_timeout_s),
+                          float(r.hang_factor), float(r.hang_floor_s))
+  slow_hosts = SlowHosts(float(r.slow_host_fraction), ledger)
+  earlier_attempts = read_attempts(workdir)[:ledger.attempt - 1]
+
+  def on_read(at: int, values: dict[str, float]) -> bool:
+    """Every train record as it is read: the guard's alarm, slow hosts, goodput so far."""
+    trouble = policy.observe(at, values)
+    slow_hosts.check(values.get("step_time", 0.0))
+    values["goodput"] = ledger.goodput(earlier_attempts)
+    ledger.flush()
+    return trouble
+
   step = first_step = saved_step = int(state.step)
-  train_metrics = hooks.TrainMetrics(writer, peak, step)
+  train_metrics = hooks.TrainMetrics(writer, peak, step, on_read)
   profiler = hooks.Profiler(config.profile, workdir, enabled=is_main)
   step_hooks = _step_hooks(config, train_metrics, profiler, progress, watchdog, lock, is_main)
   workload.add_hooks(step_hooks, trainer, writer, train_metrics)
 
   def save(at: int) -> None:
-    checkpoints.save(at, state, phase.batches, config, workload.saved(state))
+    with ledger.timing("checkpoint"):
+      checkpoints.save(at, state, phase.batches, config, workload.saved(state))
+    ledger.flush()
 
   info = None  # the last step's StepInfo
   preemption = Preemption(checkpoints)
+  interval, last_dispatch = 0.0, time.monotonic()
   try:
     while step < total:
       profiler.maybe_start(step)
-      local = phase.next_batch()
+      own_began = time.monotonic()
+      ledger.switch("data_wait")
+      local = recovery.next_batch(phase, step + 1)
       if local is None:
         # Finite epochs: the data ran out, on every process at the same step (next_batch).
         total = step
@@ -349,16 +237,47 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
         break
       # The step is (re)jitted for the phase's batch shape when its first batch arrives.
       compiling = not phase.compiled
+      ledger.switch("compile" if compiling else "productive")
       if compiling:
+        if faults:
+          faults.delay_compile()
         trainer.compile_step(local, phase.accum_steps)
         phase.compiled = True
+      if faults:
+        state = faults.flip(state, step + 1)
+        faults.before_step(step + 1, interval)
       begun = time.perf_counter()
       state, metrics = _dispatch(trainer, phase, state, local)
+      now = time.monotonic()
+      slow_hosts.add(now - own_began)
+      interval, last_dispatch = now - last_dispatch, now
       step += 1
+      ledger.step = step
+      if not compiling:
+        ledger.steps += 1
+        slow_hosts.step()
       # The previous step's metrics, if it was a log step, while the device runs this one.
       train_metrics.read_pending()
       info = hooks.StepInfo(step, total, state, metrics, phase, compiling, begun)
-      step_hooks.run(info)
+      step_hooks.run(info, ledger.timing)
+      ledger.switch("productive")
+      if faults:
+        faults.after_step(step)
+      recovery.check_replicas(state, step)
+      due = checkpoints.due(step, total, workload.evaluated_at(step))
+      if policy.enabled and due and train_metrics.logged_step != step:
+        # A step about to be saved is read first: trouble is never saved.
+        train_metrics.read_pending()
+        policy.observe(step, {k: float(v) for k, v in jax.device_get(metrics).items()})
+      if policy.trouble is not None:
+        state, phase, step = recovery.recover(state, phase, step)
+        saved_step = step
+        train_metrics.rewound(step)
+        watchdog.tick(steady=False)
+        if progress:
+          progress.reset(total)
+          progress.update(step)
+        continue
       if step < total and phases.phase_of(config, step) != phase.index:
         # Switch before any save: a checkpoint of this step holds the new phase's position.
         phase = _switch_phase(workload, trainer, phase, step, train_metrics, is_main)
@@ -369,15 +288,15 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
           log.info("step %d: next stage: %s; model FLOPs/step %.3g", step,
                    phase.describe(), phase.flops_per_step)
       preempted = preemption.requested(step)
-      if (preempted or workload.stopped
-          or checkpoints.due(step, total, workload.evaluated_at(step))):
+      if preempted or workload.stopped or due:
         # Counted in step time: what a save costs the run is part of its throughput. A
         # diverged step is never saved: its pending metrics (NaN check) are read first.
         train_metrics.read_pending()
         save(step)
         saved_step = step
       if preempted:
-        checkpoints.wait()
+        with ledger.timing("checkpoint"):
+          checkpoints.wait()
         log.warning("stopped at step %d on %s; checkpoint committed, exiting (the same command "
                     "resumes)", step, preemption.reason)
         break
@@ -387,8 +306,10 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     train_metrics.read_pending()  # nothing is left pending whatever ended the loop
     if info is not None:
       profiler.stop(info)  # a run that ended inside the profiled steps
-    checkpoints.wait()
+    with ledger.timing("checkpoint"):
+      checkpoints.wait()
   finally:
+    ledger.switch("shutdown")
     preemption.uninstall()
     phase.batches.close()
     checkpoints.close()
@@ -401,30 +322,36 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     if progress:
       progress.close()
     quiet_bar.close()
+    ledger.flush()
   result = train_metrics.last
   if step >= total:
     result = workload.finish(state, trainer, trained=True) or result
   if is_main:
-    _print_summary(report, workdir, step, total, trainer, plotted, time.perf_counter() - started,
-                   [*(f"  {c.line()}" for c in choices), *workload.summary_lines(result)])
+    goodput = ledger.goodput(earlier_attempts)
+    print_summary(
+        report, workdir, step, total, family, plotted, time.perf_counter() - started,
+        [*(f"  {c.line()}" for c in choices), *workload.summary_lines(result),
+         f"  goodput      {100 * goodput:.1f}% of the wall clock was training steps "
+         f"(bertjax goodput {workdir})"])
+  ledger.flush()
   return result
 
 
 def _restore_or_initialize(workload: Workload, trainer: Trainer, checkpoints: TrainCheckpoints
-                           ) -> tuple[TrainState, _PhaseData]:
+                           ) -> tuple[TrainState, PhaseData]:
   """The state to train on from and the data of its phase: the latest (or `restore_step`)
   checkpoint with the data position and the workload's own items, or a new state."""
   config = workload.config
   # The data state in a checkpoint belongs to the phase of the step it resumes at.
   candidates = checkpoints.resume_candidates(int(config.restore_step))
-  phase = _PhaseData(workload, trainer, candidates[0] if candidates else 0)
+  phase = PhaseData(workload, trainer, candidates[0] if candidates else 0)
   state, restored = restore_or_initialize(checkpoints, trainer.abstract_state(), phase.batches,
                                           int(config.restore_step),
                                           lambda: workload.initial_state(trainer))
   if phases.phase_of(config, int(state.step)) != phase.index:
     # A damaged latest step made the restore fall back across the phase switch.
     phase.batches.close()
-    phase = _PhaseData(workload, trainer, int(state.step))
+    phase = PhaseData(workload, trainer, int(state.step))
     state, restored = checkpoints.restore(trainer.abstract_state(), phase.batches,
                                           int(state.step))
   # A ramp's unit stream is one across stages: a fallback to an earlier stage needs only its
@@ -435,7 +362,7 @@ def _restore_or_initialize(workload: Workload, trainer: Trainer, checkpoints: Tr
   return state, phase
 
 
-def _dispatch(trainer: Trainer, phase: _PhaseData, state: TrainState,
+def _dispatch(trainer: Trainer, phase: PhaseData, state: TrainState,
               local: dict[str, np.ndarray]) -> tuple[TrainState, dict[str, jax.Array]]:
   """Places this host's rows of the batch on the devices and dispatches the step, without
   waiting for it. Batch and state are on the devices before the step is called: inside it an
@@ -450,14 +377,14 @@ def _dispatch(trainer: Trainer, phase: _PhaseData, state: TrainState,
 
 def _step_hooks(config: ml_collections.ConfigDict, train_metrics: hooks.TrainMetrics,
                 profiler: hooks.Profiler, progress: tqdm.tqdm | None,
-                watchdog: distributed.StepWatchdog, lock: WorkdirLock,
+                watchdog: HangWatchdog, lock: WorkdirLock,
                 is_main: bool) -> hooks.Hooks:
   """What runs after every step, in this order: bookkeeping, the first step's timing, the
   profile's end, train metrics (the workload adds its evaluation after these)."""
   step_hooks = hooks.Hooks()
 
   def alive(info: hooks.StepInfo) -> None:
-    watchdog.tick()
+    watchdog.tick(steady=not info.compiled)
     lock.heartbeat()
     if progress:
       progress.update(1)
@@ -470,29 +397,13 @@ def _step_hooks(config: ml_collections.ConfigDict, train_metrics: hooks.TrainMet
   return step_hooks
 
 
-def _switch_phase(workload: Workload, trainer: Trainer, phase: _PhaseData, step: int,
-                  train_metrics: hooks.TrainMetrics, is_main: bool) -> _PhaseData:
+def _switch_phase(workload: Workload, trainer: Trainer, phase: PhaseData, step: int,
+                  train_metrics: hooks.TrainMetrics, is_main: bool) -> PhaseData:
   """The data of the phase that starts after `step`; its step compiles at its first batch."""
   train_metrics.read_pending()  # the old phase's last record, before the new one compiles
   phase.batches.close()
-  phase = _PhaseData(workload, trainer, step)
+  phase = PhaseData(workload, trainer, step)
   if is_main:
     log.info("step %d: switching to %s; model FLOPs/step %.3g", step, phase.describe(),
              phase.flops_per_step)
   return phase
-
-
-def _print_summary(report: TextIO, workdir: epath.Path, step: int, total: int,
-                   trainer: Trainer, plotted: bool, wall_seconds: float | None = None,
-                   extra: Sequence[str] = ()) -> None:
-  """The end-of-run summary (process 0) and the workload's `extra` lines: never fails the run
-  it describes."""
-  metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
-  try:
-    records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
-    lines = summary_lines(str(workdir), records, step, total, trainer.model_config.family_record,
-                          wall_seconds, params=(workdir / "params").exists(), plotted=plotted)
-  except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
-    log.warning("could not summarise the run from %s: %s", metrics_path, e)
-    return
-  print("\n".join([*lines, *extra]), file=report, flush=True)

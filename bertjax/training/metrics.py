@@ -7,16 +7,19 @@ Only process 0 writes; every other process gets a writer that drops everything.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from bertjax import paths
 from bertjax.models.families import Family
 from bertjax.training import plot, tracking
+
+log = logging.getLogger(__name__)
 
 # The metrics a person reads first, in the console line and the summary (BERT: MLM and NSP;
 # replaced-token detection: the generator's MLM and the discriminator's; GPT: the LM loss,
@@ -180,3 +183,20 @@ def summary_lines(workdir: str, records: plot.Records, step: int, total_steps: i
   elif state == "stopped":
     lines += ["next:", "  the same `bertjax train` command resumes from the last checkpoint"]
   return lines
+
+
+def print_summary(report: TextIO, workdir: paths.PathLike, step: int, total: int,
+                  family: Family, plotted: bool, wall_seconds: float | None = None,
+                  extra: Sequence[str] = ()) -> None:
+  """The end-of-run summary (process 0) and the workload's `extra` lines: never fails the run
+  it describes."""
+  workdir = paths.path(workdir)
+  metrics_path = workdir / "metrics.jsonl"  # uploaded at every write when remote
+  try:
+    records = plot.read_metrics(metrics_path) if metrics_path.exists() else {}
+    lines = summary_lines(str(workdir), records, step, total, family, wall_seconds,
+                          params=(workdir / "params").exists(), plotted=plotted)
+  except Exception as e:  # noqa: BLE001 - a summary is not worth a failed run
+    log.warning("could not summarise the run from %s: %s", metrics_path, e)
+    return
+  print("\n".join([*lines, *extra]), file=report, flush=True)

@@ -84,7 +84,8 @@ class Pretraining:
       # Time spent evaluating is not training time: keep it out of step time and tokens/s.
       train_metrics.exclude(time.perf_counter() - eval_start)
 
-    step_hooks.add(evaluate_step, every=int(self.config.eval_every), last=True, name="eval")
+    step_hooks.add(evaluate_step, every=int(self.config.eval_every), last=True, name="eval",
+                   category="evaluation")
 
   def evaluated_at(self, step: int) -> bool:
     every = int(self.config.eval_every)

@@ -33,6 +33,8 @@ from bertjax.models.electra import discriminator_params
 from bertjax.models.groups import encoder_path, is_added
 from bertjax.models.params import shape_mismatches
 from bertjax.parallel import sharding
+from bertjax.resilience import faults
+from bertjax.resilience import guard as spike_guard
 from bertjax.training import defaults, distillation, objectives, optim
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class TrainState:
   # through the step unchanged, outside the gradient and the optimizer; not checkpointed (read
   # again from its source on restore) and not exported.
   teacher: Any = None
+  # The spike guard's running statistics (bertjax.resilience.guard), None when it is off.
+  guard: Any = None
 
 
 def _trailing_names(path) -> tuple[str, ...]:
@@ -103,15 +107,19 @@ def _split_micro_batches(x: jax.Array, k: int) -> jax.Array:
 
 def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-               accum_steps: int, rules) -> tuple[TrainState, dict]:
+               accum_steps: int, rules, guard: spike_guard.GuardSettings | None = None
+               ) -> tuple[TrainState, dict]:
   """One optimizer update on the global batch (pure; jitted by `Trainer`). A distillation
   teacher (`state.teacher`) is read by the loss, differentiated by nothing and returned as
-  it came."""
+  it came. With the spike guard (`guard`), an outlier step keeps the old parameters and
+  optimizer state (bertjax.resilience.guard)."""
   with nn.logical_axis_rules(rules):
-    norm = loss_fn.normalizers(batch)
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     objective = (loss_fn if state.teacher is None
                  else functools.partial(loss_fn, teacher=state.teacher))
+    # The fault lab's poisoned batches (bertjax.resilience.faults; no-op without them).
+    objective, batch = faults.scaled(objective, batch)
+    norm = loss_fn.normalizers(batch)
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
     grad_fn = jax.value_and_grad(objective, has_aux=True)
     if accum_steps == 1:
       (loss, metrics), grads = grad_fn(state.params, batch, norm, key)
@@ -129,13 +137,24 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
       zeros = (loss0, metrics0, grads0)
       (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros,
                                                (micro, jnp.arange(accum_steps)))
+
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-  metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads),
+  grad_norm = optax.global_norm(grads)
+  checked = state.guard
+  if guard is not None:
+    checked, skip = spike_guard.judge(state.guard, state.step + 1, loss, grad_norm, guard)
+    if guard.skip:
+      params, opt_state = spike_guard.unless_skipped(skip, (state.params, state.opt_state),
+                                                     (params, opt_state))
+  metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
              "learning_rate": schedule(state.step)}
   if "lm_loss" in metrics:
     metrics["perplexity"] = jnp.exp(metrics["lm_loss"])
-  return TrainState(state.step + 1, params, opt_state, state.rng, state.teacher), metrics
+  if guard is not None:
+    metrics.update(spike_guard.metrics(checked, skip))
+  return TrainState(state.step + 1, params, opt_state, state.rng, state.teacher,
+                    checked), metrics
 
 
 def eval_step(params: Any, batch: Batch, teacher: Any = None, *, loss_fn, rules) -> dict:
@@ -194,6 +213,7 @@ class Trainer:
                               and config.distillation.freeze_position_embeddings),
         batch_ramp=ramp.from_config(config))
     self.accum_steps = int(config.grad_accum_steps)
+    self.guard = spike_guard.GuardSettings.from_config(config)
     self.state_shardings = self._state_shardings()
     self._step = None
     self._eval = None
@@ -209,7 +229,8 @@ class Trainer:
     param_rng, dropout_rng = jax.random.split(rng)
     params = nn.meta.unbox(init_params(self.model, param_rng))
     return TrainState(jnp.zeros((), jnp.int32), params, self.optimizer.init(params),
-                      jax.random.key_data(dropout_rng))
+                      jax.random.key_data(dropout_rng),
+                      guard=spike_guard.init(self.guard) if self.guard else None)
 
   def _abstract(self) -> TrainState:
     """The state's shapes and dtypes, the teacher's included."""
@@ -228,7 +249,8 @@ class Trainer:
     # The teacher is sharded by the same logical-axis rules as the student.
     teacher_sh = (None if self.teacher is None else
                   sharding.shardings_for(self.teacher.boxed_abstract(), self.mesh, self.rules))
-    return TrainState(replicated, param_sh, opt_sh, replicated, teacher_sh)
+    guard_sh = jax.tree.map(lambda _: replicated, abstract.guard)
+    return TrainState(replicated, param_sh, opt_sh, replicated, teacher_sh, guard_sh)
 
   def abstract_state(self) -> TrainState:
     """Shapes, dtypes and shardings of the state, allocating nothing (restore targets)."""
@@ -266,20 +288,23 @@ class Trainer:
     another batch shape or accumulation calls it again)."""
     if accum_steps:
       self.accum_steps = int(accum_steps)
-    schema.check(example_batch, self.config.objective, "a training batch")
+    schema.check({k: v for k, v in example_batch.items() if k != faults.SCALE_FIELD},
+                 self.config.objective, "a training batch")
     self.batch_shardings = batch_shardings(example_batch, self.mesh, self.rules)
     step = functools.partial(train_step, loss_fn=self.loss_fn, optimizer=self.optimizer,
                              schedule=self.schedule, accum_steps=self.accum_steps,
-                             rules=self.rules)
+                             rules=self.rules, guard=self.guard)
     self._step = jax.jit(step, in_shardings=(self.state_shardings, self.batch_shardings),
                          out_shardings=(self.state_shardings, None), donate_argnums=(0,))
+    # Evaluation batches never carry the fault lab's loss scale.
+    eval_shardings = {k: v for k, v in self.batch_shardings.items() if k != faults.SCALE_FIELD}
     self._eval = jax.jit(functools.partial(eval_step, loss_fn=self.loss_fn, rules=self.rules),
-                         in_shardings=(self.state_shardings.params, self.batch_shardings,
+                         in_shardings=(self.state_shardings.params, eval_shardings,
                                        self.state_shardings.teacher))
     if hasattr(self.loss_fn, "predict"):
       self._predict = jax.jit(
           functools.partial(predict_step, loss_fn=self.loss_fn, rules=self.rules),
-          in_shardings=(self.state_shardings.params, self.batch_shardings))
+          in_shardings=(self.state_shardings.params, eval_shardings))
     return self._step
 
   def step(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
