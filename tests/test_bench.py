@@ -88,6 +88,18 @@ def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices,
       assert record["hf"]["model_flops"] == record["ours"]["model_flops"]
 
 
+def test_bench_compare_guard_times_three_variants_and_writes_a_record(tmp_path, capsys):
+  """`--compare guard` at toy size: its plumbing (the ratios are the results page's)."""
+  from bertjax import cli
+  out = tmp_path / "guard.json"
+  assert cli.main(["bench", "--config", "gpt_tiny", "--compare", "guard", "--steps", "1",
+                   "--pairs", "2", "--json", str(out)] + TOY_OVERRIDES) == 0
+  assert "medians: detector" in capsys.readouterr().out
+  record = json.loads(out.read_text())
+  assert set(record["seconds"]) == {"plain", "detector", "skip"}
+  assert len(record["ratios"]["skip"]) == 2 and record["median_ratio"]["detector"] > 0
+
+
 def test_bench_best_without_compare_is_a_user_error(capsys):
   from bertjax import cli
   assert cli.main(["bench", "--config", "bert_tiny", "--best"] + TOY_OVERRIDES) == 2

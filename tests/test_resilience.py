@@ -233,3 +233,19 @@ def test_a_run_killed_after_a_rewind_resumes_onto_the_same_batches(tmp_path, mon
       e for e in whole if e["kind"] == "rewind"]
   for a, b in zip(_final_params(tmp_path / "whole"), _final_params(tmp_path / "killed")):
     np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_watchdog(tmp_path, monkeypatch):
+  """The watchdog starts inside the loop's try: a run that fails while setting up its hooks
+  leaves no thread behind that would end the process minutes later (one ended a pytest worker
+  600 s after a refused fine-tune)."""
+  import threading
+
+  from bertjax.training.pretraining import Pretraining
+
+  def refuse(*args, **kwargs):
+    raise ValueError("refused while adding hooks")
+  monkeypatch.setattr(Pretraining, "add_hooks", refuse)
+  with pytest.raises(ValueError, match="refused while adding hooks"):
+    loop.train_and_evaluate(_config(num_train_steps=2), tmp_path)
+  assert not [t for t in threading.enumerate() if t.name == "bertjax-watchdog"]

@@ -88,7 +88,12 @@ class HangWatchdog:
     self._last = time.monotonic()
     self._stop = threading.Event()
     self._thread = None
-    if self.first_timeout_s > 0:
+
+  def start(self) -> None:
+    """Starts watching (inside the loop's try, whose finally stops it: a watchdog left behind
+    by a failed start would end the process minutes later)."""
+    if self.first_timeout_s > 0 and self._thread is None:
+      self._last = time.monotonic()
       self._thread = threading.Thread(target=self._watch, name="bertjax-watchdog",
                                       daemon=True)
       self._thread.start()

@@ -221,6 +221,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   preemption = Preemption(checkpoints)
   interval, last_dispatch = 0.0, time.monotonic()
   try:
+    watchdog.start()
     while step < total:
       profiler.maybe_start(step)
       own_began = time.monotonic()
