@@ -134,7 +134,7 @@ class Faults:
     exponent's top bit of element 0 of the largest parameter (or the first whose path holds
     `flip_param`), on the last device (its other copies, if it is replicated, stay as they
     were): a weight of 0.02 becomes about 7e36, a norm's scale of 1.0 infinity."""
-    if step not in self.flip_bit or self.attempt > self.attempts:
+    if step not in self.flip_bit or not self._machine():
       return state
     named, tree = jax.tree_util.tree_flatten_with_path(state.params)
     leaves = [leaf for _, leaf in named]

@@ -19,11 +19,11 @@ from typing import Any
 
 from bertjax import paths
 
-# Every category, in the order the report prints them. `down`, `lost` and `other` are
-# computed by `report`; the rest are measured.
-CATEGORIES = ("productive", "startup", "compile", "data_wait", "checkpoint", "evaluation",
-              "restore", "skipped", "replayed", "rewound", "hung", "shutdown", "lost", "down",
-              "other")
+# The categories an attempt measures as it runs, and every category in the order the report
+# prints them: `lost`, `down` and `other` are computed by `report` from the attempts.
+MEASURED = ("productive", "startup", "compile", "data_wait", "checkpoint", "evaluation",
+            "restore", "skipped", "replayed", "rewound", "hung", "shutdown")
+CATEGORIES = MEASURED + ("lost", "down", "other")
 DIRECTORY = "goodput"
 
 
@@ -59,7 +59,7 @@ class Ledger:
     self.started = process_start_time() if started is None else started
     # Wall time and the monotonic clock, tied once: intervals are monotonic.
     self._offset = time.time() - time.monotonic()
-    self.seconds = dict.fromkeys(CATEGORIES[:-3], 0.0)
+    self.seconds = dict.fromkeys(MEASURED, 0.0)
     self.category = "startup"
     self._since = time.monotonic()
     self.seconds["startup"] = self._since + self._offset - self.started

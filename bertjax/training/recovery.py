@@ -53,6 +53,7 @@ class Recovery:
     self.faults = faults
     self._dispatch = dispatch
     self.position = 0  # the data position of the next batch drawn
+    self.replaying = False  # inside `_replay`
 
   def resumed(self, phase: PhaseData, step: int) -> None:
     """After the loop restored (or initialised) the state at `step`: the batches a rewind to
@@ -66,7 +67,7 @@ class Recovery:
 
   def next_batch(self, phase: PhaseData, step: int) -> dict[str, np.ndarray] | None:
     """This host's rows of the batch of step `step` (1-based), with its data faults."""
-    if self.faults:
+    if self.faults and not self.replaying:  # machine faults are transient: not replayed
       self.faults.hang_data(step)
       self.faults.delay_data(self.position)
     local = phase.next_batch()
@@ -110,15 +111,19 @@ class Recovery:
     the metrics of step `until`."""
     state, replay_phase = self._restore_at(start, phase)
     metrics = None
-    for step in range(start + 1, until + 1):
-      local = self.next_batch(replay_phase, step)
-      if local is None:
-        break
-      if not replay_phase.compiled:
-        self.trainer.compile_step(local, replay_phase.accum_steps)
-        replay_phase.compiled = True
-      state, metrics = self._dispatch(self.trainer, replay_phase, state, local)
-    replay_phase.batches.close()
+    self.replaying = True
+    try:
+      for step in range(start + 1, until + 1):
+        local = self.next_batch(replay_phase, step)
+        if local is None:
+          break
+        if not replay_phase.compiled:
+          self.trainer.compile_step(local, replay_phase.accum_steps)
+          replay_phase.compiled = True
+        state, metrics = self._dispatch(self.trainer, replay_phase, state, local)
+    finally:
+      self.replaying = False
+      replay_phase.batches.close()
     values = {k: float(v) for k, v in jax.device_get(metrics).items()} if metrics else {}
     del state
     return values
