@@ -77,11 +77,17 @@ def judge(guard: GuardState, step: jax.Array, loss: jax.Array, grad_norm: jax.Ar
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   count = jnp.minimum(guard.accepted, settings.history)
   judged = guard.accepted >= settings.min_history
-  outlier = judged & (_above(guard.losses, count, loss, settings.sigmas)
-                      | _above(guard.grad_norms, count, grad_norm, settings.sigmas))
-  skip = ~finite | outlier
+  loss_outlier = judged & _above(guard.losses, count, loss, settings.sigmas)
+  norm_outlier = judged & _above(guard.grad_norms, count, grad_norm, settings.sigmas)
+  # A gradient-norm spike right after a skipped step is the parameters', not the batch's:
+  # the skipped step left them where they were and another batch finds the same cliff.
+  # Skipping cannot get past it (every later step would be skipped; found by a DistilBERT
+  # run), so that update is taken (clipped like any other) and kept out of the statistics.
+  cliff = norm_outlier & ~loss_outlier & finite & (guard.skip_steps[-1] == step - 1)
+  skip = ~finite | ((loss_outlier | norm_outlier) & ~cliff)
   slot = guard.accepted % settings.history
-  keep = lambda ring, value: jnp.where(skip, ring, ring.at[slot].set(value))  # noqa: E731
+  counted = ~skip & ~cliff  # the steps whose values enter the statistics
+  keep = lambda ring, value: jnp.where(counted, ring.at[slot].set(value), ring)  # noqa: E731
   skip_steps = jnp.where(skip, jnp.roll(guard.skip_steps, -1).at[-1].set(step),
                          guard.skip_steps)
   # The oldest of the latest `alarm_skips` skips, when they all fall within the window.
@@ -92,7 +98,7 @@ def judge(guard: GuardState, step: jax.Array, loss: jax.Array, grad_norm: jax.Ar
   alarm = jnp.where(guard.alarm > 0, guard.alarm,
                     jnp.where(skip, trouble_from, 0)).astype(jnp.int32)
   new = GuardState(keep(guard.losses, loss), keep(guard.grad_norms, grad_norm),
-                   guard.accepted + jnp.where(skip, 0, 1).astype(jnp.int32),
+                   guard.accepted + counted.astype(jnp.int32),
                    guard.skipped + skip.astype(jnp.int32), skip_steps, alarm)
   return new, skip
 

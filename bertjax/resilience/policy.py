@@ -102,10 +102,20 @@ class Policy:
   def data_at(self, step: int) -> tuple[int, int]:
     """For a state restored at `step`: (batches to skip past its saved data position, the data
     position after that). A checkpoint saved before a rewind to it holds the position before
-    the skip; one saved after a rewind to an earlier step holds the position after it."""
+    the skip; one saved after a rewind to an earlier step holds the position after it. After
+    several rewinds to the same step (the trouble came back), the state still holds the
+    position it was saved with, the first of those rewinds' `data_from`, and every skip since
+    adds up: the position is the last one's `data_to`."""
+    latest = None
     for event in reversed(self.rewinds()):
+      if event["rewound_to"] < step:
+        break  # saved after this rewind, or deleted by it
       if event["rewound_to"] == step:
-        return event["data_to"] - event["data_from"], event["data_to"]
+        latest = latest or event
+        saved = event["data_from"]
+    if latest is not None:
+      return latest["data_to"] - saved, latest["data_to"]
+    for event in reversed(self.rewinds()):
       if event["rewound_to"] < step:
         return 0, step + event["data_to"] - event["rewound_to"]
     return 0, step
