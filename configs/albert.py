@@ -52,6 +52,8 @@ unsupported matmul operand type), and without dropout `model.attention=auto` pic
 
 import common
 from bertjax.config import base_config, bert_model, choose, parse_arg
+from bertjax.reproduction import Contract, Target
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers, hidden, heads, FFN, the paper's parameter count with every layer shared).
 SIZES = {
@@ -107,3 +109,36 @@ def get_config(arg=None):
     params = BASE_SHARING_PARAMS[sharing] if arg.size == "base" else 0
   config.reference_params = params
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{f"size=base,sharing={sharing}": Contract(
+        paper="Lan et al. 2020",
+        targets=(
+            Target("average of SQuAD 1.1, SQuAD 2.0, MNLI, SST-2 and RACE", avg,
+                   "Lan et al. 2020, Table 4 (cross-layer sharing, ALBERT-base, E = 128): "
+                   f"'{row}'", "Table 3 prints other MNLI values for some of these setups"),
+            Target("MNLI dev accuracy", mnli, "the same row"),
+        )) for sharing, avg, mnli, row in (
+            ("attention", 81.7, 83.4, "shared-attention 64M 89.9/82.8 80.7/77.9 83.4 91.9 67.6 "
+             "81.7"),
+            ("ffn", 80.2, 82.3, "shared-FFN 38M 88.9/81.6 78.6/75.6 82.3 91.7 64.4 80.2"),
+            ("none", 81.6, 83.2, "not-shared 89M 89.9/82.8 80.3/77.3 83.2 91.5 67.9 81.6"))},
+    **{f"size={size}": Contract(
+        paper="Lan et al. 2020",
+        targets=(
+            Target("average of SQuAD 1.1, SQuAD 2.0, MNLI, SST-2 and RACE", avg,
+                   "google-research/albert README.md, the V1 (paper) models: "
+                   f"'ALBERT-{size} | {avg} | {squad1} | {squad2} | {mnli} | {sst2} | {race}'"),
+            Target("MNLI dev accuracy", mnli, "the same row"),
+            Target("RACE accuracy", race, "the same row"),
+        )) for size, avg, squad1, squad2, mnli, sst2, race in (
+            ("base", 80.1, "89.3/82.3", "80.0/77.1", 81.6, 90.3, 64.0),
+            ("large", 82.4, "90.6/83.9", "82.3/79.4", 83.5, 91.7, 68.5),
+            ("xlarge", 85.5, "92.5/86.1", "86.1/83.1", 86.4, 92.4, 74.8),
+            ("xxlarge", 91.0, "94.8/89.3", "90.2/87.4", 90.8, 96.9, 86.5))},
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "albert:size=base,runlocal"),
+}

@@ -26,6 +26,7 @@ weight decay 0.01, 30,000 warmup steps then linear decay; sequences of 512 token
 
 import common
 from bertjax.config import bart_model, base_config, choose, parse_arg
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers per stack, d_model, heads, d_ff, parameters, micro-batches).
 SIZES = {
@@ -67,3 +68,36 @@ def tiny():
   config.num_train_steps = 600
   config.data.mask_prob = 0.3
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "size=base": Contract(
+        paper="Lewis et al. 2020",
+        targets=(
+            Target("SQuAD 1.1 dev F1", 90.8, "Lewis et al. 2020, Table 1 (base size, 1M "
+                   "steps on books and Wikipedia): 'BART Base w/ Text Infilling + Sentence "
+                   "Shuffling | 90.8 | 83.8 | 24.17 | 6.62 | 11.12 | 5.41'",
+                   "the noising this config uses"),
+            Target("MNLI accuracy", 83.8, "the same row"),
+            Target("XSum perplexity", 6.62, "the same row"),
+        )),
+    "size=large": Contract(
+        paper="Lewis et al. 2020",
+        targets=(
+            Target("MNLI dev accuracy", 89.9, "facebookresearch/fairseq examples/bart/"
+                   "README.md: 'bart.large | 89.9 | 94.9 | 92.5 | 87.0 | 96.6 | 90.4 | 62.8 | "
+                   "91.2'"),
+            Target("SQuAD 1.1 dev F1", 94.6, "the same README: 'bart.large | 88.8/94.6 | "
+                   "86.1/89.2'", "EM 88.8"),
+            Target("SQuAD 2.0 dev F1", 89.2, "the same row", "EM 86.1"),
+            Target("CNN/DailyMail ROUGE-L", 40.90, "the same README: 'bart.large | 44.16 | "
+                   "21.28 | 40.90'", "ROUGE-1 44.16, ROUGE-2 21.28"),
+            Target("XSum ROUGE-L", 37.25, "Lewis et al. 2020, summarisation table: 'BART | "
+                   "44.16 | 21.28 | 40.90 | 45.14 | 22.27 | 37.25'", "ROUGE-1 45.14, ROUGE-2 "
+                   "22.27"),
+        )),
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "bart:size=base,runlocal"),
+}

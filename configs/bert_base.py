@@ -15,6 +15,7 @@ Paper hardware: 4 Cloud TPUs in Pod configuration (16 TPU chips), 4 days.
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Point, Target, golden_contracts
 
 
 def get_config():
@@ -22,3 +23,27 @@ def get_config():
   common.bert_paper_training(config)
   config.reference_params = 110_000_000
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Devlin et al. 2019",
+        targets=(
+            Target("GLUE test average (no WNLI)", 79.6, "Devlin et al. 2019, Table 1: "
+                   "'BERT BASE 84.6/83.4 71.2 90.5 93.5 52.1 85.8 88.9 66.4 79.6'"),
+            Target("SQuAD v1.1 dev F1", 88.5, "google-research/bert README.md: 'similar to "
+                   "the 88.5% reported in the paper for BERT-Base'"),
+        ),
+        points=(
+            # 900K steps of 256 x 128 and 100K of 256 x 512: 42.6B token positions. "Around
+            # -1.4" is read to its one decimal: the band is +-0.1.
+            Point(42_598_400_000, "mlm_loss", 1.4, 1.3, 1.5,
+                  "github.com/google-research/bert/issues/90 (Devlin): 'the held-out natural "
+                  "log likelihood for BERT-Base was around -1.4'"),
+        ),
+        conditions="held-out Wikipedia + BooksCorpus, uncased 30,522-piece WordPiece"),
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "bert_base:runlocal"),
+}

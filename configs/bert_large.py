@@ -14,6 +14,7 @@ the run itself). Paper hardware: 16 Cloud TPUs (64 TPU chips), 4 days.
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Target
 
 
 def get_config():
@@ -21,3 +22,20 @@ def get_config():
   common.bert_paper_training(config)
   config.reference_params = 340_000_000
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Devlin et al. 2019",
+        targets=(
+            Target("GLUE test average (no WNLI)", 82.1, "Devlin et al. 2019, Table 1: "
+                   "'BERT LARGE 86.7/85.9 72.1 92.7 94.9 60.5 86.5 89.3 70.1 82.1'"),
+            Target("SQuAD v1.1 dev F1", 91.0, "google-research/bert README.md, 'BERT-Large, "
+                   "Uncased (Original) | 91.0/84.3 | 86.05'", "the released model; EM 84.3"),
+            Target("MNLI accuracy", 86.05, "google-research/bert README.md, the same row"),
+            Target("masked-LM accuracy (MLPerf)", 0.720, "mlcommons/training "
+                   "retired_benchmarks/bert/README.md: 'a masked lm accuracy >= 0.720'",
+                   "phase 2 from MLPerf's checkpoint (0.34085 before training), eval_10k"),
+        )),
+}

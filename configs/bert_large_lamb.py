@@ -17,6 +17,7 @@ Batches this large are reached by gradient accumulation inside the step.
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Target
 
 
 def get_config():
@@ -36,3 +37,18 @@ def get_config():
   common.memory_saving(config, grad_accum_steps=2)
   config.reference_params = 340_000_000
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="You et al. 2020",
+        targets=(
+            Target("SQuAD v1.1 F1", 90.584, "You et al. 2020 (LAMB), as in this project's "
+                   "reference notes (shared/reference/bert-references.md, 2.2): '76 min on a "
+                   "TPUv3 Pod (1,024 chips); SQuAD v1.1 F1 90.584'"),
+            Target("pre-training loss at the end (NVIDIA's recipe)", 1.2437, "NVIDIA "
+                   "DeepLearningExamples BERT README, as in shared/reference/bert-references.md "
+                   "2.1: '32x DGX A100: 1.2 h, final loss 1.2437'", "MLM + NSP at 512 tokens"),
+        )),
+}

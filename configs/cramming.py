@@ -20,6 +20,7 @@ shows your device doing in 24 hours.
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Target
 
 
 def get_config():
@@ -42,3 +43,17 @@ def get_config():
   # one device: nothing to shard, so no ZeRO-3.
   common.memory_saving(config, zero3=False)
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Geiping & Goldstein 2023",
+        targets=(
+            Target("GLUE dev average (no WNLI)", 78.6, "Geiping & Goldstein 2023 (arXiv "
+                   "2212.14034 v1) table, as reproduced in a public blog post: 'Crammed BERT "
+                   "(A6000) | 83.9/84.1 | 92.2 | ... | 78.6'", "24 h on one RTX A6000; "
+                   "fine-tuning at most 5 epochs with shared hyperparameters"),
+            Target("MNLI-m dev accuracy", 83.9, "the same table"),
+        )),
+}

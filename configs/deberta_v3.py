@@ -45,6 +45,7 @@ xsmall's 70.83M is 1.2% above 22M + 48M, whose 48M is the card's rounding of a 4
 
 import common
 from bertjax.config import base_config, bert_model, choose, parse_arg
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers, width, heads, FFN, generator layers, peak lr, batch, the model card's count).
 SIZES = {
@@ -97,3 +98,22 @@ def get_config(arg=None):
     common.memory_saving(config, grad_accum_steps=4)
   config.reference_params = params
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{f"size={size}": Contract(
+        paper="He et al. 2023",
+        targets=(
+            Target("SQuAD 2.0 dev F1", f1, "microsoft/DeBERTa README.md, Fine-tuning on NLU "
+                   f"tasks: 'DeBERTa-V3-{name} | -/- | {f1}/{em} | {m}/{mm}'", f"EM {em}"),
+            Target("MNLI-m dev accuracy", m, "the same row", f"MNLI-mm {mm}"),
+        )) for size, name, f1, em, m, mm in (
+            ("xsmall", "XSmall", 84.8, 82.0, 88.1, 88.3),
+            ("small", "Small", 82.9, 80.4, 88.3, 87.7),
+            ("base", "Base", 88.4, 85.4, 90.6, 90.7),
+            ("large", "Large", 91.5, 89.0, 91.8, 91.9))},
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "deberta_v3:size=xsmall,runlocal"),
+}

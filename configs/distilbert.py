@@ -46,6 +46,7 @@ config.json).
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # 3 epochs of 3.3B tokens at 4,096 x 128 tokens per step.
 STEPS = 19_000
@@ -82,3 +83,22 @@ def get_config():
   common.memory_saving(config, grad_accum_steps=2)
   config.reference_params = 66_000_000
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Sanh et al. 2019",
+        targets=(
+            Target("GLUE dev macro-score (9 tasks, WNLI included)", 77.0,
+                   "huggingface/transformers examples/research_projects/distillation/"
+                   "README.md: 'DistilBERT-base-uncased | 77.0 | 51.3 | 82.1 | ...'",
+                   "BERT-base-uncased: 79.5"),
+            Target("SQuAD v1.1 dev F1", 86.9, "the same README: 'This model reaches a F1 "
+                   "score of 86.9 on the dev set'", "with a second distillation while "
+                   "fine-tuning (distilbert-base-uncased-distilled-squad)"),
+        )),
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "distilbert:runlocal"),
+}

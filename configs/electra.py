@@ -42,6 +42,7 @@ ELECTRA draws them in the graph every step: the same distribution.
 
 import common
 from bertjax.config import base_config, bert_model, choose, parse_arg
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers, width, FFN, heads, embedding width, generator fraction, mask fraction, peak
 #        lr, batch, steps, sequence length, the paper's (discriminator) parameter count).
@@ -108,3 +109,24 @@ def get_config(arg=None):
     common.memory_saving(config)
   config.reference_params = params
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{f"size={size}": Contract(
+        paper="Clark et al. 2020",
+        targets=(
+            Target("GLUE test score", glue, "google-research/electra README.md, Released "
+                   f"Models: '{row}'", f"the released {released} (not this config's "
+                   "step count)"),
+            Target("MNLI dev accuracy (median of runs)", mnli, "google-research/electra "
+                   "README.md, Expected Results", f"the released {released}"),
+        )) for size, glue, mnli, released, row in (
+            ("small", 77.4, 81.3, "ELECTRA-Small++ (4M steps)",
+             "ELECTRA-Small | 12 | 256 | 14M | 77.4"),
+            ("base", 82.7, 88.8, "ELECTRA-Base++", "ELECTRA-Base | 12 | 768 | 110M | 82.7"),
+            ("large", 85.2, 90.9, "ELECTRA-1.75M", "ELECTRA-Large | 24 | 1024 | 335M | 85.2"))},
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "electra:size=small,runlocal"),
+}

@@ -17,6 +17,7 @@ yours set num_train_steps to 100 x its tokens / 32,768 (`bertjax data build` pri
 """
 
 from bertjax.config import base_config, gpt_model
+from bertjax.reproduction import Contract, Target
 
 
 def get_config():
@@ -32,3 +33,15 @@ def get_config():
   config.checkpoint.every = 5_000
   config.reference_params = 117_000_000
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Radford et al. 2018",
+        targets=(
+            Target("BooksCorpus token-level perplexity", 18.4, "Radford et al. 2018, Sec. "
+                   "4.1: 'a very low token level perplexity of 18.4 on this corpus'",
+                   "the paper does not say which split"),
+        )),
+}

@@ -44,6 +44,7 @@ checked in under docs/compile_reports/.
 
 import common
 from bertjax.config import base_config, choose, gpt_model, parse_arg
+from bertjax.reproduction import Contract, Target
 
 # size: (layers, d_model, heads, batch tokens, learning rate, the paper's parameter count,
 #        micro-batches that make a step fit the size's slice, the ramp's first batch and
@@ -73,3 +74,29 @@ def get_config(arg=None):
   common.memory_saving(config, grad_accum_steps=micro_batches)
   config.reference_params = params
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{f"size={size}": Contract(
+        paper="Brown et al. 2020",
+        targets=(
+            Target("HellaSwag accuracy (zero-shot)", hellaswag, "Brown et al. 2020 as "
+                   "karpathy/llm.c dev/vislog.ipynb lists it ('hella3_baseline = { # for "
+                   f"GPT-3', key '{key}': {hellaswag})", note),
+        )) for size, key, hellaswag, note in (
+            ("125m", "124M", 0.337, ""), ("350m", "350M", 0.436, ""),
+            ("760m", "774M", 0.510, "the notebook keys GPT-3 Large by GPT-2's size name"),
+            ("1p3b", "1558M", 0.547, "the notebook keys GPT-3 XL by GPT-2's size name"))},
+    **{f"size={size}": Contract(
+        paper="Brown et al. 2020",
+        targets=(
+            Target("LAMBADA accuracy (zero-shot)", lambada, "Brown et al. 2020, as "
+                   "kingoflolz/mesh-transformer-jax README.md's zero-shot table reports it "
+                   f"(rows the authors reported): '{row}'", f"LAMBADA perplexity {ppl}"),
+            Target("HellaSwag accuracy (zero-shot)", hellaswag, "the same row"),
+        )) for size, lambada, ppl, hellaswag, row in (
+            ("2p7b", 0.671, 4.60, 0.628, "GPT-3-2.7B | 4.60 | 67.1% | 62.3% | 62.8%"),
+            ("6p7b", 0.703, 4.00, 0.674, "GPT-3-6.7B | 4.00 | 70.3% | 64.5% | 67.4%"),
+            ("13b", 0.725, 3.56, 0.709, "GPT-3-13B | 3.56 | 72.5% | 67.9% | 70.9%"))},
+}

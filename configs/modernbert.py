@@ -43,6 +43,7 @@ the MLP's output (both 0 in the paper); steps are tokens / (batch x sequence len
 
 import common
 from bertjax.config import base_config, bert_model, choose, parse_arg, ramp
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers, width, heads, GLU half-width, batch, peak lr, warmup tokens, the paper's
 #        parameter count, micro-batches that make a step fit the slice in the docstring).
@@ -145,3 +146,26 @@ def get_config(arg=None):
   common.memory_saving(config, grad_accum_steps=micro)
   config.reference_params = params
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{variant: Contract(
+        paper="Warner et al. 2024",
+        targets=(
+            Target("GLUE score", 88.4, "answerdotai/ModernBERT-base model card, as a page "
+                   "summarising it quotes: 'On GLUE, it scores 88.4'", "the released model, "
+                   "after the context extension (2T tokens)"),
+        )) for variant in ("size=base", "size=base,stage=extension")},
+    **{variant: Contract(
+        paper="Warner et al. 2024",
+        targets=(
+            Target("GLUE score", 90.4, "Warner et al. 2024, Table 1, as research notes "
+                   "transcribing it give it: '| ModernBERT-large | 90.4 |'", "the released "
+                   "model, after the context extension; the model card's table was not "
+                   "readable here"),
+        )) for variant in ("size=large", "size=large,stage=extension")},
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "modernbert:size=base,runlocal"),
+}

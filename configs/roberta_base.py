@@ -13,6 +13,7 @@ document boundaries up to 512 tokens); batch 8K sequences, 500K steps; Adam lr 6
 
 import common
 from bertjax.config import base_config, bert_model
+from bertjax.reproduction import Contract, Target
 
 
 def get_config():
@@ -32,3 +33,18 @@ def get_config():
   common.memory_saving(config, grad_accum_steps=2)
   config.reference_params = 125_000_000
   return config
+
+
+# What the paper reports (docs/reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    "": Contract(
+        paper="Liu et al. 2019",
+        targets=tuple(
+            Target(f"{task} dev accuracy" if task not in ("CoLA", "STS-B") else
+                   f"{task} dev {'MCC' if task == 'CoLA' else 'Pearson'}", value,
+                   "facebookresearch/fairseq examples/roberta/README.md, roberta.base row "
+                   "'(dev set, single model, single-task finetuning)'", "the released model")
+            for task, value in (("MNLI", 87.6), ("QNLI", 92.8), ("QQP", 91.9), ("RTE", 78.7),
+                                ("SST-2", 94.8), ("MRPC", 90.2), ("CoLA", 63.6),
+                                ("STS-B", 91.2)))),
+}

@@ -43,6 +43,7 @@ spares biases and LayerNorms (BERT's convention; fairseq decays every parameter)
 """
 
 from bertjax.config import base_config, bert_model, choose, parse_arg
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers, width, FFN, heads, the released model's parameter count).
 SIZES = {
@@ -91,3 +92,23 @@ def get_config(arg=None):
   # The released model's parameter count (its README), for `bertjax info`.
   config.reference_params = params
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{f"size={size}": Contract(
+        paper="Joshi et al. 2020",
+        targets=(
+            Target(f"SQuAD 1.1 {split} F1", squad1, "facebookresearch/SpanBERT README.md: "
+                   f"'SpanBERT ({size}) | {squad1}{star} | {squad2}{star} | {coref} | "
+                   f"{tacred}'"),
+            Target(f"SQuAD 2.0 {split} F1", squad2, "the same row"),
+            Target("coreference (OntoNotes) average F1", coref, "the same row"),
+            Target("TACRED F1", tacred, "the same row"),
+        )) for size, split, star, squad1, squad2, coref, tacred in (
+            ("base", "dev", "*", 92.4, 83.6, 77.4, 68.2),
+            ("large", "test", "", 94.6, 88.7, 79.6, 70.8))},
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "spanbert:size=base,runlocal"),
+}

@@ -44,6 +44,7 @@ to 32,128.
 
 import common
 from bertjax.config import base_config, choose, parse_arg, t5_model
+from bertjax.reproduction import Contract, Target, golden_contracts
 
 # size: (layers per stack, d_model, d_ff, heads, d_kv, parameters, micro-batches).
 SIZES = {
@@ -95,3 +96,46 @@ def tiny():
   common.tiny_cpu_training(config, batch_size=16)
   config.num_train_steps = 600
   return config
+
+
+# What the paper reports and what each family's laptop-scale run should reach (docs/
+# reproducing.md): variant -> bertjax.reproduction.Contract.
+CONTRACTS = {
+    **{variant: Contract(paper="Raffel et al. 2020", missing=(
+        "Table 14's per-size scores were not found in any source that could be read here "
+        "(2026-11-29); the base sizes and 11B have their own targets"))
+       for variant in ("size=small", "size=large", "size=3b", "size=small,version=1.1",
+                       "size=large,version=1.1", "size=xl,version=1.1",
+                       "size=xxl,version=1.1")},
+    "size=base": Contract(
+        paper="Raffel et al. 2020",
+        targets=(
+            Target("C4 held-out log-perplexity after 65,536 steps", 1.997, "Shazeer 2020 "
+                   "(GLU Variants Improve Transformer), Table 1, FFN_ReLU: 'ReLU (baseline) | "
+                   "1.997'", "span corruption, T5-base's shape (d_ff 3,072)"),
+            Target("GLUE average of the paper's baseline", 83.28, "Raffel et al. 2020, Table "
+                   "9, 'Full data set 0 83.28 19.24 80.88 71.36 ...'", "base size, 2^35 tokens "
+                   "of pre-training (not this config's 1M steps)"),
+            Target("SuperGLUE average of the paper's baseline", 71.36, "the same row"),
+        )),
+    "size=base,version=1.1": Contract(
+        paper="Raffel et al. 2020 (T5 1.1)",
+        targets=(
+            Target("C4 held-out log-perplexity after 65,536 steps", 1.942, "Shazeer 2020, "
+                   "Table 1, FFN_GEGLU: '1.942 (0.004)'; PiotrNawrot/nanoT5 README.md: 'The T5 "
+                   "v1.1 authors report 1.942 negative log-likelihood (NLL) on the held-out set "
+                   "of C4 after after 2^16 steps'", "T5-base's shape with GEGLU (d_ff 2,048)"),
+        )),
+    "size=11b": Contract(
+        paper="Raffel et al. 2020",
+        targets=(
+            Target("GLUE test average", 90.3, "Raffel et al. 2020, as notes on the paper "
+                   "give it (thorbenlouw/the-story-of-llms-in-50-papers, T5 notes): 'GLUE: "
+                   "90.3 average'"),
+            Target("SuperGLUE test average", 88.9, "the same notes: 'SuperGLUE: 88.9 (near "
+                   "human performance of 89.8)'", "the leaderboard shows 89.3 for a later "
+                   "submission"),
+        )),
+    # The golden curve of the runlocal run (configs/golden/, recorded with 3 seeds).
+    **golden_contracts(__file__, "t5:size=small,runlocal"),
+}

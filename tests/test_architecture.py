@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "bertjax"
 
 # The wings from the bottom up: a module may import its own wing and the wings below it.
 LAYERS = ("paths", "models", "data", "parallel", "hf", "inference", "finetune", "config",
-          "checkpoints", "resilience", "training", "tools", "cli", "__main__")
+          "checkpoints", "resilience", "reproduction", "training", "tools", "cli", "__main__")
 MAX_LINES = 500
 MAX_ENTRY_LINES = 150  # the CLI's entry module
 ENTRY = "bertjax.cli"

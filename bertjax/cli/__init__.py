@@ -16,11 +16,11 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from bertjax import config as config_lib
-from bertjax.cli import data, finetune, measure, train, weights
+from bertjax.cli import data, finetune, measure, reproduce, train, weights
 from bertjax.cli.common import EXIT_USAGE
 
 # The order of `bertjax --help`.
-COMMAND_MODULES = (train, finetune, weights, data, measure)
+COMMAND_MODULES = (train, finetune, weights, data, measure, reproduce)
 
 
 def _parser() -> argparse.ArgumentParser:

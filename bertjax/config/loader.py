@@ -35,6 +35,10 @@ ConfigDict = ml_collections.ConfigDict
 CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
 
 
+# A config file's reproduction contracts, by variant (bertjax.reproduction).
+CONTRACTS = "CONTRACTS"
+
+
 class VariantError(ValueError):
   """A config variant (the text after ':') that the file does not offer; the loader names the
   file in front of the message."""
@@ -97,6 +101,36 @@ def file_variants(name_or_path: str) -> tuple[str, ...]:
   """The variants a config file lists in its VARIANTS (a file without: ("",), only itself);
   what the tests enumerate to load every config a user can name."""
   return tuple(getattr(_load_module(_resolve_path(name_or_path).resolve()), "VARIANTS", ("",)))
+
+
+def variant_key(variant: str) -> str:
+  """A variant in one spelling, whatever the order of its items: sorted, `runlocal` last
+  ('runlocal,size=xsmall' -> 'size=xsmall,runlocal'); how CONTRACTS keys are compared."""
+  items = _variant_items(variant)
+  return ",".join(sorted(key if text is None else f"{key}={text}" for key, text in items
+                         if key != RUNLOCAL) + [RUNLOCAL for key, _ in items
+                                                if key == RUNLOCAL][:1])
+
+
+def _module_contracts(module: types.ModuleType) -> dict[str, Any]:
+  return {variant_key(key): value for key, value in getattr(module, CONTRACTS, {}).items()}
+
+
+def file_contracts(name_or_path: str) -> dict[str, Any]:
+  """The CONTRACTS of a config file (variant -> its reproduction contract, keys in
+  `variant_key`'s spelling; docs/reproducing.md): {} for a file without."""
+  return _module_contracts(_load_module(_resolve_path(name_or_path).resolve()))
+
+
+def _contract_ref(path_or_name: str, path: Path, module: types.ModuleType, key: str) -> str:
+  """`config.contract` for a config loaded as `path_or_name:key`: the same name when its file
+  has a contract for the variant (a file under configs/ by its name, any other by its absolute
+  path), else empty."""
+  key = variant_key(key)
+  if key not in _module_contracts(module):
+    return ""
+  name = path.stem if path.parent == CONFIGS_DIR.resolve() else str(path)
+  return f"{name}:{key}" if key else name
 
 
 def _resolve_path(path_or_name: str) -> Path:
@@ -184,7 +218,12 @@ def load_config_file(name: str) -> ConfigDict:
   if not isinstance(config, ConfigDict):
     raise ValueError(f"{path}: get_config() returned a {type(config).__name__}; it must "
                      "return an ml_collections.ConfigDict (e.g. base_config(bert_model()))")
-  return runlocal(config) if local else config
+  config = runlocal(config) if local else config
+  if "contract" in config:
+    config.contract = _contract_ref(path_or_name, path, module,
+                                    arg + (f",{RUNLOCAL}" if arg and local else
+                                           RUNLOCAL if local else ""))
+  return config
 
 
 def load_config(name: str, overrides: Sequence[tuple[str, str]] = ()) -> ConfigDict:

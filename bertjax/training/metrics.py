@@ -108,6 +108,8 @@ class MetricsWriter:
       parts.append(f"{float(metrics['tokens_per_sec']):,.0f} tok/s")
     if "mfu" in metrics:
       parts.append(f"MFU {100 * float(metrics['mfu']):.1f}%")
+    if "on_track" in metrics:  # checked against the config's reproduction contract
+      parts.append("on track" if float(metrics["on_track"]) else "OFF TRACK")
     if prefix == "train" and step > 0 and "step_time" in metrics:
       remaining = (self.total_steps - step) * float(metrics["step_time"])
       parts.append(f"ETA {_duration(remaining)}")

@@ -1,5 +1,6 @@
 """Loss and accuracy curves from metrics.jsonl, as a PNG: one run's (written by `bertjax train`
-into WORKDIR/metrics.png at each eval) or several runs' side by side (`bertjax plot`).
+into WORKDIR/metrics.png at each eval) or several runs' side by side (`bertjax plot`), with the
+band of a run's reproduction contract where its evals were checked against one.
 
 Drawn with matplotlib's Agg canvas directly, never pyplot: no window, no global figure state,
 nothing changed for a program that imports bertjax.
@@ -82,6 +83,7 @@ def plot_runs(runs: dict[str, Records], out: Path, title: str = "") -> Figure:
         if points:
           steps, values = zip(*points)
           ax.plot(steps, values, color=colour, label=f"{prefix}{split}", **style)
+      _draw_contract(ax, key, records.get("eval", []), colour, prefix)
     ax.set_title(_TITLES[key])
     ax.set_xlabel("step")
     ax.grid(True, alpha=0.3)
@@ -94,6 +96,19 @@ def plot_runs(runs: dict[str, Records], out: Path, title: str = "") -> Figure:
   out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(out, dpi=100)
   return fig
+
+
+def _draw_contract(ax, key: str, evals: list[dict], colour: str, prefix: str) -> None:
+  """The contract's band and reference at the run's evals, where the run checked them
+  (bertjax.reproduction.on_track wrote `<key>_ref`, `_ref_low`, `_ref_high`)."""
+  band = [(r["step"], r[f"{key}_ref_low"], r[f"{key}_ref"], r[f"{key}_ref_high"])
+          for r in evals if f"{key}_ref" in r]
+  if not band:
+    return
+  steps, low, ref, high = zip(*band)
+  ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0,
+                  label=f"{prefix}contract band")
+  ax.plot(steps, ref, color=colour, linestyle=":", linewidth=1.2, label=f"{prefix}contract")
 
 
 def plot_workdir(metrics_jsonl: Path, out: Path, title: str) -> bool:

@@ -19,6 +19,7 @@ from bertjax.checkpoints.params import save_params
 from bertjax.data import make_batches
 from bertjax.data.prepare import ensure_dataset
 from bertjax.parallel import distributed
+from bertjax.reproduction.on_track import OnTrack
 from bertjax.training import hooks
 from bertjax.training.metrics import MetricsWriter
 from bertjax.training.trainer import Trainer, TrainState
@@ -66,6 +67,7 @@ class Pretraining:
                 train_metrics: hooks.TrainMetrics) -> None:
     if not self.config.eval_every:
       return
+    on_track = OnTrack(self.config)  # the config's contract, checked at every eval
 
     def evaluate_step(info: hooks.StepInfo) -> None:
       # This step's train record comes first; the eval waits for the step anyway.
@@ -76,8 +78,8 @@ class Pretraining:
       eval_batches = make_batches(phase.eval_config, "eval", phase.rows, self.dataset)
       try:
         batches = (phase.global_batch(trainer, next(eval_batches)) for _ in iter(int, 1))
-        writer.write(info.step, evaluate(trainer, info.state, batches,
-                                         int(self.config.eval_steps)), prefix="eval")
+        metrics = evaluate(trainer, info.state, batches, int(self.config.eval_steps))
+        writer.write(info.step, metrics | on_track.check(info.step, metrics), prefix="eval")
       finally:
         eval_batches.close()
       writer.plot()
