@@ -102,8 +102,8 @@ def tiny():
 # reproducing.md): variant -> bertjax.reproduction.Contract.
 CONTRACTS = {
     **{variant: Contract(paper="Raffel et al. 2020", missing=(
-        "Table 14's per-size scores were not found in any source that could be read here "
-        "(2026-11-29); the base sizes and 11B have their own targets"))
+        "Table 14's per-size scores were not found in any source that could be read here; "
+        "the base sizes and 11B have their own targets"))
        for variant in ("size=small", "size=large", "size=3b", "size=small,version=1.1",
                        "size=large,version=1.1", "size=xl,version=1.1",
                        "size=xxl,version=1.1")},

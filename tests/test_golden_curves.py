@@ -12,12 +12,13 @@ BERTJAX_GOLDEN_OVERRIDES (comma-separated KEY=VALUE, applied to every run of thi
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
 from bertjax import config as config_lib
 from bertjax.reproduction import golden, registry
-from bertjax.tools import golden_runs
 
 BROKEN = [tuple(item.split("=", 1)) for item in
           os.environ.get("BERTJAX_GOLDEN_OVERRIDES", "").split(",") if "=" in item]
@@ -48,7 +49,17 @@ def test_every_family_has_a_recorded_golden_curve():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", [run.config for run in golden.GOLDEN_RUNS])
 def test_the_runlocal_run_stays_inside_its_golden_band(name, root):
-  checked, deviations = golden_runs.check(name, root, BROKEN)
-  assert checked == 4, f"{name}: {checked} evals checked against the golden curve"
-  assert not deviations, f"{name} left its golden band" + (
-      f" with {BROKEN}" if BROKEN else "") + ":\n" + "\n".join(map(str, deviations))
+  """Trained as recorded, on one device (a child process: the suite's 8 simulated devices on 2
+  cores take 3-4 times as long; all ten stayed inside their bands there too, 2026-11-29), by
+  the command a user runs."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  overrides = [f"--config.{key}={value}" for key, value in BROKEN]
+  result = subprocess.run([sys.executable, "-m", "bertjax", "reproduce", "--check", name,
+                           "--workdir", str(root), *overrides],
+                          capture_output=True, text=True, env=env, timeout=850)
+  said = [line for line in result.stdout.splitlines() if line.startswith(f"{name}:")
+          or line.startswith("  step ")]
+  assert result.returncode == 0 and said == [
+      f"{name}: 4 evals checked, inside its golden band"], (
+      f"{name} left its golden band" + (f" with {BROKEN}" if BROKEN else "") + ":\n"
+      + "\n".join(said or result.stderr.splitlines()[-5:]))

@@ -206,8 +206,9 @@ def markdown_table() -> str:
       continue
     targets = [f"{t.metric} **{t.value:g}** ({_said_once(t.source)})" for t in contract.targets]
     if contract.points:
+      origin = contract.points[0].source.split(" (")[0].split(":")[0]
       targets.append(f"{len(contract.points)} reference points of "
-                     f"{', '.join(contract.metrics)} ({contract.points[0].source.split(':')[0]})")
+                     f"{', '.join(contract.metrics)} ({origin})")
     if contract.missing:
       targets.append(f"none verified: {contract.missing}")
     verified = []
