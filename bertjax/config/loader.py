@@ -122,11 +122,11 @@ def file_contracts(name_or_path: str) -> dict[str, Any]:
   return _module_contracts(_load_module(_resolve_path(name_or_path).resolve()))
 
 
-def _contract_ref(path_or_name: str, path: Path, module: types.ModuleType, key: str) -> str:
-  """`config.contract` for a config loaded as `path_or_name:key`: the same name when its file
-  has a contract for the variant (a file under configs/ by its name, any other by its absolute
-  path), else empty."""
-  key = variant_key(key)
+def _contract_ref(path: Path, module: types.ModuleType, variant: str) -> str:
+  """`config.contract` for the config file `path` loaded with `variant`: its name with the
+  variant when the file has a contract for it (a file under configs/ by its name, any other by
+  its absolute path), else empty."""
+  key = variant_key(variant)
   if key not in _module_contracts(module):
     return ""
   name = path.stem if path.parent == CONFIGS_DIR.resolve() else str(path)
@@ -220,9 +220,7 @@ def load_config_file(name: str) -> ConfigDict:
                      "return an ml_collections.ConfigDict (e.g. base_config(bert_model()))")
   config = runlocal(config) if local else config
   if "contract" in config:
-    config.contract = _contract_ref(path_or_name, path, module,
-                                    arg + (f",{RUNLOCAL}" if arg and local else
-                                           RUNLOCAL if local else ""))
+    config.contract = _contract_ref(path, module, variant)
   return config
 
 

@@ -349,8 +349,9 @@ def base_config(model: ConfigDict) -> ConfigDict:
   # Parameter count the paper states (0: none); `bertjax info` prints ours next to it.
   config.reference_params = 0
   # The reproduction contract each eval is checked against (bertjax.reproduction): a config
-  # name with its variant whose file has one (the loader sets it: "gpt2:size=small", the tiny
-  # configs' golden curves) or a contract JSON file; empty: no check. docs/reproducing.md.
+  # name with its variant whose file has one (the loader sets it: "gpt2:size=small", a
+  # runlocal run's golden curve) or a contract JSON file; empty: no check.
+  # docs/reproducing.md.
   config.contract = ""
   return config
 

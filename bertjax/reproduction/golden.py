@@ -3,9 +3,9 @@ band is the seeds' spread, so that a change to what a run learns (a schedule, a 
 an initialisation) shows as a curve leaving its band.
 
 The runs are listed here (`GOLDEN_RUNS`), recorded by `bertjax reproduce --record NAME`
-(bertjax.tools.golden_runs) into configs/golden/, declared by the tiny config files
-(`registry.golden`) and checked by tests/test_golden_curves.py. The guide: docs/reproducing.md,
-"Golden curves".
+(bertjax.tools.golden_runs) into configs/golden/, declared in their config files' CONTRACTS
+(`registry.golden_contracts`) and checked by tests/test_golden_curves.py. The guide:
+docs/reproducing.md, "Golden curves".
 """
 
 from __future__ import annotations

@@ -40,16 +40,12 @@ def tokens_trained(config: ml_collections.ConfigDict, steps: int) -> float:
 
 
 class OnTrack:
-  """The check of one run (None-like when its config names no contract: `enabled`)."""
+  """The check of one run (checks nothing when its config names no contract)."""
 
   def __init__(self, config: ml_collections.ConfigDict) -> None:
     self.config = config
     self.ref = str(config.get("contract", "") or "")
     self.contract = load_contract(self.ref) if self.ref else None
-
-  @property
-  def enabled(self) -> bool:
-    return self.contract is not None
 
   def check(self, step: int, metrics: Mapping[str, float]) -> dict[str, float]:
     """The fields to add to the eval record of `step` (empty when the contract has no

@@ -2,7 +2,7 @@
 configs/golden/, or a JSON file named directly.
 
     load_contract("gpt2:size=small")            # the file's CONTRACTS["size=small"]
-    load_contract("bert_tiny")                  # configs/golden/bert_tiny.json, via bert_tiny.py
+    load_contract("bert_base:runlocal")         # configs/golden/bert_base_runlocal.json
     load_contract("runs/my_contract.json")      # any contract file (tests, a user's own)
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from bertjax.config import loader
 from bertjax.reproduction.contract import Contract, read
 
-# The golden curves of the tiny configs, beside the configs that declare them.
+# The golden curves of the runlocal runs, beside the config files that declare them.
 GOLDEN_DIR = "golden"
 
 

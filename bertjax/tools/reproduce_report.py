@@ -7,6 +7,7 @@ The guide: docs/reproducing.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -105,15 +106,25 @@ def _launch_commands(name: str) -> list[str]:
   return lines
 
 
-def _compile_lines(name: str) -> list[str]:
-  """Each slice a compile report of `name` (as written) covers: memory, fit, expected time."""
+@functools.cache
+def _reports() -> tuple[dict, ...]:
+  """Every compile report, read once (the contract table asks for each config's)."""
+  return tuple(json.loads(path.read_text()) for path in sorted(REPORTS_DIR.glob("*.json")))
+
+
+def _by_slice(name: str) -> dict[str, list[dict]]:
+  """The compile reports of `name` as written (no overrides), by slice, phases in order."""
   by_slice: dict[str, list[dict]] = {}
-  for path in sorted(REPORTS_DIR.glob("*.json")):
-    data = json.loads(path.read_text())
+  for data in _reports():
     if data["config"] == name and not data["overrides"]:
       by_slice.setdefault(data["topology"], []).append(data)
+  return by_slice
+
+
+def _compile_lines(name: str) -> list[str]:
+  """Each slice a compile report of `name` (as written) covers: memory, fit, expected time."""
   lines = []
-  for topology, reports in by_slice.items():
+  for topology, reports in _by_slice(name).items():
     fits = all(r["report"]["fits"] for r in reports)
     gib = " / ".join(f"{r['report']['total_bytes'] / 2**30:.1f}" for r in reports)
     hbm = reports[0]["report"]["hbm_bytes"] / 2**30
@@ -174,15 +185,6 @@ TABLE_BEGIN = ("<!-- contract table, generated from the configs' CONTRACTS by "
 TABLE_END = "<!-- end of contract table -->"
 
 
-def _slices(name: str) -> list[str]:
-  found = []
-  for path in sorted(REPORTS_DIR.glob("*.json")):
-    data = json.loads(path.read_text())
-    if data["config"] == name and not data["overrides"] and data["topology"] not in found:
-      found.append(data["topology"])
-  return found
-
-
 def _cell(text: str) -> str:
   return text.replace("|", "\\|")
 
@@ -214,7 +216,7 @@ def markdown_table() -> str:
     verified = []
     if int(config.get("reference_params", 0) or 0):
       verified.append("parameter count")
-    slices = _slices(name)
+    slices = list(_by_slice(name))
     if slices:
       verified.append(f"compiled for {', '.join(slices)}")
     run = guard_of(name)
