@@ -230,6 +230,44 @@ def _probe():
                                                     "async_save": False}})
 
 
+class _FailedWrites:
+  """A checkpoint manager whose background write failed: waiting re-raises the library's own
+  error (a TensorStore message, several lines)."""
+
+  def __init__(self):
+    self.closed = False
+
+  def wait_until_finished(self):
+    raise RuntimeError("Error writing \"params/d/1a2b\" in OCDBT database: [Errno 28] No space "
+                       "left on device [tensorstore_spec='{\"driver\": \"ocdbt\"}']\n  more")
+
+  def close(self):
+    self.closed = True
+
+
+def test_closing_after_a_failed_background_write_is_one_line_and_keeps_the_first_error(
+    tmp_path):
+  """Closing raises the failure as CheckpointWriteError and still closes the manager; closing
+  while a save's error is on its way out (the loop's `finally`) leaves that error standing."""
+  from bertjax.checkpoints.train_state import CheckpointWriteError
+  checkpoints = TrainCheckpoints(tmp_path, _probe())
+  checkpoints.manager.close()
+  checkpoints.manager = manager = _FailedWrites()
+  with pytest.raises(CheckpointWriteError) as raised:
+    checkpoints.close()
+  assert str(raised.value) == (f"writing a checkpoint in {checkpoints.directory} failed: "
+                               "no space left on device")
+  assert manager.closed
+  first = CheckpointWriteError("writing checkpoint step 4 in /x failed: no space left on device")
+  checkpoints.manager = manager = _FailedWrites()
+  with pytest.raises(CheckpointWriteError) as raised:
+    try:
+      raise first
+    finally:
+      checkpoints.close()
+  assert raised.value is first and manager.closed
+
+
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
   workdir = tmp_path / "run"

@@ -313,17 +313,23 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     ledger.switch("shutdown")
     preemption.uninstall()
     phase.batches.close()
-    checkpoints.close()
+    closing_failure = None  # a background write that failed after the last save's check
+    try:
+      checkpoints.close()
+    except CheckpointWriteError as e:
+      closing_failure = e
     watchdog.stop()
     # Drawn whatever ended the run (the curves of a diverged run are the ones to look at),
     # except a failed checkpoint write: the store is full or gone, and its one error line says so.
-    plotted = (False if isinstance(sys.exc_info()[1], CheckpointWriteError)
-               else writer.plot(final=True))
+    write_failed = closing_failure or isinstance(sys.exc_info()[1], CheckpointWriteError)
+    plotted = False if write_failed else writer.plot(final=True)
     writer.close()
     if progress:
       progress.close()
     quiet_bar.close()
     ledger.flush()
+    if closing_failure is not None:
+      raise closing_failure
   result = train_metrics.last
   if step >= total:
     result = workload.finish(state, trainer, trained=True) or result
