@@ -23,8 +23,8 @@ def resilience_group() -> ConfigDict:
       # non-finite loss stops the run).
       "spike_sigmas": 6.0,
       # Keep the old parameters and optimizer state on an outlier step (False: the guard only
-      # counts outliers towards the alarm, which rewinds the run; it then costs no pass over
-      # the state: docs/resilience.md, 'What the guard costs').
+      # counts outliers towards the alarm, which rewinds the run; docs/resilience.md, 'What
+      # the guard costs').
       "skip_spikes": True,
       # Accepted steps the mean and standard deviation are taken over.
       "spike_history": 128,

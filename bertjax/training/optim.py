@@ -24,6 +24,8 @@ import optax
 
 from bertjax.config import ramp
 from bertjax.models.groups import frozen_rows, names_of, parameter_groups, parse_freeze
+from bertjax.resilience.guard import unless_skipped
+from bertjax.training import skipping
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +168,7 @@ class StableAdamState(NamedTuple):
   nu: Any
 
 
-def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+def scale_by_stable_adam(b1: float, b2: float, eps: float) -> skipping.SkipAware:
   """Adam's bias-corrected direction m̂ / (√v̂ + ε), each tensor's divided by
   max(1, √mean(g² / max(v̂, ε²))) (Wortsman et al. 2023, Alg. 2): a tensor whose gradient
   outgrew its second-moment estimate (a loss spike's first step) takes a smaller step, in
@@ -175,11 +177,14 @@ def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTran
     return StableAdamState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params),
                            jax.tree.map(jnp.zeros_like, params))
 
-  def update(grads, state, params=None):
-    del params
+  def update(grads, state, params=None, *, skip=None, **extra_args):
+    del params, extra_args
     count = optax.safe_int32_increment(state.count)
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
+    if skip is not None:  # selected before the step reads them (bertjax.training.skipping)
+      mu, nu = unless_skipped(skip, (state.mu, state.nu), (mu, nu))
+      count = jnp.where(skip, state.count, count)
     first = 1 - b1 ** count.astype(jnp.float32)
     second = 1 - b2 ** count.astype(jnp.float32)
 
@@ -188,15 +193,15 @@ def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTran
       rms = jnp.sqrt(jnp.mean(g * g / jnp.maximum(v_hat, eps * eps)))
       return (m / first) / (jnp.sqrt(v_hat) + eps) / jnp.maximum(1.0, rms)
     return jax.tree.map(step, grads, mu, nu), StableAdamState(count, mu, nu)
-  return optax.GradientTransformation(init, update)
+  return skipping.SkipAware(init, update)
 
 
 def stable_adamw(schedule: optax.Schedule, b1: float, b2: float, eps: float,
                  weight_decay: float, mask: Any) -> optax.GradientTransformation:
   """StableAdamW with decoupled weight decay scaled by the learning rate, as optax's adamw."""
-  return optax.chain(scale_by_stable_adam(b1, b2, eps),
-                     optax.add_decayed_weights(weight_decay, mask),
-                     optax.scale_by_learning_rate(schedule))
+  return skipping.skippable_chain(scale_by_stable_adam(b1, b2, eps),
+                                  optax.add_decayed_weights(weight_decay, mask),
+                                  optax.scale_by_learning_rate(schedule))
 
 
 def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
@@ -231,8 +236,8 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   clip = ([clip_by_global_norm(float(opt.clip_norm))]
           if opt.clip_norm and float(opt.clip_norm) > 0 else [])
   if not grouped:
-    return optax.chain(*clip, _core(opt, schedule)), schedule
-  update = optax.multi_transform(
+    return skipping.skippable_chain(*clip, _core(opt, schedule)), schedule
+  update = skipping.skippable_partition(
       {"frozen": optax.set_to_zero(), "encoder": _core(opt, schedule),
        "head": _core(opt, head_schedule)},
       lambda params: _groups(params, freeze, freeze_positions))
@@ -240,7 +245,7 @@ def build_optimizer(opt: ml_collections.ConfigDict, num_train_steps: int,
   # updates again after: decoupled weight decay moves a parameter with zero gradient, and the
   # frozen rows of a scanned stack share their leaf (and optimizer) with trained rows.
   zero = _zero_frozen(freeze, freeze_positions)
-  return optax.chain(zero, *clip, update, zero), schedule
+  return skipping.skippable_chain(zero, *clip, update, zero), schedule
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
@@ -269,16 +274,21 @@ def _keyed(schedule: optax.Schedule, batch_ramp: ramp.BatchRamp | None) -> optax
 def _core(opt: ml_collections.ConfigDict, schedule: optax.Schedule
           ) -> optax.GradientTransformation:
   wd = float(opt.weight_decay)
+  # optax.adamw's and optax.lamb's chains (their states, their arithmetic) with an Adam that
+  # the spike guard skips without copying the moments (bertjax.training.skipping).
   if opt.name == "adamw":
-    return optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
-                       mask=decay_mask)
+    return skipping.skippable_chain(
+        skipping.scale_by_adam(b1=opt.b1, b2=opt.b2, eps=opt.eps),
+        optax.add_decayed_weights(wd, decay_mask), optax.scale_by_learning_rate(schedule))
   if opt.name == "lamb":
-    return optax.lamb(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
-                      mask=decay_mask)
+    return skipping.skippable_chain(
+        skipping.scale_by_adam(b1=opt.b1, b2=opt.b2, eps=opt.eps),
+        optax.add_decayed_weights(wd, decay_mask), optax.scale_by_trust_ratio(),
+        optax.scale_by_learning_rate(schedule))
   if opt.name == "stable_adamw":
     return stable_adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=wd,
                         mask=decay_mask)
-  if opt.name == "adafactor":
+  if opt.name == "adafactor":  # its factored moments are small: selected after the update
     return optax.adafactor(schedule, weight_decay_rate=wd or None,
                            weight_decay_mask=decay_mask if wd else None)
   raise ValueError(f"optimizer.name must be adamw, stable_adamw, lamb or adafactor, got "

@@ -112,7 +112,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
   """One optimizer update on the global batch (pure; jitted by `Trainer`). A distillation
   teacher (`state.teacher`) is read by the loss, differentiated by nothing and returned as
   it came. With the spike guard (`guard`), an outlier step keeps the old parameters and
-  optimizer state (bertjax.resilience.guard)."""
+  optimizer state (bertjax.resilience.guard; the optimizer keeps its own, told by `skip`:
+  bertjax.training.skipping)."""
   with nn.logical_axis_rules(rules):
     objective = (loss_fn if state.teacher is None
                  else functools.partial(loss_fn, teacher=state.teacher))
@@ -138,15 +139,19 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
       (loss, metrics, grads), _ = jax.lax.scan(accumulate, zeros,
                                                (micro, jnp.arange(accum_steps)))
 
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-  grad_norm = optax.global_norm(grads)
-  checked = state.guard
-  if guard is not None:
-    checked, skip = spike_guard.judge(state.guard, state.step + 1, loss, grad_norm, guard)
-    if guard.skip:
-      params, opt_state = spike_guard.unless_skipped(skip, (state.params, state.opt_state),
-                                                     (params, opt_state))
+    grad_norm = optax.global_norm(grads)
+    checked = state.guard
+    if guard is not None:
+      checked, skip = spike_guard.judge(state.guard, state.step + 1, loss, grad_norm, guard)
+    if guard is not None and guard.skip:
+      # The optimizer keeps its own state on a skip, before its step reads it: a select after
+      # the update would copy the moments (bertjax.training.skipping).
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.params, skip=skip)
+      params = spike_guard.unless_skipped(skip, state.params,
+                                          optax.apply_updates(state.params, updates))
+    else:
+      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+      params = optax.apply_updates(state.params, updates)
   metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
              "learning_rate": schedule(state.step)}
   if "lm_loss" in metrics:
