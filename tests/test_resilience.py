@@ -280,3 +280,28 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_watchdog(tmp_path, mon
   with pytest.raises(ValueError, match="refused while adding hooks"):
     loop.train_and_evaluate(_config(num_train_steps=2), tmp_path)
   assert not [t for t in threading.enumerate() if t.name == "bertjax-watchdog"]
+
+
+def test_heartbeats_are_written_when_the_step_count_changes():
+  """A process waiting (a long step, a compile) writes no heartbeat per poll; each new step
+  count is written once, and read back by `behind`."""
+  from bertjax.resilience.watchdog import Peers
+
+  class Store:
+    def __init__(self):
+      self.values, self.writes = {}, 0
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+      self.writes += 1
+      self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+      return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+  peers = Peers()
+  peers.client = store = Store()
+  for steps in (0, 0, 0, 1, 1, 2, 2, 2):
+    peers.beat(steps)
+  assert store.writes == 3
+  assert store.values == {f"{Peers.BEAT_DIR}0": "2"}
+  assert "0: 2" in peers.behind()

@@ -167,6 +167,7 @@ class Peers:
   def __init__(self) -> None:
     from jax._src import distributed as jax_distributed  # noqa: PLC0415 - the runtime client
     self.client = (jax_distributed.global_state.client if jax.process_count() > 1 else None)
+    self._beaten: int | None = None  # the step count last written
 
   def _call(self, fn, *args, default=None):
     try:
@@ -175,9 +176,13 @@ class Peers:
       return default
 
   def beat(self, steps: int) -> None:
-    if self.client is not None:
+    """Writes this process's step count when it changed: a waiting process writes nothing,
+    so a pod whose steps take seconds puts a fraction of a write a second on the coordinator
+    per host, not one."""
+    if self.client is not None and steps != self._beaten:
       self._call(self.client.key_value_set, f"{self.BEAT_DIR}{jax.process_index()}",
                  str(steps), True)
+      self._beaten = steps
 
   def hang_found(self) -> str | None:
     if self.client is None:
