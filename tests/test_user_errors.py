@@ -144,3 +144,19 @@ def test_command_line_mistakes_exit_2(tmp_path, capsys):
   assert "exactly one of --params DIR or --workdir DIR" in _one_error(capsys.readouterr().err)
   assert cli.main(["info", "--config", "gpt_tiny", "--config.model.no_such_key=1"]) == 2
   assert "no_such_key" in _one_error(capsys.readouterr().err)
+
+
+def test_a_full_disk_under_the_ledger_names_its_file(tmp_path):
+  """A write that finds the disk full names no file by itself; the ledger's error names its."""
+  import errno
+  from bertjax.resilience.ledger import Ledger
+  with _tmpfs(tmp_path / "tiny", "size=16k") as mount:
+    ledger = Ledger(mount / "run", 1, enabled=True)
+    with pytest.raises(OSError) as raised:  # the disk filled up
+      for i in range(64):
+        (mount / f"filler-{i}").write_bytes(b"\0" * 4096)
+    assert raised.value.errno == errno.ENOSPC
+    with pytest.raises(OSError) as raised:
+      ledger.flush()
+  assert raised.value.errno == errno.ENOSPC
+  assert str(raised.value).endswith(f"'{ledger.path}'"), raised.value

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,17 +248,16 @@ class TrainCheckpoints:
     return None
 
   def close(self) -> None:
-    """Waits for the pending writes and closes the manager, whatever fails. A write that failed
-    in the background raises the one-line CheckpointWriteError, unless an error is already on
-    its way out (a failed save found by the next save): that one stands, said once. Left
-    unwrapped, the library's own message replaced it, and the caller's cleanup was cut short."""
+    """Waits for the pending writes and closes the manager, whatever fails; a write that
+    failed in the background raises the one-line CheckpointWriteError (unwrapped, the
+    library's own multi-line message)."""
     failure = None
     for finish in (self.manager.wait_until_finished, self.manager.close):
       try:
         finish()
       except Exception as e:  # noqa: BLE001 - any write failure: one line naming the cause
         failure = failure or self._write_error(e, None)
-    if failure is not None and sys.exc_info()[1] is None:
+    if failure is not None:
       raise failure
 
   def check_shapes(self, step: int, abstract_params: Any) -> None:

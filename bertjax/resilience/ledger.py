@@ -112,8 +112,11 @@ class Ledger:
     record = self.record()
     if self.enabled:
       tmp = self.path.parent / f".{self.path.name}.tmp"
-      tmp.write_text(json.dumps(record, indent=1) + "\n")
-      tmp.replace(self.path)
+      try:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        tmp.replace(self.path)
+      except OSError as e:  # a full disk fails the write, which names no file
+        raise OSError(e.errno, e.strerror, str(self.path)) from None
     return record
 
   def goodput(self, earlier: Sequence[dict[str, Any]] = ()) -> float:

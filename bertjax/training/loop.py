@@ -45,6 +45,7 @@ from bertjax.training.phase_data import PhaseData
 from bertjax.training.preemption import Preemption
 from bertjax.training.pretraining import Pretraining
 from bertjax.training.recovery import Recovery
+from bertjax.training.shutdown import Shutdown
 from bertjax.training.trainer import Trainer, TrainState
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,9 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       ledger.restored_step = ledger.step if resuming else None
       recovery.resumed(phase, ledger.step)
   except BaseException:
-    checkpoints.close()  # its background threads would outlive the error
+    # Its background threads would outlive the error, which stands.
+    with contextlib.suppress(CheckpointWriteError):
+      checkpoints.close()
     raise
   if int(state.step) >= total or workload.stopped:
     log.info("%s: the run already finished (step %d of %d)", workdir, int(state.step), total)
@@ -312,24 +315,21 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   finally:
     ledger.switch("shutdown")
     preemption.uninstall()
-    phase.batches.close()
-    closing_failure = None  # a background write that failed after the last save's check
-    try:
-      checkpoints.close()
-    except CheckpointWriteError as e:
-      closing_failure = e
+    shutdown = Shutdown()  # each part runs whatever the one before raised
+    shutdown.run(phase.batches.close)
+    shutdown.run(checkpoints.close)
     watchdog.stop()
     # Drawn whatever ended the run (the curves of a diverged run are the ones to look at),
     # except a failed checkpoint write: the store is full or gone, and its one error line says so.
-    write_failed = closing_failure or isinstance(sys.exc_info()[1], CheckpointWriteError)
-    plotted = False if write_failed else writer.plot(final=True)
-    writer.close()
+    plotted = False if shutdown.write_failed else shutdown.run(writer.plot, final=True)
+    shutdown.run(writer.close)
     if progress:
-      progress.close()
-    quiet_bar.close()
-    ledger.flush()
-    if closing_failure is not None:
-      raise closing_failure
+      shutdown.run(progress.close)
+    shutdown.run(quiet_bar.close)
+    shutdown.run(ledger.flush)
+    error = shutdown.error()
+    if error is not None:
+      raise error
   result = train_metrics.last
   if step >= total:
     result = workload.finish(state, trainer, trained=True) or result

@@ -88,8 +88,11 @@ class MetricsWriter:
     if not self.enabled:
       return
     record = {"step": step, "split": prefix, **{k: float(v) for k, v in metrics.items()}}
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    try:
+      self._jsonl.write(json.dumps(record) + "\n")
+      self._jsonl.flush()
+    except OSError as e:  # a full disk fails the write, which names no file
+      raise OSError(e.errno, e.strerror, self._jsonl.name) from None
     self._plotted = False
     for key, value in metrics.items():
       self._tb.add_scalar(f"{prefix}/{key}", float(value), step)
