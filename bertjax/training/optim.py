@@ -24,7 +24,6 @@ import optax
 
 from bertjax.config import ramp
 from bertjax.models.groups import frozen_rows, names_of, parameter_groups, parse_freeze
-from bertjax.resilience.guard import unless_skipped
 from bertjax.training import skipping
 
 log = logging.getLogger(__name__)
@@ -179,12 +178,10 @@ def scale_by_stable_adam(b1: float, b2: float, eps: float) -> skipping.SkipAware
 
   def update(grads, state, params=None, *, skip=None, **extra_args):
     del params, extra_args
-    count = optax.safe_int32_increment(state.count)
     mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, grads)
     nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state.nu, grads)
-    if skip is not None:  # selected before the step reads them (bertjax.training.skipping)
-      mu, nu = unless_skipped(skip, (state.mu, state.nu), (mu, nu))
-      count = jnp.where(skip, state.count, count)
+    mu, nu, count = skipping.moments_unless_skipped(skip, state, mu, nu,
+                                                    optax.safe_int32_increment(state.count))
     first = 1 - b1 ** count.astype(jnp.float32)
     second = 1 - b2 ** count.astype(jnp.float32)
 

@@ -33,13 +33,11 @@ def skippable(transform: optax.GradientTransformation) -> SkipAware:
   state is selected after its update."""
   if isinstance(transform, SkipAware):
     return transform
+  inner = optax.with_extra_args_support(transform)
 
   def update(updates: Any, state: Any, params: Any = None, *, skip: jax.Array | None = None,
              **extra_args: Any) -> tuple[Any, Any]:
-    if isinstance(transform, optax.GradientTransformationExtraArgs):
-      new_updates, new_state = transform.update(updates, state, params, **extra_args)
-    else:
-      new_updates, new_state = transform.update(updates, state, params)
+    new_updates, new_state = inner.update(updates, state, params, **extra_args)
     if skip is not None:
       new_state = unless_skipped(skip, state, new_state)
     return new_updates, new_state
@@ -48,30 +46,26 @@ def skippable(transform: optax.GradientTransformation) -> SkipAware:
 
 
 def skippable_chain(*transforms: optax.GradientTransformation) -> SkipAware:
-  """`optax.chain(*transforms)` (the same state: a tuple of theirs) passing `skip` to each."""
-  parts = [skippable(t) for t in transforms]
-
-  def init(params: Any) -> tuple:
-    return tuple(part.init(params) for part in parts)
-
-  def update(updates: Any, state: tuple, params: Any = None, **extra_args: Any
-             ) -> tuple[Any, tuple]:
-    if len(state) != len(parts):
-      raise ValueError(f"an optimizer state of {len(state)} parts for a chain of {len(parts)}")
-    new_state = []
-    for part, part_state in zip(parts, state):
-      updates, part_state = part.update(updates, part_state, params, **extra_args)
-      new_state.append(part_state)
-    return updates, tuple(new_state)
-
-  return SkipAware(init, update)
+  """`optax.chain` (the same state: a tuple of theirs) of skippable transforms (it passes
+  `skip` to each)."""
+  return SkipAware(*optax.chain(*(skippable(t) for t in transforms)))
 
 
 def skippable_partition(transforms: dict[str, optax.GradientTransformation],
                         labels: Any) -> SkipAware:
   """`optax.multi_transform` over skippable transforms (it passes `skip` to each group's)."""
-  partition = optax.multi_transform({k: skippable(t) for k, t in transforms.items()}, labels)
-  return SkipAware(partition.init, partition.update)
+  return SkipAware(*optax.multi_transform({k: skippable(t) for k, t in transforms.items()},
+                                          labels))
+
+
+def moments_unless_skipped(skip: jax.Array | None, state: Any, mu: Any, nu: Any,
+                           count: jax.Array) -> tuple[Any, Any, jax.Array]:
+  """An Adam-like update's new moments and step count, or `state`'s where `skip` is true;
+  selected before the step is computed from them (no `skip`: the new ones)."""
+  if skip is None:
+    return mu, nu, count
+  mu, nu = unless_skipped(skip, (state.mu, state.nu), (mu, nu))
+  return mu, nu, jnp.where(skip, state.count, count)
 
 
 def scale_by_adam(b1: float, b2: float, eps: float, eps_root: float = 0.0) -> SkipAware:
@@ -85,10 +79,8 @@ def scale_by_adam(b1: float, b2: float, eps: float, eps_root: float = 0.0) -> Sk
     del params, extra_args
     mu = optax.tree.update_moment(updates, state.mu, b1, 1)
     nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-    count = optax.safe_increment(state.count)
-    if skip is not None:
-      mu, nu = unless_skipped(skip, (state.mu, state.nu), (mu, nu))
-      count = jnp.where(skip, state.count, count)
+    mu, nu, count = moments_unless_skipped(skip, state, mu, nu,
+                                           optax.safe_increment(state.count))
     mu_hat = optax.tree.bias_correction(mu, b1, count)
     nu_hat = optax.tree.bias_correction(nu, b2, count)
     direction = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + eps_root) + eps), mu_hat, nu_hat)

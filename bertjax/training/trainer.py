@@ -143,15 +143,14 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: objectives.LossFn,
     checked = state.guard
     if guard is not None:
       checked, skip = spike_guard.judge(state.guard, state.step + 1, loss, grad_norm, guard)
-    if guard is not None and guard.skip:
-      # The optimizer keeps its own state on a skip, before its step reads it: a select after
-      # the update would copy the moments (bertjax.training.skipping).
-      updates, opt_state = optimizer.update(grads, state.opt_state, state.params, skip=skip)
-      params = spike_guard.unless_skipped(skip, state.params,
-                                          optax.apply_updates(state.params, updates))
-    else:
-      updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-      params = optax.apply_updates(state.params, updates)
+    skips = guard is not None and guard.skip
+    # On a skip the optimizer keeps its own state, before its step reads it: a select after
+    # the update would copy the moments (bertjax.training.skipping).
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params,
+                                          **({"skip": skip} if skips else {}))
+    params = optax.apply_updates(state.params, updates)
+    if skips:
+      params = spike_guard.unless_skipped(skip, state.params, params)
   metrics = {**metrics, "loss": loss, "grad_norm": grad_norm,
              "learning_rate": schedule(state.step)}
   if "lm_loss" in metrics:
