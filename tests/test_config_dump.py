@@ -89,6 +89,8 @@ ADDED = {"config.optimizer.freeze": "none", "config.optimizer.head_learning_rate
          # Masking schemes (token: google-research/bert's).
          "config.data.masking": "token", "config.data.ngram_max": 3,
          "config.data.span_geometric_p": 0.2, "config.data.span_max_length": 10,
+         # Records failing their checksum (bertjax.data.shards): skipped and counted.
+         "config.data.corrupt_records": "skip",
          # Weights & Biases, off: wandb.project is empty.
          "config.wandb.project": "", "config.wandb.entity": "", "config.wandb.name": "",
          "config.wandb.mode": "online", "config.wandb.tags": "",

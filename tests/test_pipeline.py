@@ -636,7 +636,7 @@ def test_format_2_datasets_keep_their_weights(corpus, tmp_path):
     assert records.BuiltDataset.open(old).weights == expected
   meta["format_version"] = 1
   (old / "dataset.json").write_text(json.dumps(meta))
-  with pytest.raises(CorpusError, match="format version 1, this bertjax reads 2, 3, 4"):
+  with pytest.raises(CorpusError, match="format version 1, this bertjax reads 2, 3, 4, 5"):
     records.BuiltDataset.open(old)
 
 

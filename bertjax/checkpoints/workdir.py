@@ -39,6 +39,8 @@ HARMLESS = ("log_every", "eval_every", "eval_steps", "checkpoint.", "profile.", 
             "mesh.", "dcn_mesh.", "sharding_rules", "restore_step", "num_train_steps",
             "grad_accum_steps", "reference_params", "init_from", "seed", "resume_with_changes",
             "data.num_workers", "data.prefetch", "data.build_workers", "model.remat_policy",
+            # What a corrupt record does (skip it, or stop): a run stopped by one resumes.
+            "data.corrupt_records",
             # What a fine-tune writes at its end, not what it trains.
             "finetune.export_hf", "finetune.generate_examples", "finetune.max_new_tokens")
 # ... except for a fine-tune, whose OUT/best names the weights it started from as its base.

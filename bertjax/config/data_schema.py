@@ -106,4 +106,10 @@ def data_group() -> ConfigDict:
       # of the epoch's order) or "tokens" (dealt by token count, so the rows run out
       # together: a finite num_epochs ends with nearly every token read; docs/data.md).
       "row_balance": _LOADER["row_balance"],
+      # A record of the built dataset that fails its CRC-32 (or whose header is damaged):
+      # "skip" leaves it out of every batch row, the same on any number of hosts and after a
+      # resume, logging its shard file and record index and counting it; "error" stops the
+      # run with one line naming them (exit status 2). Datasets built before checksums
+      # (format 4) are read unchecked.
+      "corrupt_records": _LOADER["corrupt_records"],
   })

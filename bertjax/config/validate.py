@@ -6,7 +6,7 @@ import re
 
 import ml_collections
 
-from bertjax.data.options import ROW_BALANCE_MODES
+from bertjax.data.options import CORRUPT_RECORD_MODES, ROW_BALANCE_MODES
 from bertjax.data.schema import objective
 from bertjax.finetune.registry import task
 from bertjax.models import families
@@ -51,6 +51,9 @@ def validate_training(config: ConfigDict) -> None:
   need("data.num_workers", int(config.data.num_workers) >= 0, "must be 0 or more")
   need("data.row_balance", config.data.get("row_balance", "documents") in ROW_BALANCE_MODES,
        f"must be one of {ROW_BALANCE_MODES}")
+  need("data.corrupt_records",
+       config.data.get("corrupt_records", "skip") in CORRUPT_RECORD_MODES,
+       f"must be one of {CORRUPT_RECORD_MODES}")
   need("data.shuffle_window", int(config.data.shuffle_window) >= 0, "must be 0 or more")
   need("data.mask_prob", 0 < float(config.data.mask_prob) < 1, "must be between 0 and 1")
   for key in ("mask_token_prob", "random_token_prob"):

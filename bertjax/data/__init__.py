@@ -40,7 +40,7 @@ class SyntheticBatches(NumberedBatches):
 _COMPUTED = ("dataset", "objective", "seq_length", "max_predictions", "require_eval")
 # The `data` keys added after configs were written: LoaderConfig's defaults where one lacks them.
 _DEFAULTED = ("masking", "ngram_max", "span_geometric_p", "span_max_length", "noise_span_length",
-              "row_balance")
+              "row_balance", "corrupt_records")
 # Copied as the config holds them; every other `data` key is converted to its field's type.
 _AS_GIVEN = ("bert_instances", "weights")
 _FIELD_TYPES = {f.name: typing.get_type_hints(LoaderConfig)[f.name]

@@ -143,9 +143,12 @@ class RowItems:
   def __init__(self, documents: grain.MapDataset, balanced: BalancedRows, row: int):
     self._documents, self._balanced, self._row = documents, balanced, row
 
-  def __call__(self, k: int) -> tuple[int, DocumentElement]:
+  def __call__(self, k: int) -> tuple[int, DocumentElement] | None:
     item = self._balanced.item(self._row, k)
-    number, element = self._documents[item.position]
+    found = self._documents[item.position]
+    if found is None:  # a corrupt record, skipped (bertjax.data.mixture): left out here too
+      return None
+    number, element = found
     if item.pieces == 1:
       return number, element
     return number, piece_of(element, item.piece, item.pieces)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from bertjax.data import span_masking
+from bertjax.data.errors import CorpusError
 
 Document = Sequence[Sequence[int]]  # a document is a list of sentences of token ids
 # The span-boundary fields (objective mlm_sbo), aligned with masked_lm_positions.
@@ -215,6 +216,29 @@ def _mask_words(tokens: list[int], cfg: InstanceConfig, special: SpecialIds,
   raise ValueError(f"masking={cfg.masking!r}: choose from {', '.join(span_masking.MASKINGS)}")
 
 
+# Draws of a random-next document that may land on skipped corrupt records before one is given
+# up: 100 in a row happen by chance (p < 1e-30) only where nearly every record is corrupt.
+_MAX_CORRUPT_DRAWS = 100
+
+
+def _random_document(documents: Sequence[Document | None], index: int,
+                     rng: random.Random) -> Document:
+  """google-research/bert's draw of a document other than `index` (10 tries, then it keeps the
+  last). A document that reads as None, a corrupt record the loader skips, is drawn again
+  from the same generator, so the draws are as deterministic as the reference's and the same
+  as its own where nothing is corrupt."""
+  for _ in range(_MAX_CORRUPT_DRAWS):
+    for _ in range(10):
+      other = rng.randint(0, len(documents) - 1)
+      if other != index:
+        break
+    document = documents[other]
+    if document is not None:
+      return document
+  raise CorpusError(f"{_MAX_CORRUPT_DRAWS} random-next documents in a row were corrupt "
+                    "records: rebuild the dataset")
+
+
 def instances_from_document(documents: Sequence[Document], index: int, cfg: InstanceConfig,
                             special: SpecialIds, is_continuation: Callable[[int], bool],
                             rng: random.Random, stats: InstanceStats) -> list[Instance]:
@@ -249,11 +273,7 @@ def instances_from_document(documents: Sequence[Document], index: int, cfg: Inst
         if coin:
           is_random_next = True
           target_b = target - len(tokens_a)
-          for _ in range(10):
-            other = rng.randint(0, len(documents) - 1)
-            if other != index:
-              break
-          random_document = documents[other]
+          random_document = _random_document(documents, index, rng)
           start = rng.randint(0, len(random_document) - 1)
           for j in range(start, len(random_document)):
             tokens_b.extend(random_document[j])

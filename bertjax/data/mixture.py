@@ -173,8 +173,14 @@ class MixtureElements:
     in_source = epoch * self._mix.counts[j] + offset
     return j, in_source, self._streams[j][in_source]
 
-  def __call__(self, position: int, slot: int) -> tuple[int, DocumentElement]:
-    j, in_source, (index, record) = self._locate(position, slot)
+  def __call__(self, position: int, slot: int) -> tuple[int, DocumentElement] | None:
+    j, in_source, element = self._locate(position, slot)
+    if element is None:
+      # A corrupt record skipped by its reader (bertjax.data.shards): None is how a Grain
+      # dataset leaves an element out, so the position is passed over wherever it is read, the
+      # same on every host and after every restore.
+      return None
+    index, record = element
     size = self._mix.sizes[j]
     # The epoch a document carries is its own pass through its source (BERT pairs' dupe_factor
     # copies); Grain hands the shuffled indices of later passes on as pass * size + index.

@@ -36,6 +36,8 @@ class BuildOptions:
 
 # data.row_balance: rows dealt documents in turn, or balanced by what they read.
 ROW_BALANCE_MODES = ("documents", "tokens")
+# data.corrupt_records: a record failing its checksum is skipped and counted, or stops the run.
+CORRUPT_RECORD_MODES = ("skip", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,10 @@ class LoaderConfig:
   # of the global order: equal counts) or "tokens" (each epoch's documents dealt to the rows
   # by token count, bertjax.data.balance: a finite run ends with nearly every token read).
   row_balance: str = "documents"
+  # A record that fails its check (its CRC-32; bertjax.data.shards): "skip" leaves it out of
+  # every row, deterministically, and logs its shard file and index; "error" stops with one
+  # line naming them.
+  corrupt_records: str = "skip"
   # The run evaluates (eval_every > 0): a train loader checks the eval split is not empty, so
   # the run stops at start-up rather than at its first evaluation.
   require_eval: bool = False
@@ -103,5 +109,8 @@ class LoaderConfig:
   def __post_init__(self) -> None:
     if self.row_balance not in ROW_BALANCE_MODES:
       raise ValueError(f"data.row_balance={self.row_balance!r}; choose from {ROW_BALANCE_MODES}")
+    if self.corrupt_records not in CORRUPT_RECORD_MODES:
+      raise ValueError(f"data.corrupt_records={self.corrupt_records!r}; choose from "
+                       f"{CORRUPT_RECORD_MODES}")
     span_masking.check_settings(self.masking, self.ngram_max, self.span_geometric_p,
                                 self.span_max_length)

@@ -23,6 +23,9 @@ from bertjax.data.streams import RowStreamFactory
 
 log = logging.getLogger(__name__)
 
+# Corrupt records logged one line each; past these a dataset wants rebuilding, not reading.
+_CORRUPT_LOGGED = 200
+
 
 def split_documents(dataset: records.BuiltDataset, split: str) -> int:
   """Documents of `split` in all sources of the dataset (from the shards themselves)."""
@@ -42,29 +45,38 @@ def check_eval_split(dataset: records.BuiltDataset) -> None:
 class RowStreams(grain.IterDataset):
   """The row streams of some global batch rows; each element holds the next instance of every
   one of them. Grain's `mp_prefetch` gives each worker process a slice of the rows
-  (`set_slice`), so workers never change what a row receives."""
+  (`set_slice`), so workers never change what a row receives. `corrupt_records`: what the
+  process running the streams has skipped (RowStreamFactory.corrupt_records), handed on with
+  the elements, as a worker's readers are in the worker."""
 
   def __init__(self, make_stream: Callable[[int], grain.IterDataset], rows: Sequence[int],
-               states: Mapping[int, Any] | None = None):
+               states: Mapping[int, Any] | None = None,
+               corrupt_records: Callable[[], list[records.CorruptRecord]] | None = None):
     super().__init__()
     self._make_stream, self._rows, self._states = make_stream, tuple(rows), dict(states or {})
+    self._corrupt_records = corrupt_records
 
   def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
     del sequential_slice  # rows are independent streams: any slice is equivalent
     self._rows = self._rows[sl]
 
   def __iter__(self) -> _RowStreamsIterator:
-    return _RowStreamsIterator(self._make_stream, self._rows, self._states)
+    return _RowStreamsIterator(self._make_stream, self._rows, self._states,
+                               self._corrupt_records)
 
 
 class _RowStreamsIterator(grain.DatasetIterator):
   """Elements: {"rows", "features" (stacked in row order), "states" (each stream's state after
-  it), "exhausted"}. A finite stream that runs out makes every later element `exhausted`."""
+  it), "exhausted", "corrupt" (the corrupt records skipped since the last element)}. A finite
+  stream that runs out makes every later element `exhausted`."""
 
   def __init__(self, make_stream: Callable[[int], grain.IterDataset], rows: tuple[int, ...],
-               states: Mapping[int, Any]):
+               states: Mapping[int, Any],
+               corrupt_records: Callable[[], list[records.CorruptRecord]] | None = None):
     super().__init__()
     self._rows = rows
+    self._corrupt_records = corrupt_records
+    self._reported: set[records.CorruptRecord] = set()
     self._iterators = []
     for row in rows:
       iterator = make_stream(row).__iter__()
@@ -81,11 +93,19 @@ class _RowStreamsIterator(grain.DatasetIterator):
       except StopIteration:
         self._exhausted = True
     if self._exhausted:
-      return {"rows": rows, "features": {}, "states": {}, "exhausted": True}
+      return {"rows": rows, "features": {}, "states": {}, "exhausted": True,
+              "corrupt": self._newly_corrupt()}
     features = ({k: np.stack([e[k] for e in examples]) for k in examples[0]}
                 if examples else {})
     return {"rows": rows, "features": features, "exhausted": False,
-            "states": {row: it.get_state() for row, it in zip(self._rows, self._iterators)}}
+            "states": {row: it.get_state() for row, it in zip(self._rows, self._iterators)},
+            "corrupt": self._newly_corrupt()}
+
+  def _newly_corrupt(self) -> list[records.CorruptRecord]:
+    found = self._corrupt_records() if self._corrupt_records is not None else []
+    new = [c for c in found if c not in self._reported]
+    self._reported.update(new)
+    return new
 
   def get_state(self) -> dict[str, Any]:
     return {str(row): it.get_state() for row, it in zip(self._rows, self._iterators)}
@@ -108,7 +128,7 @@ class CorpusBatches:
       raise ValueError(f"rows must be distinct, ascending and within the batch of "
                        f"{batch_size}; got {len(self._rows)} rows from {self._rows[:1]}")
     self._position = {row: i for i, row in enumerate(self._rows)}
-    dataset = records.BuiltDataset.open(cfg.dataset)
+    dataset = records.BuiltDataset.open(cfg.dataset, skip_corrupt=cfg.corrupt_records == "skip")
     if cfg.require_eval and split == "train":
       check_eval_split(dataset)
     self._factory = RowStreamFactory(dataset, cfg, split, self._batch_size)
@@ -122,9 +142,38 @@ class CorpusBatches:
     self._states: dict[int, Any] = {row: None for row in self._rows}
     self._workers = max(0, min(int(cfg.num_workers), len(self._rows)))
     self._iterator = None  # opened on first use, so a restore does not start workers twice
+    # The corrupt records skipped by this process's loader (its workers' included), in the
+    # order they were found.
+    self._corrupt: dict[tuple[str, int], records.CorruptRecord] = {}
+
+  @property
+  def corrupt_records(self) -> int:
+    """How many corrupt records this process's loader has skipped (each once, however often
+    read), also those of batches read ahead."""
+    return len(self._corrupt)
+
+  @property
+  def corrupt_found(self) -> list[records.CorruptRecord]:
+    """Those records (shard file, index, reason), in the order they were found."""
+    return list(self._corrupt.values())
+
+  def _note_corrupt(self, found: Sequence[records.CorruptRecord]) -> None:
+    """One line per corrupt record newly skipped, naming it (the first few hundred)."""
+    for record in found:
+      if (record.shard, record.index) in self._corrupt:
+        continue
+      self._corrupt[record.shard, record.index] = record
+      n = len(self._corrupt)
+      if n <= _CORRUPT_LOGGED:
+        log.warning("%s: record %d is corrupt (%s): skipped, never trained on "
+                    "(data.corrupt_records=skip); %d corrupt record(s) skipped by this "
+                    "process", record.shard, record.index, record.reason, n)
+      if n == _CORRUPT_LOGGED:
+        log.warning("further corrupt records are skipped and counted, not logged: rebuild "
+                    "the dataset")
 
   def _open(self) -> None:
-    ds = RowStreams(self._factory, self._rows, self._states)
+    ds = RowStreams(self._factory, self._rows, self._states, self._factory.corrupt_records)
     if self._workers > 0:
       # Grain's workers read absl flags; a program that is not an absl app has not parsed them.
       if not flags.FLAGS.is_parsed():
@@ -144,6 +193,8 @@ class CorpusBatches:
       self._open()
     # Workers take turns (Grain interleaves them in order): one part of the rows each.
     parts = [next(self._iterator) for _ in range(max(1, self._workers))]
+    for part in parts:
+      self._note_corrupt(part["corrupt"])
     if any(part["exhausted"] for part in parts):
       raise StopIteration
     batch: dict[str, np.ndarray] = {}

@@ -2,9 +2,10 @@
 
 A built dataset is a directory (local or on an object store) written by `bertjax data build`:
 `dataset.json`, the `tokenizer/`, and per source and split record shards (one record per
-document, sentence boundaries kept) with `.offsets.npy` (random access by index, one exact byte
-range per document) and `.tokens.npy` (token counts) beside them. Formats 2 and 3 (ArrayRecord
-shards) are still read.
+document, sentence boundaries kept, with a CRC-32 of its bytes) with `.offsets.npy` (random
+access by index, one exact byte range per document) and `.tokens.npy` (token counts) beside
+them. Format 4 (records without checksums) and formats 2 and 3 (ArrayRecord shards) are still
+read, unchecked.
 
 The guide: docs/data.md, 'Building' and 'Streaming from object stores'.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +26,24 @@ from etils import epath
 from bertjax import paths
 from bertjax.data.errors import CorpusError
 
-_MAGIC = b"BJD1"
-_HEADER = struct.Struct("<4sIIII")  # magic, key bytes, sentences, tokens, bytes per token
+log = logging.getLogger(__name__)
+
+# A record: magic, (format 5 on) the CRC-32 of every byte after it, then the fields.
+_MAGIC = b"BJD2"
+_UNCHECKED_MAGIC = b"BJD1"  # formats 2-4: no checksum
+_CHECKSUM = struct.Struct("<I")
+_FIELDS = struct.Struct("<IIII")  # key bytes, sentences, tokens, bytes per token
 # Vocabularies up to 65,536 (BERT's 30,522, GPT-2's 50,257) store 2 bytes per token.
 _TOKEN_DTYPES = {2: "<u2", 4: "<i4"}
 SPLITS = ("train", "eval")
-# 4: record shards with byte offsets. 3: ArrayRecord shards, a source's "weight" null where the
-# build stated none. 2: ArrayRecord, 1.0 written there. All three read.
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
+# 5: records carry a CRC-32, checked on every read. 4: record shards with byte offsets. 3:
+# ArrayRecord shards, a source's "weight" null where the build stated none. 2: ArrayRecord,
+# 1.0 written there. All four read.
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
+CHECKSUMS_FROM = 5
+# Roots whose "read unchecked" line this process has logged (one line per dataset, not per open).
+_UNCHECKED_LOGGED: set[str] = set()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,28 +79,84 @@ class LazySentences:
 
 
 # One record is one document with its sentence boundaries kept (BERT pairs and RoBERTa packing
-# are sentence-based): the header, the key, the sentence lengths and the token ids, all
-# little-endian, so decoding is two `np.frombuffer` calls. The shard's offsets give each
-# document as one exact byte range, which an object store serves without the rest of the shard.
+# are sentence-based): the magic, a CRC-32 of everything after it, the fields, the key, the
+# sentence lengths and the token ids, all little-endian, so decoding is two `np.frombuffer`
+# calls. The shard's offsets give each document as one exact byte range, which an object store
+# serves without the rest of the shard, and the checksum travels with the record: a reader of
+# one byte range checks exactly what it read.
 def encode_record(key: str, sentences: list[list[int]]) -> bytes:
   key_bytes = key.encode("utf-8")
   lengths = np.array([len(s) for s in sentences], "<i4")
   tokens = np.fromiter((t for s in sentences for t in s), "<i4", count=int(lengths.sum()))
   width = 2 if tokens.size == 0 or (tokens.min() >= 0 and tokens.max() < 2**16) else 4
-  return (_HEADER.pack(_MAGIC, len(key_bytes), len(lengths), len(tokens), width) + key_bytes +
+  body = (_FIELDS.pack(len(key_bytes), len(lengths), len(tokens), width) + key_bytes +
           lengths.tobytes() + tokens.astype(_TOKEN_DTYPES[width]).tobytes())
+  return _MAGIC + _CHECKSUM.pack(zlib.crc32(body)) + body
+
+
+def _fields_offset(magic: bytes) -> int | None:
+  """Where a record's fields start, by its magic (None: not a bertjax record)."""
+  if magic == _MAGIC:
+    return len(_MAGIC) + _CHECKSUM.size
+  if magic == _UNCHECKED_MAGIC:
+    return len(_UNCHECKED_MAGIC)
+  return None
 
 
 def decode_record(record: bytes) -> TokenizedDocument:
-  magic, key_len, num_sentences, num_tokens, width = _HEADER.unpack_from(record)
-  if magic != _MAGIC:
+  """The document in a record (checked or not: `record_damage` is the check)."""
+  magic = bytes(record[:4])
+  offset = _fields_offset(magic)
+  if offset is None:
     raise CorpusError(f"not a bertjax document record (magic {magic!r})")
-  offset = _HEADER.size
-  key = record[offset:offset + key_len].decode("utf-8")
+  key_len, num_sentences, num_tokens, width = _FIELDS.unpack_from(record, offset)
+  offset += _FIELDS.size
+  key = bytes(record[offset:offset + key_len]).decode("utf-8")
   offset += key_len
   lengths = np.frombuffer(record, "<i4", num_sentences, offset)
   tokens = np.frombuffer(record, _TOKEN_DTYPES[width], num_tokens, offset + 4 * num_sentences)
   return TokenizedDocument(key, lengths, tokens)
+
+
+def record_damage(record: bytes, checksummed: bool) -> str | None:
+  """Why `record` cannot be read as written, or None. A checksummed record (format 5) must
+  match its CRC-32, which any change of up to 32 consecutive bits, of the fields, key or
+  tokens, fails; a record of format 4 can only be checked for a consistent header: its magic,
+  the lengths it states against its size, its sentence lengths against its token count (a
+  changed token id passes)."""
+  expected = _MAGIC if checksummed else _UNCHECKED_MAGIC
+  magic = bytes(record[:4])
+  if magic != expected:
+    return f"damaged header: magic {magic!r}, not {expected!r}"
+  offset = _fields_offset(magic)
+  if len(record) < offset + _FIELDS.size:
+    return f"damaged header: {len(record)} bytes, shorter than a header"
+  if checksummed and zlib.crc32(memoryview(record)[offset:]) != _CHECKSUM.unpack_from(
+      record, len(_MAGIC))[0]:
+    return "checksum mismatch"
+  key_len, num_sentences, num_tokens, width = _FIELDS.unpack_from(record, offset)
+  stated = offset + _FIELDS.size + key_len + 4 * num_sentences + width * num_tokens
+  if width not in _TOKEN_DTYPES or stated != len(record):
+    return (f"damaged header: it states {stated} bytes at {width} per token, the record has "
+            f"{len(record)}")
+  lengths = np.frombuffer(record, "<i4", num_sentences, offset + _FIELDS.size + key_len)
+  total = int(lengths.sum(dtype=np.int64))
+  if (lengths < 0).any() or total != num_tokens:
+    return f"damaged sentence lengths: they sum to {total} of {num_tokens} tokens"
+  try:
+    bytes(record[offset + _FIELDS.size:offset + _FIELDS.size + key_len]).decode("utf-8")
+  except UnicodeDecodeError:
+    return "damaged key: not UTF-8"
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CorruptRecord:
+  """A record that failed `record_damage`: its shard file, its index there, and why."""
+
+  shard: str
+  index: int
+  reason: str
 
 
 def shard_name(split: str, shard: int, num_shards: int,
@@ -113,8 +181,13 @@ def offsets_path(shard: epath.Path) -> epath.Path:
 
 
 def load_array(path: epath.Path) -> np.ndarray:
-  """A .npy file, local or on an object store (one read of the whole file)."""
-  return np.load(io.BytesIO(path.read_bytes()))
+  """A .npy file, local or on an object store (one read of the whole file); a damaged one is
+  a CorpusError naming it."""
+  data = path.read_bytes()
+  try:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+  except (ValueError, EOFError) as e:  # numpy's errors for a damaged header or a short file
+    raise CorpusError(f"{path}: not a readable .npy array ({e}); rebuild the dataset") from None
 
 
 class ShardWriter:
@@ -139,7 +212,10 @@ class ShardWriter:
 
 def record_token_count(record: bytes) -> int:
   """A record's token count, from its header."""
-  return _HEADER.unpack_from(record)[3]
+  offset = _fields_offset(bytes(record[:4]))
+  if offset is None:
+    raise CorpusError(f"not a bertjax document record (magic {bytes(record[:4])!r})")
+  return _FIELDS.unpack_from(record, offset)[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,13 +226,18 @@ class BuiltDataset:
 
   root: epath.Path
   meta: dict
+  # A record that fails its check is skipped (its reader returns None and counts it,
+  # bertjax.data.shards) rather than raised as a CorpusError naming it.
+  skip_corrupt: bool = dataclasses.field(default=False, compare=False)
   # source -> the names in its directory (one listing per source used, not a stat per shard)
   _listings: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
   # (source, split) -> its records' reader, opened once per process (bertjax.data.shards)
   readers: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def open(cls, root: str | Path | epath.Path) -> BuiltDataset:
+  def open(cls, root: str | Path | epath.Path, skip_corrupt: bool = False) -> BuiltDataset:
+    """The dataset at `root` (dataset.json read and its version checked); `skip_corrupt`: as
+    the field. A dataset built before record checksums says once that it is read unchecked."""
     root = paths.path(root)
     meta_path = root / "dataset.json"
     if not meta_path.is_file():
@@ -167,11 +248,21 @@ class BuiltDataset:
       raise CorpusError(f"{meta_path}: format version {meta.get('format_version')}, this "
                         f"bertjax reads {', '.join(map(str, READABLE_VERSIONS))}; rebuild "
                         "the dataset")
-    return cls(root, meta)
+    if meta["format_version"] < CHECKSUMS_FROM and str(root) not in _UNCHECKED_LOGGED:
+      _UNCHECKED_LOGGED.add(str(root))
+      log.warning("%s: format %d, built before record checksums: its records are read "
+                  "unchecked (a changed token id goes unnoticed); rebuild it to check every "
+                  "record", root, meta["format_version"])
+    return cls(root, meta, skip_corrupt)
 
   @property
   def format_version(self) -> int:
     return int(self.meta["format_version"])
+
+  @property
+  def checksummed(self) -> bool:
+    """Its records carry CRC-32s (format 5 on)."""
+    return self.format_version >= CHECKSUMS_FROM
 
   @property
   def source_names(self) -> list[str]:

@@ -3,9 +3,12 @@
 
 `ShardRecords` reads record i of a list of shards as the one byte range the shard's offsets give
 (bertjax.data.records): `os.pread` on local disk, one ranged GET of exactly that range on an
-object store, so a host fetches only the documents its rows read. The records read last stay
-in memory, bounded (`cache_bytes`). Datasets of formats 2 and 3 (ArrayRecord) are read through
-Grain's ArrayRecord source (`open_records`).
+object store, so a host fetches only the documents its rows read. Every record read is checked
+(`records.record_damage`: its CRC-32 from format 5 on); one that fails is a CorpusError naming
+the shard file and the record's index, or, skipping, None and an entry in `corrupt` (Grain
+leaves None elements out of a dataset, so no stage downstream sees the record). The records
+read last stay in memory, bounded (`cache_bytes`). Datasets of formats 2 and 3 (ArrayRecord)
+are read through Grain's ArrayRecord source (`open_records`).
 
 The guide: docs/data.md, 'Streaming from object stores'.
 """
@@ -32,10 +35,18 @@ DEFAULT_CACHE_BYTES = 64 << 20
 
 class ShardRecords:
   """Grain random-access source over record shards: `len`, `[i]` -> the record's bytes, in the
-  order of `shards` then of their records. Picklable (loader workers reopen files and clients)."""
+  order of `shards` then of their records. `checksummed`: the records carry CRC-32s (format 5);
+  `skip_corrupt`: a record that fails its check reads as None, and is listed by
+  `corrupt_records`, instead of raising. Picklable (loader workers reopen files and clients)."""
 
-  def __init__(self, shards: list[Any], cache_bytes: int = DEFAULT_CACHE_BYTES):
+  def __init__(self, shards: list[Any], cache_bytes: int = DEFAULT_CACHE_BYTES, *,
+               checksummed: bool = True, skip_corrupt: bool = False):
     self._shards = [os.fspath(s) for s in shards]
+    self._checksummed, self._skip_corrupt = checksummed, skip_corrupt
+    # Global index -> what this process found corrupt there. A verdict is final, so a record
+    # is fetched, checked and reported once however often the loader asks for it (BERT's
+    # random-next reads).
+    self._corrupt: dict[int, records.CorruptRecord] = {}
     self._offsets = []
     for shard in shards:
       offsets_file = records.offsets_path(paths.path(shard))
@@ -85,7 +96,7 @@ class ShardRecords:
           self._files[shard] = os.open(name, os.O_RDONLY)
       return self._files[shard]
 
-  def __getitem__(self, index: int) -> bytes:
+  def __getitem__(self, index: int) -> bytes | None:
     index = int(index)
     if not 0 <= index < len(self):
       raise IndexError(f"record {index} of {len(self)}")
@@ -93,6 +104,8 @@ class ShardRecords:
       if index in self._cache:
         self._cache.move_to_end(index)
         return self._cache[index]
+      if index in self._corrupt:
+        return None
     shard = bisect.bisect_right(self._ends, index)
     i = index - (self._ends[shard - 1] if shard else 0)
     start, end = int(self._offsets[shard][i]), int(self._offsets[shard][i + 1])
@@ -103,8 +116,13 @@ class ShardRecords:
     else:
       data = os.pread(handle, end - start, start)
     if len(data) != end - start:
-      raise CorpusError(f"{self._shards[shard]}: record {i} should be bytes [{start}, {end}) "
-                        f"but {len(data)} were read (a truncated shard); rebuild the dataset")
+      damage = (f"truncated shard: the record is bytes [{start}, {end}) but {len(data)} were "
+                "read")
+    else:
+      damage = records.record_damage(data, self._checksummed)
+    if damage is not None:
+      self._found_corrupt(index, records.CorruptRecord(self._shards[shard], i, damage))
+      return None
     if len(data) <= self._cache_bytes:
       with self._lock:
         self._cache[index] = data
@@ -112,6 +130,25 @@ class ShardRecords:
         while self._cached > self._cache_bytes:
           self._cached -= len(self._cache.popitem(last=False)[1])
     return data
+
+  def _found_corrupt(self, index: int, found: records.CorruptRecord) -> None:
+    """Raises the one-line error of a corrupt record, or (skipping) records it."""
+    if not self._skip_corrupt:
+      raise CorpusError(f"{found.shard}: record {found.index} is corrupt ({found.reason}); "
+                        "rebuild the dataset, or set data.corrupt_records=skip to train on "
+                        "without it")
+    with self._lock:
+      self._corrupt[index] = found
+      every = len(self._corrupt) == len(self)
+    if every:  # nothing left to read: the loader would look for a readable record forever
+      raise CorpusError(f"{found.shard}: every one of the {len(self)} records of its source's "
+                        f"{len(self._shards)} shards is corrupt ({found.reason}); rebuild the "
+                        "dataset")
+
+  def corrupt_records(self) -> list[records.CorruptRecord]:
+    """The corrupt records skipped so far in this process, in the order found."""
+    with self._lock:
+      return list(self._corrupt.values())
 
   def close(self) -> None:
     with self._lock:
@@ -129,10 +166,12 @@ class ShardRecords:
 
 def open_records(dataset: records.BuiltDataset, source: str, split: str) -> Any:
   """Random access to the records of one source's split (all its shards, in order); one reader
-  per dataset, source and split (its offsets read once, its cache shared)."""
+  per dataset, source and split (its offsets read once, its cache shared), checking records as
+  the dataset's format allows and skipping corrupt ones where `dataset.skip_corrupt`."""
   if (source, split) not in dataset.readers:
     shards = dataset.shard_paths(source, split)
     dataset.readers[source, split] = (
-        ShardRecords(shards) if dataset.format_version >= 4 else
+        ShardRecords(shards, checksummed=dataset.checksummed,
+                     skip_corrupt=dataset.skip_corrupt) if dataset.format_version >= 4 else
         grain.sources.ArrayRecordDataSource([os.fspath(p) for p in shards]))
   return dataset.readers[source, split]

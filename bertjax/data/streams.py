@@ -44,6 +44,7 @@ from bertjax.data.packing import (
 )
 from bertjax.data.schema import objective
 from bertjax.data.seq2seq import DenoisingIterDataset, SpanCorruptionIterDataset, seq2seq_config
+from bertjax.data.shards import ShardRecords
 from bertjax.data.span_masking import ContinuationTable
 from bertjax.data.tokenizers import load_tokenizer, special_ids
 
@@ -51,7 +52,8 @@ BERT_INSTANCE_MODES = ("pairs", "full_sentences", "doc_sentences", "packed")
 
 
 class _DocumentView:
-  """Random access to the token sentences of one source (BERT's "random other document")."""
+  """Random access to the token sentences of one source (BERT's "random other document"); None
+  for a corrupt record skipped (bert_instances draws another)."""
 
   def __init__(self, source: Any):
     self._source = source
@@ -59,8 +61,9 @@ class _DocumentView:
   def __len__(self) -> int:
     return len(self._source)
 
-  def __getitem__(self, index: int) -> records.LazySentences:
-    return records.decode_record(self._source[index]).lazy_sentences()
+  def __getitem__(self, index: int) -> records.LazySentences | None:
+    record = self._source[index]
+    return None if record is None else records.decode_record(record).lazy_sentences()
 
 
 class _PairInstances(grain.experimental.FlatMapTransform):
@@ -92,7 +95,7 @@ class _OneDocumentPatched:
   def __len__(self) -> int:
     return len(self._view)
 
-  def __getitem__(self, index: int) -> list[list[int]]:
+  def __getitem__(self, index: int) -> list[list[int]] | records.LazySentences | None:
     return self._sentences if index == self._index else self._view[index]
 
 
@@ -174,6 +177,9 @@ class RowStreamFactory:
     self.seed = cfg.seed if training else cfg.seed + 1
     self.mixture = mixture(dataset, split, weights=cfg.weights,
                            epoch_documents=cfg.epoch_documents)
+    # The mixed sources' readers, the ones the document order reads through.
+    self.readers = [source_records(dataset, dataset.source_names[number], split)
+                    for number in self.mixture.numbers]
     num_epochs = cfg.num_epochs if training else 0
     self.documents = _documents(dataset, split, self.mixture, seed=self.seed,
                                 num_epochs=num_epochs, shuffle=training)
@@ -239,9 +245,19 @@ class RowStreamFactory:
     out = np.empty(len(positions), np.int64)
     for i, (position, k, count) in enumerate(zip(positions.tolist(), piece.tolist(),
                                                   pieces.tolist())):
-      number, element = self.documents[position]
+      found = self.documents[position]
+      if found is None:  # a corrupt record, skipped: its row reads nothing of it
+        out[i] = 0
+        continue
+      number, element = found
       out[i] = sequences(number, piece_of(element, k, count) if count > 1 else element)
     return out
+
+  def corrupt_records(self) -> list[records.CorruptRecord]:
+    """The corrupt records this process (or loader worker) has skipped so far (formats 2 and
+    3 are read by Grain's ArrayRecord source, which skips nothing)."""
+    return [found for reader in self.readers if isinstance(reader, ShardRecords)
+            for found in reader.corrupt_records()]
 
   def documents_of(self, row: int) -> grain.MapDataset:
     """(source number, DocumentElement) of row `row`: documents row, row+B, ... of the global

@@ -155,6 +155,10 @@ class TrainMetrics:
       # row length, and the sequences consumed through it.
       values.update(batch_size=info.phase.batch_size, seq_length=info.phase.seq_length,
                     samples=info.phase.samples_before(info.step))
+    # Corrupt dataset records this process's loader skipped (bertjax.data.records).
+    corrupt = getattr(info.phase.batches, "corrupt_records", 0)
+    if corrupt:
+      values["data_corrupt_records"] = float(corrupt)
     # The next interval starts when this step ended on the device: the write below overlaps
     # the step already queued.
     self._since, self._since_step, self._excluded = now, info.step, 0.0
