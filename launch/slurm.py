@@ -18,7 +18,14 @@ SLURM send SIGTERM to the batch shell GRACE seconds before the time limit; it fo
 the tasks (through scancel: srun would cancel the step on a SIGTERM of its own) and requeues
 the job. The requeued job runs the same command with the same workdir and resumes from the
 latest checkpoint. The workdir must be on a file system every node sees (NFS, Lustre,
-GPFS...). tests/test_slurm.py runs all of this on a one-node cluster. Stdlib only.
+GPFS...).
+
+Failures: the first task to exit non-zero or be killed ends the step (srun --kill-on-bad-exit:
+SIGCONT, SIGTERM, SIGKILL after KillWait, to every process of it), so a stopped or hung task
+does not hold the job. Each task's shell records the step's first failure in
+WORKDIR/slurm_first_failure; when that is one a restart cures (3, 5, 6 or a kill by a signal,
+as launch/local.py restarts) the job requeues itself, up to --max-restarts times.
+tests/test_slurm.py runs all of this on a one-node cluster. Stdlib only.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ import sys
 from pathlib import Path
 
 from common import data_note, flag_value, split_command
+
+# In the workdir: "STATUS TASK" of the first task of the job's step to exit non-zero.
+FIRST_FAILURE = "slurm_first_failure"
 
 EXAMPLE = """example (4 nodes x 8 GPUs):
   python launch/slurm.py --nodes 4 --gpus-per-node 8 --partition gpu --time 24:00:00 \\
@@ -59,7 +69,19 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
   sb += ["--requeue", f"--signal=B:TERM@{a.grace}", "--open-mode=append",
          f"--output={a.output}"]
   port = str(a.port) if a.port else "$((20000 + SLURM_JOB_ID % 20000))"
-  task = f"export BERTJAX_PROCESS_ID=$SLURM_PROCID; exec {shlex.join(train)}"
+  workdir = Path(flag_value(train, "--workdir"))
+  first_failure = shlex.quote(str(workdir / FIRST_FAILURE))
+  # Each task's shell outlives its command to record the group's first failure (srun reports
+  # only the worst status, which after --kill-on-bad-exit is a peer it killed). `trap :` keeps
+  # the shell through a SIGTERM (a preemption, the step's end) without passing the trap on:
+  # the command gets the signal itself, saves and exits, and the shell passes its status on.
+  # The first task to fail creates the file (set -C: O_EXCL); the others cannot overwrite it.
+  task = "; ".join([
+      "export BERTJAX_PROCESS_ID=$SLURM_PROCID", "trap : TERM", shlex.join(train),
+      "STATUS=$?",
+      f'if [ $STATUS != 0 ]; then (set -C; echo "$STATUS $SLURM_PROCID" > {first_failure}) '
+      "2>/dev/null; fi",
+      "exit $STATUS"])
   lines = ["#!/bin/bash"] + [f"#SBATCH {x}" for x in sb] + [
       f"# Written by launch/slurm.py: {a.tasks_per_node} task(s) per node, each a JAX process; "
       "the first",
@@ -88,6 +110,10 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
       "}",
       "trap on_term TERM",
       "",
+      "# --kill-on-bad-exit: the first task to exit non-zero (or be killed) ends the step:",
+      "# SIGCONT and SIGTERM to every process of it, SIGKILL after the cluster's KillWait.",
+      f"FIRST_FAILURE={first_failure}",
+      'rm -f "$FIRST_FAILURE"',
       f"srun --nodes={a.nodes} --ntasks-per-node={a.tasks_per_node} --kill-on-bad-exit=1 "
       f"bash -c {shlex.quote(task)} &",
       "SRUN_PID=$!",
@@ -101,18 +127,22 @@ def script(a: argparse.Namespace, train: list[str]) -> str:
       '  echo "[slurm] preempted: requeueing"',
       '  scontrol requeue "$SLURM_JOB_ID"',
       "fi",
-      "# A lost peer (3), a hardware fault found by replay or the replica check (5) or a hang",
-      "# (6): the run resumes from its last checkpoint in a requeued job, up to",
-      "# --max-restarts times. srun reports the worst status of the tasks (a task it killed",
-      "# after the first one exited), so the status the run exits with is read from",
-      "# WORKDIR/exit.json, which bertjax writes on those exits.",
+      "# What a restart cures, as launch/local.py decides it from the first failure: a lost",
+      "# peer (3), a hardware fault found by replay or the replica check (5), a hang (6), a",
+      "# task killed by a signal (128 + N: a stopped or dead peer's, the OOM killer's). The run",
+      "# resumes from its last checkpoint in a requeued job, up to --max-restarts times. Without",
+      "# the first failure's record (a task's shell killed too), bertjax's own WORKDIR/exit.json",
+      "# (written on 3, 5 and 6), then srun's status.",
       "STATUS=$RC",
-      f"EXIT_FILE={shlex.quote(str(Path(flag_value(train, '--workdir')) / 'exit.json'))}",
-      'if [ "$RC" != 0 ] && [ -f "$EXIT_FILE" ]; then',
+      f"EXIT_FILE={shlex.quote(str(workdir / 'exit.json'))}",
+      'if [ "$RC" != 0 ] && [ -f "$FIRST_FAILURE" ]; then',
+      '  read -r STATUS TASK < "$FIRST_FAILURE"',
+      '  echo "[slurm] first failure: task $TASK exited with status $STATUS"',
+      'elif [ "$RC" != 0 ] && [ -f "$EXIT_FILE" ]; then',
       '  STATUS=$(sed -n \'s/.*"status": \\([0-9]*\\).*/\\1/p\' "$EXIT_FILE")',
       "fi",
       'case "$STATUS" in',
-      "  3|5|6)",
+      "  3|5|6|129|1[3-9][0-9]|2[0-5][0-9])",
       f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {a.max_restarts} ]; then',
       '      echo "[slurm] exit status $STATUS: requeueing (restart '
       f'$((${{SLURM_RESTART_COUNT:-0}} + 1)) of {a.max_restarts})"',

@@ -1,7 +1,8 @@
 """The cloud launchers (launch/tpu_vm.py, gke.py, slurm.py), through their --dry-run output for a
 pod of 4 hosts and for 2 slices of 4 hosts (multislice), their refusals of mismatched requests,
-the TPU VM supervision loop against a fake `gcloud` on PATH, and the multislice run command
-against a fake metadata server (`curl`). No network, no cloud: the scripts are run as a user
+the TPU VM supervision loop against a fake `gcloud` on PATH, the SLURM script's requeue
+decision against a fake `srun` and `scontrol`, and the multislice run command against a fake
+metadata server (`curl`). No network, no cloud: the scripts are run as a user
 runs them."""
 
 from __future__ import annotations
@@ -565,7 +566,9 @@ def test_slurm_script_for_4_nodes():
   srun = next(l for l in lines if l.startswith("srun "))
   inner = shlex.split(srun)[-2]  # bash -c '<inner>' &
   assert shlex.split(srun)[-4:-2] == ["bash", "-c"]
-  assert inner == "export BERTJAX_PROCESS_ID=$SLURM_PROCID; exec " + shlex.join(TRAIN)
+  assert inner.startswith("export BERTJAX_PROCESS_ID=$SLURM_PROCID; trap : TERM; "
+                          + shlex.join(TRAIN) + "; STATUS=$?; ")
+  assert "/gcs/my-bucket/bert-base/slurm_first_failure" in inner and "set -C" in inner
   assert "trap on_term TERM" in lines and 'scontrol requeue "$SLURM_JOB_ID"' in text
   assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
   assert commands(r.stdout)[0] == ["sbatch", "bertjax.sbatch"]
@@ -580,6 +583,95 @@ def test_slurm_script_for_cpu_nodes_with_two_processes_each():
   assert not any("gpus" in l for l in lines)
   srun = next(l for l in lines if l.startswith("srun "))
   assert srun.startswith("srun --nodes=1 --ntasks-per-node=2 --kill-on-bad-exit=1 ")
+
+
+# srun as the batch script meets it: every task at once (SLURM_PROCID), each in a process group
+# of its own; with --kill-on-bad-exit the first non-zero exit ends the step (SIGCONT, then
+# SIGTERM to every process of every task, as slurmstepd does), and the status is the worst.
+FAKE_SRUN = """#!{python}
+import os, signal, subprocess, sys, time
+args = sys.argv[1:]
+command = next(i for i, a in enumerate(args) if not a.startswith("--"))
+options = dict(a[2:].split("=", 1) for a in args[:command])
+count = int(options["nodes"]) * int(options["ntasks-per-node"])
+tasks = [subprocess.Popen(args[command:], env=dict(os.environ, SLURM_PROCID=str(i)),
+                          start_new_session=True) for i in range(count)]
+statuses, ending = {{}}, False
+while len(statuses) < count:
+  for i, task in enumerate(tasks):
+    if i not in statuses and task.poll() is not None:
+      statuses[i] = 128 - task.returncode if task.returncode < 0 else task.returncode
+      if statuses[i] and not ending and options.get("kill-on-bad-exit") == "1":
+        ending = True
+        for other in tasks:
+          if other.poll() is None:
+            os.killpg(other.pid, signal.SIGCONT)
+            os.killpg(other.pid, signal.SIGTERM)
+  time.sleep(0.05)
+sys.exit(max(statuses.values()))
+"""
+FAKE_SCONTROL = """#!/bin/sh
+case "$1 $2" in
+  "show hostnames") echo localhost;;
+  "show job") echo "JobId=$3 JobState=RUNNING PreemptTime=None";;
+  requeue*) echo "$@" >> "$FAKE_DIR/scontrol-requeue";;
+esac
+"""
+# The training command of a task: FAKE_TASK_<procid> says what it does ("exit:N:SECONDS",
+# "signal:N:SECONDS", "stop": SIGSTOP itself; otherwise it trains until a signal ends it).
+FAKE_TASK = """import os, signal, sys, time
+plan = os.environ.get("FAKE_TASK_" + os.environ["SLURM_PROCID"], "train").split(":")
+if plan[0] == "stop":
+  os.kill(os.getpid(), signal.SIGSTOP)
+if plan[0] in ("exit", "signal"):
+  time.sleep(float(plan[2]))
+  if plan[0] == "exit":
+    sys.exit(int(plan[1]))
+  os.kill(os.getpid(), int(plan[1]))
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("tasks, restart_count, first, requeued", [
+    # Task 0's watchdog finds the hang (6) while task 1 is stopped (SIGSTOP); srun's status is
+    # task 1's 143.
+    (("exit:6:0.5", "stop"), 0, "task 0 exited with status 6", True),
+    (("exit:6:0.5", "stop"), 3, "task 0 exited with status 6", False),  # --max-restarts 3
+    # A peer killed outright (SIGKILL: the OOM killer, a dead host).
+    (("train", "signal:9:0.5"), 0, "task 1 exited with status 137", True),
+    # A user error on one task is no restart, though srun reports the 143 of the task it ended.
+    (("exit:1:0.5", "train"), 0, "task 0 exited with status 1", False),
+], ids=["hang-with-a-stopped-peer", "hang-after-max-restarts", "killed-peer", "user-error"])
+def test_slurm_script_requeues_on_the_first_failure_of_the_step(tmp_path, tasks, restart_count,
+                                                                first, requeued):
+  """The sbatch script run by bash against a fake srun and scontrol: whether the job requeues
+  itself follows the first task to fail, as launch/local.py's restarts do, not srun's worst
+  status."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for name, text in (("srun", FAKE_SRUN.format(python=sys.executable)),
+                     ("scontrol", FAKE_SCONTROL)):
+    (bin_dir / name).write_text(text)
+    (bin_dir / name).chmod(0o755)
+  (tmp_path / "task.py").write_text(FAKE_TASK)
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  r = launch("slurm.py", "--nodes", "1", "--tasks-per-node", "2", "--gpus-per-node", "0",
+             "--dry-run", "--", sys.executable, str(tmp_path / "task.py"), "--workdir",
+             str(workdir))
+  assert r.returncode == 0, r.stderr
+  (tmp_path / "job.sbatch").write_text(heredoc(r.stdout))
+  env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+             FAKE_DIR=str(tmp_path), SLURM_JOB_ID="42", SLURM_JOB_NODELIST="localhost",
+             SLURM_NTASKS="2", SLURM_NNODES="1", SLURM_RESTART_COUNT=str(restart_count),
+             **{f"FAKE_TASK_{i}": plan for i, plan in enumerate(tasks)})
+  job = subprocess.run(["bash", str(tmp_path / "job.sbatch")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=60)
+  assert (tmp_path / "scontrol-requeue").exists() == requeued, job.stdout + job.stderr
+  assert f"[slurm] first failure: {first}" in job.stdout, job.stdout + job.stderr
+  status = first.rsplit(" ", 1)[1]
+  assert (f"[slurm] exit status {status}: requeueing (restart {restart_count + 1} of 3)"
+          in job.stdout) == requeued
 
 
 def test_slurm_writes_nothing_in_dry_run_and_refuses_bad_requests(tmp_path):

@@ -1,19 +1,25 @@
 """Faults across processes and restarts, through launch/local.py as a user runs it: the same
 spike decisions on 1 x 8 and 2 x 4 processes x devices; a hang in a data worker or a
 collective found within the watchdog's limit, every process's stacks in the log, the group
-restarted and the run finished from its checkpoint; a process made 20% slower named; and the
-goodput ledger of a run with an injected compile delay, a late batch, a kill and a restore,
-whose categories add up to the wall clock and put each disruption where it belongs."""
+restarted and the run finished from its checkpoint; a stopped process (SIGSTOP) killed with
+its process group and the group restarted without a person, ending bit-exact with an
+uninterrupted run; a process made 20% slower named; and the goodput ledger of a run with an
+injected compile delay, a late batch, a kill and a restore, whose categories add up to the
+wall clock and put each disruption where it belongs."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import train_helpers
 
@@ -95,6 +101,107 @@ def test_a_hang_is_found_dumped_and_restarted(tmp_path, where):
   assert joined["seconds"]["hung"] >= 4.0
 
 
+def _children(parent: int) -> dict[int, int]:
+  """The processes `parent` started, by BERTJAX_PROCESS_ID: their pids, from Linux's /proc."""
+  found = {}
+  for stat in Path("/proc").glob("[0-9]*/stat"):
+    try:
+      fields = stat.read_text().rpartition(")")[2].split()
+      if int(fields[1]) != parent:
+        continue
+      environ = (stat.parent / "environ").read_bytes().split(b"\0")
+    except (OSError, IndexError, ValueError):
+      continue  # ended meanwhile
+    for item in environ:
+      if item.startswith(b"BERTJAX_PROCESS_ID="):
+        found[int(item.split(b"=", 1)[1])] = int(stat.parent.name)
+  return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the processes in /proc")
+def test_a_stopped_process_is_killed_and_the_group_restarts(tmp_path):
+  """Process 1 is stopped (SIGSTOP) after the step-10 checkpoint, as a frozen host would be:
+  process 0's watchdog (floor 5 s) finds the hang and exits 6; process 1, which SIGTERM does
+  not reach while stopped, is killed with its process group --grace (10 s) plus --kill-grace
+  (the default 10 s) later. The group starts again without a person within max(3 x the
+  watchdog's limit, 60 s) of the stop, resumes from its last checkpoint and ends with every
+  step's loss and the final parameters bit-exact with an uninterrupted run's."""
+  steps = 24
+  watchdog = {"resilience.hang_floor_s": 5, "distributed.step_timeout_s": 60}
+  reference = tmp_path / "reference"
+  code, out, _ = _launch(2, _train_args(reference, steps=steps, **watchdog))
+  assert code == 0, out[-3000:]
+  workdir = tmp_path / "run"
+  launcher = subprocess.Popen(
+      [sys.executable, str(ROOT / "launch" / "local.py"), "--processes", "2", "--devices", "4",
+       "--grace", "10", "--restarts", "1", "--", *_train_args(workdir, steps=steps, **watchdog)],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines: list[tuple[float, str]] = []  # (time.monotonic() when read, line)
+
+  def read() -> None:
+    for line in launcher.stdout:
+      lines.append((time.monotonic(), line))
+
+  def output() -> str:
+    return "".join(line for _, line in list(lines))
+
+  def restarted_at() -> float | None:
+    return next((t for t, line in list(lines) if line.startswith(
+        "[launch] restart 1 of 1: a process exited with 6")), None)
+
+  def bound() -> float:
+    """max(3 x the watchdog's limit, 60 s): the limit process 0 found the hang with, or
+    step_timeout_s until it has."""
+    found = re.search(r"\[p0\] bertjax: process 0 of 2: hang: .*?\(limit (\d+) s", output())
+    return max(3 * (int(found.group(1)) if found else watchdog["distributed.step_timeout_s"]),
+               60)
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  try:
+    deadline = time.monotonic() + 300
+    while not ((workdir / "metrics.jsonl").exists()
+               and max(train_helpers.step_losses(workdir), default=0) >= 12
+               and 10 in train_helpers.committed_steps(workdir)):
+      assert launcher.poll() is None and time.monotonic() < deadline, output()[-3000:]
+      time.sleep(0.05)
+    stopped_pid = _children(launcher.pid)[1]
+    os.kill(stopped_pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    while (restarted_at() is None and launcher.poll() is None
+           and time.monotonic() - stopped_at <= bound() + 5):
+      time.sleep(0.2)
+    assert restarted_at() is not None, (
+        f"no restart {time.monotonic() - stopped_at:.0f} s after the stop\n{output()[-4000:]}")
+    print(f"stopped process: the group restarted {restarted_at() - stopped_at:.1f} s after the "
+          f"stop (bound {bound()} s)")
+    assert restarted_at() - stopped_at <= bound(), output()[-4000:]
+    launcher.wait(timeout=600)
+  finally:
+    if launcher.poll() is None:  # the run did not end: nothing of it is left running
+      for pid in _children(launcher.pid).values():
+        if os.getpgid(pid) == pid:  # a group of its own: take its children too
+          os.killpg(pid, signal.SIGKILL)
+        else:
+          os.kill(pid, signal.SIGKILL)
+      launcher.kill()
+      launcher.wait()
+  reader.join(timeout=30)
+  out = output()
+  assert launcher.returncode == 0, out[-4000:]
+  assert re.search(rf"SIGKILL to the process group of process 1 \(pid {stopped_pid}, stopped",
+                   out), out[-4000:]
+  assert not Path(f"/proc/{stopped_pid}").exists()  # killed and reaped
+  resumed = int(re.search(rf"resumed from {re.escape(str(workdir / 'checkpoints'))} step (\d+)",
+                          out).group(1))
+  assert resumed >= 10 and f"run finished at step {steps} of {steps}" in out
+  assert train_helpers.step_losses(workdir) == train_helpers.step_losses(reference)
+  expected, got = train_helpers.final_params(reference), train_helpers.final_params(workdir)
+  assert expected.keys() == got.keys()
+  for name in expected:
+    np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
 def test_a_slower_host_is_named(tmp_path):
   workdir = tmp_path / "run"
   code, out, _ = _launch(2, _train_args(workdir, **{"faults.slow_process": 1,
@@ -134,7 +241,8 @@ def test_the_ledger_adds_up_and_puts_each_disruption_in_its_category(tmp_path):
   assert "[launch] restart 1 of 1: a process was killed by SIGKILL" in out
   first, second = ledger.read_attempts(workdir)
   joined = ledger.report([first, second])
-  print(f"compile baseline {baseline_compile:.3f} s; ledger: wall {joined['wall']:.2f} s (launcher {outside:.2f} s), categories "
+  print(f"compile baseline {baseline_compile:.3f} s; ledger: wall {joined['wall']:.2f} s "
+        f"(launcher {outside:.2f} s), categories "
         f"{ {k: round(v, 3) for k, v in joined['seconds'].items()} }; first attempt "
         f"{first['seconds']}, {first['steps']} steps; second {second['seconds']}, "
         f"{second['steps']} steps")

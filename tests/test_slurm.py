@@ -4,9 +4,10 @@ submitted through the launcher exactly as a user would (2 tasks x 4 simulated CP
 node) and compared with the same command through launch/local.py: a job trains to the end with
 the same per-step losses; SIGTERM as SLURM sends it at the time limit (batch shell only) or on
 preemption (every step and the batch shell) commits a checkpoint, the job requeues itself and
-resumes exactly; a task killed outright fails the job within the heartbeat time and a requeue
-resumes from the last committed step; a hang exits with status 6 and the job requeues itself. Skipped with a reason where SLURM is not installed
-(.ci/run installs it)."""
+resumes exactly; a task killed outright ends the step within the heartbeat time and the job
+requeues itself and resumes from the last committed step; a hang exits with status 6 and the
+job requeues itself; a stopped task (SIGSTOP) ends with the step and the job requeues itself
+and resumes exactly. Skipped with a reason where SLURM is not installed (.ci/run installs it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 import train_helpers
 from xla_env import xla_flags
 
@@ -197,6 +197,24 @@ def _submit(cluster: Cluster, config: str, workdir: Path, steps: int,
   return job_id, workdir.parent / f"{workdir.name}-{job_id}.out"
 
 
+def _parent(pid: int) -> int | None:
+  """`pid`'s parent, from /proc (None once it has ended)."""
+  try:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+  except (OSError, IndexError, ValueError):
+    return None
+
+
+def _trainer(cluster: Cluster, job_id: int, task: int) -> int:
+  """The pid of task `task`'s training process in step 0 of the job: the child (from /proc) of
+  the task's shell, the one of the task's processes whose parent is not one of them."""
+  rows = [line.split() for line in cluster.scontrol("listpids", str(job_id)).splitlines()[1:]]
+  pids = {int(r[0]) for r in rows if r[2] == "0" and r[4] == str(task)}
+  shell = next(pid for pid in pids if _parent(pid) not in pids)
+  return next(int(p.name) for p in Path("/proc").iterdir()
+              if p.name.isdigit() and _parent(int(p.name)) == shell)
+
+
 def _ended(info: dict[str, str]) -> bool:
   return info["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
 
@@ -267,28 +285,32 @@ def test_sigterm_commits_requeues_and_resumes_exactly(cluster, reference_24, tmp
   _assert_same_run(reference_24, workdir)
 
 
-def test_a_killed_task_fails_the_job_and_a_requeue_resumes(cluster, reference_24, tmp_path):
+def test_a_killed_task_ends_the_step_and_the_job_requeues_itself(cluster, reference_24,
+                                                                   tmp_path):
+  """SIGKILL of task 1's training process (the OOM killer, a dead host): the step ends within
+  the heartbeat time (srun's --kill-on-bad-exit, the survivor stopped by the coordination
+  service), the batch script finds the first failure (137: killed by a signal) and requeues
+  the job, which resumes from the last committed step."""
   workdir = tmp_path / "runs" / "job"
   job_id, log = _submit(cluster, "gpt_tiny", workdir, 24)
   _wait_for_step(workdir, log, 6)
-  pids = [line.split() for line in cluster.scontrol("listpids", str(job_id)).splitlines()[1:]]
-  task_1 = next(int(p[0]) for p in pids if p[2] == "0" and p[4] == "1")  # step 0, global task 1
-  os.kill(task_1, signal.SIGKILL)
+  os.kill(_trainer(cluster, job_id, 1), signal.SIGKILL)
   killed_at = time.monotonic()
   last_commit = train_helpers.committed_steps(workdir)[-1]
-  info = cluster.wait(job_id, _ended, timeout=HEARTBEAT_S + 60)
+  while "[slurm] training exited with" not in (output := log.read_text()):
+    assert time.monotonic() - killed_at < HEARTBEAT_S + 60, (output[-3000:], cluster.log_tail())
+    time.sleep(0.2)
   failed_after = time.monotonic() - killed_at
-  print(f"job {job_id} ended {failed_after:.1f} s after the kill")
-  assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info
-  # SLURM records the end a moment after the tasks are gone (slurmstepd reports to slurmctld).
+  print(f"job {job_id}: the step ended {failed_after:.1f} s after the kill")
   assert failed_after <= HEARTBEAT_S + 5, failed_after
   # The step that was being saved at the kill may or may not have committed.
   resume_from = train_helpers.committed_steps(workdir)[-1]
   assert resume_from >= last_commit
-  cluster.scontrol("requeue", str(job_id))
   info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))
   output = log.read_text()
   assert info["JobState"] == "COMPLETED", output[-3000:]
+  assert "[slurm] first failure: task 1 exited with status 137" in output
+  assert "[slurm] exit status 137: requeueing (restart 1 of 3)" in output
   assert f"resumed from {workdir / 'checkpoints'} step {resume_from}" in output
   assert "run finished at step 24 of 24" in output
   _assert_same_run(reference_24, workdir)
@@ -311,3 +333,56 @@ def test_a_hang_exits_6_and_the_job_requeues_itself(cluster, tmp_path):
   assert re.search(rf"resumed from {re.escape(str(workdir / 'checkpoints'))} step 1[0-4]\b",
                    output), output[-3000:]
   assert "run finished at step 24 of 24" in output
+
+
+# What finds a stopped task first: the watchdog of the other (floor 5 s; the heartbeat timeout
+# raised to 60 s so that it is not first), or the coordination service, which stops the other
+# when the stopped task's heartbeats are HEARTBEAT_S late (the watchdog at its 60 s default).
+STOP_FINDERS = {
+    "watchdog": (["--config.resilience.hang_floor_s=5", "--config.distributed.step_timeout_s=20",
+                  "--config.distributed.heartbeat_timeout_s=60"], "task 0 exited with status 6"),
+    "heartbeat": ([], "task 0 exited with status 134"),  # SIGABRT by the coordination client
+}
+
+
+@pytest.mark.parametrize("finder", STOP_FINDERS)
+def test_a_stopped_task_is_killed_and_the_job_requeues_itself(cluster, reference_24, tmp_path,
+                                                             finder):
+  """Task 1's training process is stopped (SIGSTOP) after step 6, as a frozen host would be.
+  Task 0 ends: its watchdog exits 6, or the coordination service aborts it when task 1's
+  heartbeats stop (SIGABRT, 134); `srun --kill-on-bad-exit` ends the step (SIGCONT and SIGTERM
+  to every process of it, SIGKILL after KillWait); the batch script finds the first failure
+  and requeues the job. The requeued job starts within max(3 x the watchdog's limit, 60 s) of
+  the stop, without a person, resumes from the last committed step and ends with every step's
+  loss and the final parameters equal to an uninterrupted run's."""
+  extra, first_failure = STOP_FINDERS[finder]
+  workdir = tmp_path / "runs" / "job"
+  job_id, log = _submit(cluster, "gpt_tiny", workdir, 24, extra)
+  _wait_for_step(workdir, log, 6)
+  stopped = _trainer(cluster, job_id, 1)
+  os.kill(stopped, signal.SIGSTOP)
+  stopped_at = time.monotonic()
+  restart_line = f"[slurm] job {job_id} (restart 1)"
+  while restart_line not in (output := log.read_text()):
+    assert time.monotonic() - stopped_at < 300, (output[-3000:], cluster.log_tail())
+    time.sleep(0.5)
+  restarted_after = time.monotonic() - stopped_at
+  # The limit the watchdog found the hang with; where the heartbeat came first, the 60 s floor
+  # of the bound (the watchdog's own limit was above it).
+  found = re.search(r"bertjax: process 0 of 2: hang: .*?\(limit (\d+) s", output)
+  bound = max(3 * int(found.group(1)) if found else 0, 60)
+  print(f"job {job_id} ({finder}): the requeued job started {restarted_after:.1f} s after the "
+        f"stop (bound {bound} s)")
+  assert restarted_after <= bound, output[-3000:]
+  assert bool(found) == (finder == "watchdog"), output[-3000:]
+  status = first_failure.rsplit(" ", 1)[1]
+  assert f"[slurm] first failure: {first_failure}" in output, output[-3000:]
+  assert f"[slurm] exit status {status}: requeueing (restart 1 of 3)" in output
+  assert not Path(f"/proc/{stopped}").exists()  # ended with the step
+  info = cluster.wait(job_id, lambda i: int(i["Restarts"]) >= 1 and _ended(i))
+  output = log.read_text()
+  assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output[-3000:]
+  assert re.search(rf"resumed from {re.escape(str(workdir / 'checkpoints'))} step \d+\b",
+                   output), output[-3000:]
+  assert "run finished at step 24 of 24" in output
+  _assert_same_run(reference_24, workdir)
