@@ -172,6 +172,19 @@ def test_every_subcommand_has_useful_help(command):
   assert "example" in out and len(out) > 300
 
 
+def test_every_help_page_formats():
+  """Each subcommand's --help, nested ones too, in this process: a help text with a bare % (a
+  recipe's "6% warmup") made `bertjax finetune --help` a traceback."""
+  import argparse
+  pages = [cli._parser()]
+  while pages:
+    parser = pages.pop()
+    assert len(parser.format_help()) > 100, parser.prog
+    for action in parser._actions:
+      if isinstance(action, argparse._SubParsersAction):
+        pages.extend(action.choices.values())
+
+
 def test_import_export_cli_roundtrip(tmp_path, capsys):
   ref = hf_models.bert(tmp_path / "hf")
   (tmp_path / "hf" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")

@@ -114,11 +114,13 @@ def _add_finetune_flags(p: argparse.ArgumentParser) -> None:
       node = node[part]
     flag = "--" + name.replace("_", "-")
     shown = f" (default: {node})" if node not in ("", None) else ""
+    # argparse formats help texts with %: a literal one (a setting's text) must be doubled.
+    help_text = (help_text + shown).replace("%", "%%")
     if isinstance(node, bool) or name == "lowercase":  # lowercase: true | false | "" (unset)
       p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                     help=help_text + shown)
+                     help=help_text)
     else:
-      p.add_argument(flag, dest=name, type=type(node), default=None, help=help_text + shown)
+      p.add_argument(flag, dest=name, type=type(node), default=None, help=help_text)
 
 
 def cmd_fewshot(args: argparse.Namespace, overrides: Overrides) -> int:
@@ -218,7 +220,7 @@ def register(add: Add) -> None:
           cmd_finetune)
   p.add_argument("--recipe", default=None,
                  help="named preset(s) of the settings below, joined with +: "
-                 + "; ".join(f"{k}: {v.purpose}" for k, v in RECIPES.items()))
+                 + "; ".join(f"{k}: {v.purpose}" for k, v in RECIPES.items()).replace("%", "%%"))
   p.add_argument("--init-from", dest="init_from", required=True,
                  help="params checkpoint, training workdir or Hugging Face directory")
   p.add_argument("--train", required=True, help="training examples (.tsv, .csv, .jsonl)")
