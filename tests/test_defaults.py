@@ -1,18 +1,21 @@
 """Defaults per backend (bertjax/training/defaults.py): `model.dtype="auto"` becomes bf16 on TPUs
 and GPUs and, on a CPU, bf16 only where its bf16 matmuls are measured at least 1.5x float32's
-(the probe is stubbed both ways here); explicit values win; the choice is logged, said in the
-run's summary, written into config.json and makes a resume on a machine that decides otherwise
-refuse with one line; the doctor says it; a TPU slice's compile gets bf16 without probing."""
+(the probe is stubbed both ways here), side by side, whatever the peak cache holds; explicit
+values win; the choice is logged, said in the run's summary and written into config.json; a
+resume keeps the run's recorded choice and peak even where the machine's cache moved, and an
+explicit change of the dtype is refused in one line; the doctor says it; a TPU slice's compile
+gets bf16 without probing."""
 
 import json
 
+import jax.numpy as jnp
 import pytest
+from train_helpers import tiny_args
 
 from bertjax import cli
 from bertjax import config as config_lib
 from bertjax.models import ModelConfig, attention
-from bertjax.training import defaults
-from train_helpers import tiny_args
+from bertjax.training import defaults, flops
 
 SHAPE = dict(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
              max_positions=24)
@@ -106,33 +109,67 @@ def test_the_doctor_says_what_auto_became(monkeypatch, tmp_path):
   assert check.values["auto"] == {"model.dtype": "float32"}
 
 
+# A CPU with AVX-512 BF16: each dtype's matmul probe, FLOP/s (docs/results/
+# 2026-11-28-auto-dtype-cpu.md), and its peak cache after one mis-timed log interval raised the
+# float32 entry 2.6x and the bf16 entry moved too.
+CPU_RATES = {"float32": 460e9, "bfloat16": 900e9}
+MOVED_CACHE = {"float32": 2.6 * 460e9, "bfloat16": 1.4 * 900e9}
+
+
+def _probes_read(monkeypatch, rates):
+  monkeypatch.setattr(flops, "measure_matmul_peak",
+                      lambda size, dtype, *a, **k: rates[jnp.dtype(dtype).name])
+
+
+def _cache_holds(entries):
+  flops.cpu_peak_cache().parent.mkdir(parents=True, exist_ok=True)
+  flops.cpu_peak_cache().write_text(json.dumps(
+      {flops.cpu_peak_key(dtype, 1024): value for dtype, value in entries.items()}))
+
+
+def test_a_cache_with_an_outlier_changes_no_runs_dtype(tmp_path, monkeypatch):
+  monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path))
+  _probes_read(monkeypatch, CPU_RATES)
+  config = config_lib.load_config("bert_tiny", [("model.dtype", "auto")])
+  clean, (choice,) = defaults.resolve(config, "cpu")
+  assert clean.model.dtype == "bfloat16" and "1.96x" in choice.reason
+  _cache_holds(MOVED_CACHE)
+  assert defaults.resolve(config, "cpu") == (clean, [choice])
+
+
 GPT = ["--config", "gpt_tiny", "--config.data.source=synthetic_markov", *tiny_args(**{
     "model.vocab_size": 128, "optimizer.warmup_steps": 1, "log_every": 1, "eval_every": 0,
     "checkpoint.every": 2, "model.dtype": "auto"})]
 
 
 @pytest.mark.slow
-def test_a_run_records_its_choice_and_a_machine_that_decides_otherwise_cannot_resume(
+def test_a_run_keeps_its_choice_and_peak_and_refuses_an_explicit_change(
     tmp_path, capsys, caplog, monkeypatch):
   import logging
+  monkeypatch.setenv("BERTJAX_CACHE", str(tmp_path / "cache"))
   workdir = tmp_path / "run"
   train = ["train", "--workdir", str(workdir), *GPT]
-  monkeypatch.setattr(defaults, "cpu_bf16_speedup", lambda: 1.0)
+  _probes_read(monkeypatch, CPU_RATES)
   with caplog.at_level(logging.INFO, logger="bertjax"):
     assert cli.main([*train, "--config.num_train_steps=2"]) == 0
-  said = "model.dtype=float32 (auto: bf16 matmuls 1.00x float32's on this CPU, under 1.5x"
+  said = "model.dtype=bfloat16 (auto: bf16 matmuls 1.96x float32's on this CPU)"
   assert said in caplog.text and said in capsys.readouterr().out  # first lines, summary
-  assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "float32"
-  # A machine whose bf16 is fast resolves bf16: refused, in one line that says why.
-  monkeypatch.setattr(defaults, "cpu_bf16_speedup", lambda: 2.0)
-  assert cli.main([*train, "--config.num_train_steps=4"]) == 2
+  assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "bfloat16"
+  # The machine's cache moved since: it would make a fresh start here float32 with the old
+  # probe. Changing the dtype explicitly is still refused, in one line that says why.
+  _cache_holds(MOVED_CACHE)
+  assert cli.main([*train, "--config.num_train_steps=4", "--config.model.dtype=float32"]) == 2
   errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
   assert len(errors) == 1, errors
-  assert ("model.dtype: 'float32' -> 'bfloat16' (model.dtype=bfloat16 (auto: bf16 matmuls "
-          "2.00x float32's on this CPU) here; --config.model.dtype=<the checkpoint's> continues "
-          "as it was)") in errors[0]
-  # The stored value, given explicitly, continues the run.
-  assert cli.main([*train, "--config.num_train_steps=4", "--config.model.dtype=float32"]) == 0
+  assert "model.dtype: 'bfloat16' -> 'float32'" in errors[0]
+  # "auto" continues the run as it started: its dtype and its peak, whatever the cache says.
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="bertjax"):
+    assert cli.main([*train, "--config.num_train_steps=4"]) == 0
+  kept = f"model.dtype=bfloat16 (auto: {defaults.RECORDED_REASON})"
+  assert kept in caplog.text and kept in capsys.readouterr().out
+  assert "peak 9e+11 FLOP/s for bfloat16 (the run's recorded peak: best of 3" in caplog.text
+  assert json.loads((workdir / "mfu_peak.json").read_text())["flops"] == 900e9
   steps = [json.loads(line)["step"] for line in
            (workdir / "metrics.jsonl").read_text().splitlines()]
   assert steps == [1, 2, 3, 4]

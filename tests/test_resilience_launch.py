@@ -72,6 +72,22 @@ def test_two_layouts_make_the_same_decisions(tmp_path):
         assert a[key] == b[key], (key, a, b)
 
 
+def test_data_trouble_around_an_earlier_rewind_is_no_hardware_fault(tmp_path):
+  """Poisoned batches at 14, 33 and 36 and a NaN batch at 30, through launch/local.py with a
+  restart allowed: the NaN rewinds to step 30, then three skips within the window alarm from
+  step 15, whose replay starts at checkpoint 10, before that rewind. The run ends with status
+  0 and the poisoned batches skipped; it once replayed onto the skipped NaN batch and exited 5
+  (a hardware fault for data faults alone), twice."""
+  code, out, _ = _launch(2, _train_args(tmp_path, steps=40, **{
+      "faults.poison": "14,33,36", "faults.nan": "30"}), restarts=1)
+  assert code == 0, out[-3000:]
+  events = _events(tmp_path)
+  assert not [e for e in events if e["kind"] == "hardware_fault"], events
+  assert [(e["rewound_to"], e["replay"]) for e in events if e["kind"] == "rewind"] == [
+      (30, "reproduced"), (10, "reproduced")], events
+  assert "[launch] group started (attempt 2)" not in out  # no restart was needed
+
+
 @pytest.mark.parametrize("where", ["data", "collective"])
 def test_a_hang_is_found_dumped_and_restarted(tmp_path, where):
   """Process 1's batch of step 15 never comes (data), or process 1 never sends step 15

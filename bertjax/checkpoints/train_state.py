@@ -293,8 +293,8 @@ class TrainCheckpoints:
       train_item = _train_item(abstract_state)
       guard = getattr(abstract_state, "guard", None)
       try:
-        fresh_guard = guard is not None and not self._has_guard(candidate)
-        if fresh_guard:  # saved before the spike guard existed, or with it off
+        fresh_guard = guard is not None and not self._has_guard(candidate, guard)
+        if fresh_guard:  # saved before the spike guard existed, with it off or another rule
           del train_item["guard"]
         items = {
             "params": ocp.args.StandardRestore(abstract_state.params),
@@ -318,8 +318,8 @@ class TrainCheckpoints:
                                      guard=type(guard)(**train["guard"]) if guard is not None
                                      and not fresh_guard else None)
       if fresh_guard:
-        log.info("checkpoint step %d has no spike-guard statistics: they start afresh",
-                 candidate)
+        log.info("checkpoint step %d has no spike-guard statistics of this rule: they start "
+                 "afresh", candidate)
         state = state.replace(guard=_zeros_like(guard))
       if getattr(abstract_state, "teacher", None) is not None:
         if self.teacher_loader is None:
@@ -333,9 +333,18 @@ class TrainCheckpoints:
     raise ValueError(f"no checkpoint in {self.directory} can be restored:\n  " +
                      "\n  ".join(errors))
 
-  def _has_guard(self, step: int) -> bool:
+  def _has_guard(self, step: int, guard: Any) -> bool:
+    """Whether checkpoint `step` holds statistics of this guard's rule and settings: the same
+    fields (an earlier rule kept other quantities under other names) of the same shapes (a
+    resumed run may change `resilience.spike_history` or `alarm_skips`)."""
     train = self.manager.item_metadata(step)["train"]
-    return train is not None and "guard" in train
+    if train is None or "guard" not in train:
+      return False
+    saved = train["guard"]
+    if set(saved) != {f.name for f in dataclasses.fields(guard)}:
+      return False
+    return all(tuple(getattr(saved[f.name], "shape", ())) == tuple(getattr(guard, f.name).shape)
+               for f in dataclasses.fields(guard))
 
   def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
     """Only the parameters of `step` (default latest): what export and fine-tuning need; the

@@ -41,6 +41,9 @@ HARMLESS = ("log_every", "eval_every", "eval_steps", "checkpoint.", "profile.", 
             "data.num_workers", "data.prefetch", "data.build_workers", "model.remat_policy",
             # What a corrupt record does (skip it, or stop): a run stopped by one resumes.
             "data.corrupt_records",
+            # The spike guard, rewinds and checks: what a run does about trouble, not what it
+            # computes without any (a guard turned on for a run in trouble starts afresh).
+            "resilience.",
             # What a fine-tune writes at its end, not what it trains.
             "finetune.export_hf", "finetune.generate_examples", "finetune.max_new_tokens")
 # ... except for a fine-tune, whose OUT/best names the weights it started from as its base.

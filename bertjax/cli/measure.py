@@ -195,6 +195,19 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
   def log(line):
     print(line, file=sys.stderr, flush=True)
 
+  if args.compare == "integrity":
+    from bertjax.tools import integrity_bench
+    try:
+      record = integrity_bench.integrity_overhead(config, steps=args.steps, pairs=args.pairs,
+                                                  log=log)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return EXIT_USAGE
+    print(integrity_bench.format_record(record))
+    if args.json:
+      Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+      print(f"record written to {args.json}")
+    return 0
   if args.compare == "guard":
     from bertjax.tools import guard_bench
     record = guard_bench.guard_overhead(config, steps=args.steps, pairs=args.pairs, log=log)
@@ -349,9 +362,11 @@ def register(add: Add) -> None:
           "--time-to 'eval/mlm_accuracy>=0.26' --json time_to.json\n\n"
           + OVERRIDES_EPILOG, cmd_bench)
   p.add_argument("--config", default="", help="config file or name under configs/")
-  p.add_argument("--compare", choices=["hf", "guard"], default="",
+  p.add_argument("--compare", choices=["hf", "guard", "integrity"], default="",
                  help="hf: also run the Hugging Face transformers (PyTorch) reference; guard: "
-                      "our step with the spike guard against our step without it")
+                      "our step with the spike guard against our step without it; integrity: "
+                      "the integrity check at its cadence against the step, on the config's "
+                      "mesh")
   p.add_argument("--best", action="store_true",
                  help="with --compare hf: time ours and the reference each in float32 and in "
                       "bf16 (the reference under torch.autocast) and compare the fastest of "

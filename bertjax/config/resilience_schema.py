@@ -13,22 +13,32 @@ ConfigDict = ml_collections.ConfigDict
 
 def resilience_group() -> ConfigDict:
   """The `resilience` group: what a run does by itself about loss spikes, faults and hangs.
-  The guard's rule is MaxText's and OLMo-core's (skip an update whose loss or gradient norm is
-  above mean + 6 std of the recent ones); the rewind after persistent trouble is what PaLM
-  (Chowdhery et al. 2022, section 5.1) did by hand: restart from a checkpoint before the spike
-  and skip the batches around it."""
+  The guard skips an update whose loss and gradient norm are both far above their recent
+  values (OLMo-core's and MaxText's spike skipping, with a robust median/MAD in log space
+  where they take mean and std, and both signals required where they take either: healthy
+  runs trip theirs; docs/resilience.md, 'The spike guard'); the rewind after persistent
+  trouble is what PaLM (Chowdhery et al. 2022, section 5.1) did by hand: restart from a
+  checkpoint before the spike and skip the batches around it."""
   return ConfigDict({
-      # Skip an update whose loss or gradient norm is above mean + this many standard
-      # deviations of the recent accepted steps, or is not finite (0: the guard is off, and a
-      # non-finite loss stops the run).
-      "spike_sigmas": 6.0,
+      # Skip an update whose log loss and log gradient norm are both above the recent
+      # accepted steps' median + this many robust standard deviations of their step-to-step
+      # noise (1.4826 MAD of consecutive differences / sqrt 2) and above the highest of them,
+      # or whose loss or norm is not finite (0: the guard is off, and a non-finite loss stops
+      # the run).
+      "spike_sigmas": 8.0,
+      # ... and both at least this many times their recent median: a spike is a jump, not a
+      # wobble of a series that happens to be very steady.
+      "spike_min_ratio": 1.5,
+      # ... and the loss above the highest the run has had, decayed by half every this many
+      # accepted steps: a fine-tune's hard batch near a zero loss is below where it started.
+      "spike_peak_half_life": 1000.0,
       # Keep the old parameters and optimizer state on an outlier step (False: the guard only
       # counts outliers towards the alarm, which rewinds the run; docs/resilience.md, 'What
       # the guard costs').
       "skip_spikes": True,
-      # Accepted steps the mean and standard deviation are taken over.
+      # Accepted steps the median and its absolute deviation are taken over.
       "spike_history": 128,
-      # Steps seen before any finite value is judged an outlier.
+      # Accepted steps before any finite value is judged an outlier.
       "spike_min_history": 32,
       # Persistent trouble: this many skipped updates ...
       "alarm_skips": 3,
@@ -41,8 +51,10 @@ def resilience_group() -> ConfigDict:
       # that does not come back is a hardware fault (exit status 5, the launchers restart the
       # run elsewhere); trouble that does is the data's or the model's (rewind and skip).
       "replay": True,
-      # Every this many steps, compare the bits of every copy of each replicated parameter:
-      # copies that differ are a hardware fault (exit status 5) (0: never).
+      # Every this many steps, check the train state's bits: copies of a replicated block
+      # must agree, and blocks with one copy (fsdp, tensor) must come out of the step replayed
+      # on the mesh with its devices rotated the same; a difference is a hardware fault (exit
+      # status 5) (0: never; on one device there is nothing to compare and nothing runs).
       "replica_check_every": 1000,
       # Hang watchdog: a step slower than this many times the p99 of the recent steps ...
       "hang_factor": 3.0,
@@ -52,6 +64,10 @@ def resilience_group() -> ConfigDict:
       # Name a host whose own work per step (input, dispatch) exceeds the fastest host's by
       # this fraction of the step time at three log steps running (0: off).
       "slow_host_fraction": 0.1,
+      # The integrity check's replay of a step where blocks have one copy; it holds a second
+      # train state on the devices from the step before to the check (False: compare the
+      # replicas alone, and blocks with one copy go unchecked).
+      "integrity_replay": True,
   })
 
 

@@ -1,16 +1,13 @@
 """Random access to the records of a built dataset's shards, on local disk or on an object store
 (`gs://` and every other fsspec store the path layer reads).
 
-`ShardRecords` reads record i of a list of shards as the one byte range the shard's offsets give
-(bertjax.data.records): `os.pread` on local disk, one ranged GET of exactly that range on an
-object store, so a host fetches only the documents its rows read. Every record read is checked
-(`records.record_damage`: its CRC-32 from format 5 on); one that fails is a CorpusError naming
-the shard file and the record's index, or, skipping, None and an entry in `corrupt` (Grain
-leaves None elements out of a dataset, so no stage downstream sees the record). The records
-read last stay in memory, bounded (`cache_bytes`). Datasets of formats 2 and 3 (ArrayRecord)
-are read through Grain's ArrayRecord source (`open_records`).
+`ShardRecords` reads record i as the one byte range the shard's offsets give: `os.pread` on
+local disk, one ranged GET on an object store, so a host fetches only the documents its rows
+read. Every record read is checked (`records.record_damage`); a corrupt one is a CorpusError
+naming the shard file and index or, skipping, None (Grain leaves None out, so no stage
+downstream sees it). Formats 2 and 3 (ArrayRecord) are read through Grain (`open_records`).
 
-The guide: docs/data.md, 'Streaming from object stores'.
+The guide: docs/data.md, 'Streaming from object stores' and 'Corrupt records'.
 """
 
 from __future__ import annotations

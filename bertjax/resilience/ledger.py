@@ -22,7 +22,9 @@ from bertjax import paths
 # The categories an attempt measures as it runs, and every category in the order the report
 # prints them: `lost`, `down` and `other` are computed by `report` from the attempts.
 MEASURED = ("productive", "startup", "compile", "data_wait", "checkpoint", "evaluation",
-            "restore", "skipped", "replayed", "rewound", "hung", "shutdown")
+            "restore", "skipped", "replayed", "rewound", "integrity_check", "hung", "shutdown")
+# Where steps timed as productive go when they turn out not to count (`move`, `rewind`).
+STEP_CATEGORIES = ("skipped", "rewound")
 CATEGORIES = MEASURED + ("lost", "down", "other")
 DIRECTORY = "goodput"
 
@@ -65,7 +67,10 @@ class Ledger:
     self.seconds["startup"] = self._since + self._offset - self.started
     self.restored_step: int | None = None
     self.step = 0
-    self.steps = 0  # steps trained in this attempt (the productive ones' count)
+    self.steps = 0  # steps trained in this attempt
+    # How many of them were moved out of `productive` since (skipped, rewound), in steps of
+    # the mean productive step at the time: `step_time` stays the mean of those left.
+    self.moved_steps = 0.0
     self.slow_hosts: dict[str, float] = {}
     if enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,19 +97,38 @@ class Ledger:
     timed as productive); returns what was moved."""
     self.switch(self.category)
     moved = max(0.0, min(seconds, self.seconds[source]))
+    per_step = self.step_time()
+    if source == "productive" and target in STEP_CATEGORIES and per_step > 0:
+      self.moved_steps += moved / per_step
     self.seconds[source] -= moved
     self.seconds[target] += moved
     return moved
 
+  def rewind(self, undone: int, skipped: int) -> None:
+    """A rewind undid `undone` steps, `skipped` of them skipped updates already moved to
+    `skipped`: all of them become `rewound`, each once (the skipped ones' time from
+    `skipped`, the others' from `productive`)."""
+    per_step = self.step_time()
+    self.move("skipped", "rewound", skipped * per_step)
+    self.move("productive", "rewound", max(0, undone - skipped) * per_step)
+
+  def productive_steps(self) -> float:
+    """The steps whose time is `productive`'s: those trained, less those moved out."""
+    return max(0.0, self.steps - self.moved_steps)
+
   def step_time(self) -> float:
-    """The mean time of this attempt's productive steps (0 before any)."""
-    return self.seconds["productive"] / self.steps if self.steps else 0.0
+    """The mean time of this attempt's productive steps (0 before any), the time since the
+    last switch counted: the seconds a caller moves at it are those `move` then finds."""
+    self.switch(self.category)
+    kept = self.productive_steps()
+    return self.seconds["productive"] / kept if kept > 1e-9 else 0.0
 
   def record(self) -> dict[str, Any]:
     self.switch(self.category)
     return {"attempt": self.attempt, "started": self.started,
             "updated": time.monotonic() + self._offset, "step": self.step,
             "restored_step": self.restored_step, "steps": self.steps,
+            "productive_steps": self.productive_steps(),
             "seconds": dict(self.seconds), "slow_hosts": self.slow_hosts}
 
   def flush(self) -> dict[str, Any]:
@@ -147,7 +171,8 @@ def report(attempts: Sequence[dict[str, Any]]) -> dict[str, Any]:
       # Steps this attempt trained past the checkpoint the next one resumed from (all of them
       # when it started from scratch: no checkpoint was committed).
       redone = max(0, int(a["step"]) - int(following.get("restored_step") or 0))
-      per_step = own["productive"] / a["steps"] if a["steps"] else 0.0
+      kept = a.get("productive_steps", a["steps"])  # older records: every step trained
+      per_step = own["productive"] / kept if kept else 0.0
       lost = min(own["productive"], redone * per_step)
       own["productive"] -= lost
     own["lost"] = lost
@@ -173,11 +198,11 @@ def table(workdir: paths.PathLike) -> list[str]:
   share = lambda s: 100 * s / wall if wall > 0 else 0.0  # noqa: E731
   lines = [f"{workdir}: {len(attempts)} attempt(s), wall clock {wall:.1f} s, goodput "
            f"{share(joined['seconds']['productive']):.1f}%",
-           f"  {'category':<12}{'seconds':>12}{'share':>9}"]
+           f"  {'category':<16}{'seconds':>12}{'share':>9}"]
   for key in CATEGORIES:
     value = joined["seconds"][key]
     if value or key == "productive":
-      lines.append(f"  {key:<12}{value:>12.2f}{share(value):>8.1f}%")
+      lines.append(f"  {key:<16}{value:>12.2f}{share(value):>8.1f}%")
   for row in joined["attempts"]:
     slow = ", ".join(f"process {p} (+{100 * f:.0f}% of a step)"
                      for p, f in row["slow_hosts"].items())

@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import ml_collections
 
 from bertjax import paths
@@ -74,6 +75,12 @@ class Policy:
   def enabled(self) -> bool:
     return self.settings is not None
 
+  def resumed(self, state: Any) -> None:
+    """The run's state restored (or initialised): the skips its guard has counted so far are
+    not new to this attempt (its first read would record them again)."""
+    if self.enabled and getattr(state, "guard", None) is not None:
+      self.seen_skips = int(jax.device_get(state.guard.skipped))
+
   def observe(self, step: int, values: Mapping[str, float]) -> bool:
     """A read of step `step`'s metrics: counts its newly skipped updates in the ledger and
     notes trouble. True when the run must recover (the loss is then not a divergence)."""
@@ -83,12 +90,14 @@ class Policy:
     if skips > self.seen_skips:
       self.ledger.move("productive", "skipped",
                        (skips - self.seen_skips) * self.ledger.step_time())
+      # The skipped step's own values (the guard keeps the latest skip's), not those of
+      # the step whose metrics were read: with log_every > 1 they are other steps.
       last = int(values.get("last_skipped_step", 0))
+      loss, norm = values.get("last_skipped_loss"), values.get("last_skipped_grad_norm")
       self.record({"kind": "skipped", "seen_at": step, "updates": skips - self.seen_skips,
-                   "last_step": last, "loss": values.get("loss"),
-                   "grad_norm": values.get("grad_norm")})
-      log.warning("the spike guard skipped %d update(s) by step %d (the latest at step %d)",
-                  skips - self.seen_skips, step, last)
+                   "last_step": last, "loss": loss, "grad_norm": norm})
+      log.warning("the spike guard skipped %d update(s) by step %d (the latest at step %d: "
+                  "loss %s, gradient norm %s)", skips - self.seen_skips, step, last, loss, norm)
       self.seen_skips = skips
     alarm = int(values.get("spike_alarm", 0))
     loss = values.get("loss", 0.0)

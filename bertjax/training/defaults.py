@@ -1,6 +1,7 @@
 """What a config's "auto" settings become on the backend a run computes on: decided once when
 the run starts, said in its first lines and its summary, and written into the run's config.json
-(so a resume on a machine that decides otherwise is refused, naming the key).
+and its checkpoints' configs. A resume keeps what the run started with (`resolve`'s `recorded`,
+read from the checkpoint it resumes from), whatever this machine would decide today.
 
 `model.dtype="auto"`: bf16 compute on TPUs and GPUs; on a CPU only where its bf16 matmuls are
 measured at least `BF16_OVER_FP32` times as fast as float32's. `model.attention="auto"` is made
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Mapping
 
+import jax.numpy as jnp
 import ml_collections
 
 from bertjax.models.config import AUTO
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 # AMX) XLA computes them in float32 and the step also pays the conversions, so a bf16 step is
 # slower than a float32 one there.
 BF16_OVER_FP32 = 1.5
+# Why a resumed run's "auto" setting has the value it has.
+RECORDED_REASON = "as resolved when the run started, its checkpoint's value"
 # Platforms whose matrix units compute in bf16 at full rate.
 _BF16_NATIVE = ("tpu", "gpu", "cuda", "rocm")
 
@@ -44,9 +49,17 @@ class Choice:
     return f"{self.key}={self.value} (auto: {self.reason})"
 
 
-def cpu_bf16_speedup() -> float:
-  """How many times float32's rate this CPU's bf16 matmuls run at (cached probes)."""
-  return flops.cpu_matmul_peak("bfloat16")[0] / flops.cpu_matmul_peak("float32")[0]
+def cpu_bf16_speedup(pairs: int = 3) -> float:
+  """How many times float32's rate this CPU's bf16 matmuls run at: the median of `pairs`
+  ratios, each of a bf16 probe and a float32 one taken one after the other (`flops.
+  measure_matmul_peak`, each dtype in its fastest form). Read side by side, not from the peak
+  cache: load slows both probes of a pair alike, and an entry that moved (one mis-timed log
+  interval once raised the float32 one 2.6x) would move the dtype of every later run."""
+  size = flops.CPU_PROBE_SIZE
+  ratios = [flops.measure_matmul_peak(size, jnp.bfloat16, flops.CPU_PROBE_REPEATS)
+            / flops.measure_matmul_peak(size, jnp.float32, flops.CPU_PROBE_REPEATS)
+            for _ in range(pairs)]
+  return statistics.median(ratios)
 
 
 def compute_dtype(platform: str, speedup: Callable[[], float] | None = None,
@@ -71,15 +84,26 @@ def compute_dtype(platform: str, speedup: Callable[[], float] | None = None,
                 f"{measured}, but under {BF16_OVER_FP32}x on another host of the run")
 
 
+def auto_keys(config: ml_collections.ConfigDict) -> list[str]:
+  """The keys of `config` that a run resolves when it starts (`resolve`)."""
+  return ["model.dtype"] if config.model.dtype == AUTO else []
+
+
 def resolve(config: ml_collections.ConfigDict, platform: str, *,
             speedup: Callable[[], float] | None = None,
-            agree: Callable[[bool], bool] | None = None
+            agree: Callable[[bool], bool] | None = None,
+            recorded: Mapping[str, str] | None = None
             ) -> tuple[ml_collections.ConfigDict, list[Choice]]:
   """`config` with its "auto" settings made concrete for `platform` (a copy; `config` itself
-  when there is nothing to resolve), and the choices made."""
+  when there is nothing to resolve), and the choices made. `recorded`: what a resumed run's
+  settings were resolved to when it started (its checkpoint's values, by key): an "auto"
+  setting found there keeps that value, unprobed, so a resume continues the program it
+  checkpointed whatever this machine would decide today."""
   choices = []
   if config.model.dtype == AUTO:
-    choices.append(compute_dtype(platform, speedup, agree))
+    kept = (recorded or {}).get("model.dtype", AUTO)
+    choices.append(compute_dtype(platform, speedup, agree) if kept == AUTO else
+                   Choice("model.dtype", kept, RECORDED_REASON))
   if not choices:
     return config, []
   config = ml_collections.ConfigDict(config.to_dict())

@@ -16,7 +16,9 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +143,12 @@ def matmul_peak_size(cpu_size: int) -> int:
 
 
 def measure_matmul_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -> float:
-  """FLOP/s of a square matmul on the default device, operands in `dtype`: the best of
+  """FLOP/s of a square matmul on the default device, operands in `dtype`: from the median of
   `repeats` timed runs, in the fastest form the backend has for that dtype.
+
+  The median, not the best: with the best, one run timed short (a clock or scheduler hiccup)
+  would be the peak, and every MFU against it. Load only slows runs, so a probe under load
+  reads low, never high.
 
   For a 16-bit dtype both outputs are timed, the 16-bit one and the float32 accumulator
   (`preferred_element_type`), and the faster counts: TPUs and GPUs write bf16 at full speed,
@@ -156,52 +162,106 @@ def measure_matmul_peak(size: int = 1024, dtype=jnp.float32, repeats: int = 5) -
   a = jnp.ones((size, size), dtype)
   b = jnp.ones((size, size), dtype)
   outputs = [dtype] if dtype.itemsize >= 4 else [dtype, jnp.dtype(jnp.float32)]
-  best = float("inf")
+  fastest = float("inf")
   for out in outputs:
     matmul = jax.jit(lambda x, y, out=out: jnp.matmul(x, y, preferred_element_type=out))
     matmul(a, b).block_until_ready()
+    seconds = []
     for _ in range(repeats):
       start = time.perf_counter()
       matmul(a, b).block_until_ready()
-      best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best
+      seconds.append(time.perf_counter() - start)
+    fastest = min(fastest, statistics.median(seconds))
+  return 2 * size ** 3 / fastest
+
+
+# The CPU probe: a square matmul of this size, `measure_matmul_peak`'s median of this many runs.
+CPU_PROBE_SIZE = 1024
+CPU_PROBE_REPEATS = 5
+# How far one probe may move a cached CPU peak on its own: beyond it, the median of more probes
+# decides. Unloaded readings of one machine lie within a few percent of each other
+# (docs/results/2026-11-28-auto-dtype-cpu.md); a jump past this is a timing fault or a first
+# entry measured under load, and only more probes tell which.
+PLAUSIBLE_FACTOR = 1.5
+# A run's measured peak is raised to the median rate of its last log intervals once that many
+# of them are at hand and their median beats it: one interval timed short never moves it.
+RAISE_WINDOW = 5
+RAISE_AFTER = 3
 
 
 class Peak:
   """The peak FLOP/s that MFU is measured against, for all the devices of a run together.
 
-  Accelerators: the data sheet's. CPU: no data sheet applies, and one matmul timed at start-up
-  moves with whatever else the machine runs; so the best of several probes is cached per
-  machine (`cpu_peak_cache`) and kept from run to run, only ever raised: a step that beats it
-  proves the machine can do more. MFU is therefore never above 100%."""
+  Accelerators: the data sheet's. CPU: no data sheet applies; the machine's matmul probe
+  (`cpu_matmul_peak`), identified by `cache_key`. Where the run's log intervals keep beating a
+  measured peak (the median of the last `RAISE_WINDOW`, once `RAISE_AFTER` are at hand), the
+  run's peak is raised to that median, so MFU is never above 100%; an interval above the peak
+  on its own is clipped to 100%. Steps never write the machine's cache: a step's rate is not
+  the matmul probe its entries hold, and one mis-timed interval once raised an entry 2.6x.
+  `keep_in` records the peak in the run's workdir, rewritten whenever it is raised, so a resume
+  continues against it (bertjax.training.run_start.run_peak)."""
 
-  def __init__(self, flops: float, dtype: str, source: str,
-               cache_key: str | None = None) -> None:
+  def __init__(self, flops: float, dtype: str, source: str, cache_key: str | None = None,
+               recorded: bool = False) -> None:
     self.flops = flops
     self.dtype = dtype
     self.source = source
-    self.cache_key = cache_key  # set for a cached measured peak, which a faster step raises
+    self.cache_key = cache_key  # set for a measured peak: the machine and probe it is of
+    self.recorded = recorded  # read from the run's record (a resume), not measured now
+    self.record: Any = None  # the run's record of it (`keep_in`), a path
+    self._recent: deque[float] = deque(maxlen=RAISE_WINDOW)
     self._clip_noted = False
 
   def describe(self) -> str:
-    return f"peak {self.flops:.3g} FLOP/s for {self.dtype} ({self.source})"
+    kept = "the run's recorded peak: " if self.recorded else ""
+    return f"peak {self.flops:.3g} FLOP/s for {self.dtype} ({kept}{self.source})"
 
   def mfu(self, achieved: float) -> float:
-    """`achieved` FLOP/s as a fraction of the peak, at most 1: a measured peak that a step
-    beats is raised to it (and cached); a data-sheet peak is never beaten by model FLOPs, so a
-    step that does is clipped, with a warning."""
+    """`achieved` FLOP/s (one log interval's) as a fraction of the peak, at most 1."""
+    if self.cache_key is not None:
+      self._recent.append(achieved)
+      typical = statistics.median(self._recent)
+      if len(self._recent) >= RAISE_AFTER and typical > self.flops:
+        log.warning("the last %d log intervals ran at a median %.3g FLOP/s, above the %s; "
+                    "raising the run's peak to it", len(self._recent), typical,
+                    self.describe())
+        self.flops = typical
+        self._write_record()
     if achieved <= self.flops:
       return achieved / self.flops
-    if self.cache_key is not None:
-      log.warning("a step ran at %.3g FLOP/s, above the %s; raising the cached peak (%s)",
-                  achieved, self.describe(), cpu_peak_cache())
-      self.flops = achieved
-      _store_cached_peak(self.cache_key, achieved)
-    elif not self._clip_noted:  # once: every later interval would say the same
+    if not self._clip_noted:  # once: every later interval would say the same
       self._clip_noted = True
-      log.warning("a step ran at %.3g FLOP/s, above the %s; MFU clipped to 100%%", achieved,
-                  self.describe())
+      log.warning("a log interval ran at %.3g FLOP/s, above the %s; MFU clipped to 100%%",
+                  achieved, self.describe())
     return 1.0
+
+  def as_record(self) -> dict[str, Any]:
+    return {"flops": self.flops, "dtype": self.dtype, "source": self.source,
+            "cache_key": self.cache_key}
+
+  def keep_in(self, record: Any) -> None:
+    """Records the peak in `record` (a path in the run's workdir), now and whenever raised."""
+    self.record = record
+    self._write_record()
+
+  def _write_record(self) -> None:
+    if self.record is None:
+      return
+    try:  # best effort: without it a resume measures its peak again
+      self.record.write_text(json.dumps(self.as_record(), indent=2) + "\n")
+    except OSError as e:
+      log.warning("could not record the run's peak in %s: %s", self.record, e)
+
+
+def recorded_peak(record: dict[str, Any], dtype: str) -> Peak | None:
+  """The measured peak a run recorded (`Peak.as_record`), where it still applies: the model's
+  dtype and this machine's probe (`cpu_peak_key`) are the ones it was measured for. None where
+  not: a resume on another machine, or after a change of dtype, measures its own."""
+  if (nominal_peak_flops() is not None or record.get("dtype") != dtype
+      or record.get("cache_key") != cpu_peak_key(dtype, CPU_PROBE_SIZE)):
+    return None
+  return Peak(float(record["flops"]), dtype, str(record["source"]), record["cache_key"],
+              recorded=True)
 
 
 def cpu_peak_cache() -> Path:
@@ -220,18 +280,20 @@ def _cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
-def cpu_peak_key(dtype: str, size: int) -> str:
+def cpu_peak_key(dtype: str, size: int = CPU_PROBE_SIZE) -> str:
   """What a measured CPU peak depends on: the CPU, its cores, XLA (jax's version) and the
-  matmul's dtype and size (timed in its fastest output form, `measure_matmul_peak`)."""
+  matmul's dtype and size, timed as `measure_matmul_peak` times it (entries of the best single
+  run, before the median, are not read)."""
   return (f"{_cpu_model()} | {os.cpu_count()} cores | jax {jax.__version__} | "
-          f"{dtype} {size}x{size} fastest output")
+          f"{dtype} {size}x{size} fastest output, median of {CPU_PROBE_REPEATS}")
 
 
 def _load_cached_peaks() -> dict[str, float]:
   try:
-    return json.loads(cpu_peak_cache().read_text())
+    peaks = json.loads(cpu_peak_cache().read_text())
   except (OSError, ValueError):
     return {}
+  return peaks if isinstance(peaks, dict) else {}
 
 
 def _store_cached_peak(key: str, value: float) -> None:
@@ -249,24 +311,42 @@ def _store_cached_peak(key: str, value: float) -> None:
     log.warning("could not cache the measured peak in %s: %s", cpu_peak_cache(), e)
 
 
-def cpu_matmul_peak(dtype: str, size: int = 1024, probes: int = 3) -> tuple[float, str, str]:
-  """(peak FLOP/s, its source, cache key) of this machine's CPU for `dtype` matmuls: the cached
-  value, or the best of `probes` measurements, then cached."""
+def cpu_matmul_peak(dtype: str, size: int = CPU_PROBE_SIZE,
+                    probes: int = 3) -> tuple[float, str, str]:
+  """(peak FLOP/s, its source, cache key) of this machine's CPU for `dtype` matmuls.
+
+  Without a cached entry: the best of `probes` probes, then cached. With one: one more probe
+  per run, so a first entry measured under load does not stay the peak; the higher of the two
+  counts, and is cached. A probe more than `PLAUSIBLE_FACTOR` above the entry is not taken on
+  its own: the median of it and `probes - 1` more decides. A probe under the entry never lowers
+  it (load only slows a probe); far under it, the run says so."""
   key = cpu_peak_key(dtype, size)
+
+  def measure() -> float:
+    return measure_matmul_peak(size, jnp.dtype(dtype), CPU_PROBE_REPEATS)
+
   cached = _load_cached_peaks().get(key)
-  if cached:
-    # One more probe per run: a first measurement taken under load would otherwise stay the
-    # peak until steps beat it one by one.
-    reading = measure_matmul_peak(size, jnp.dtype(dtype))
-    if reading > cached:
-      _store_cached_peak(key, reading)
-    return (max(cached, reading), f"best measured {size}² matmul, cached in {cpu_peak_cache()}",
-            key)
-  readings = [measure_matmul_peak(size, jnp.dtype(dtype)) for _ in range(probes)]
-  log.info("CPU %s matmul peak probes: %s FLOP/s", dtype,
-           ", ".join(f"{r:.3g}" for r in readings))
-  _store_cached_peak(key, max(readings))
-  return max(readings), f"best of {probes} {size}² matmul probes, now cached", key
+  if not isinstance(cached, (int, float)) or cached <= 0:
+    readings = [measure() for _ in range(probes)]
+    log.info("CPU %s matmul peak probes: %s FLOP/s", dtype,
+             ", ".join(f"{r:.3g}" for r in readings))
+    _store_cached_peak(key, max(readings))
+    return max(readings), f"best of {probes} {size}² matmul probes, now cached", key
+  reading = measure()
+  if reading > cached * PLAUSIBLE_FACTOR:
+    readings = [reading, *(measure() for _ in range(probes - 1))]
+    reading = statistics.median(readings)
+    log.info("a CPU %s matmul probe read %.2fx the cached peak %.3g; the median of %s FLOP/s "
+             "counts", dtype, readings[0] / cached, cached,
+             ", ".join(f"{r:.3g}" for r in readings))
+  if reading > cached:
+    _store_cached_peak(key, reading)
+  elif reading * PLAUSIBLE_FACTOR < cached:
+    log.info("this run's CPU %s matmul probe read %.3g FLOP/s, %.2fx under the cached peak "
+             "%.3g: a machine under load, or an entry to delete (%s)", dtype, reading,
+             cached / reading, cached, cpu_peak_cache())
+  return (max(cached, reading), f"best measured {size}² matmul, cached in {cpu_peak_cache()}",
+          key)
 
 
 def run_peak(dtype: str) -> Peak:

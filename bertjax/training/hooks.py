@@ -156,7 +156,7 @@ class TrainMetrics:
       values.update(batch_size=info.phase.batch_size, seq_length=info.phase.seq_length,
                     samples=info.phase.samples_before(info.step))
     # Corrupt dataset records this process's loader skipped (bertjax.data.records).
-    corrupt = getattr(info.phase.batches, "corrupt_records", 0)
+    corrupt = getattr(getattr(info.phase, "batches", None), "corrupt_records", 0)
     if corrupt:
       values["data_corrupt_records"] = float(corrupt)
     # The next interval starts when this step ended on the device: the write below overlaps

@@ -37,8 +37,9 @@ from bertjax.parallel import distributed, sharding
 from bertjax.resilience.faults import Faults
 from bertjax.resilience.ledger import Ledger, read_attempts
 from bertjax.resilience.policy import Policy
+from bertjax.resilience.replicas import IntegrityCheck
 from bertjax.resilience.watchdog import HangWatchdog, SlowHosts, clear_exit
-from bertjax.training import defaults, flops, hooks, plot, run_start
+from bertjax.training import defaults, hooks, plot, run_start
 from bertjax.training.finetuning import FineTuning
 from bertjax.training.metrics import MetricsWriter, print_summary
 from bertjax.training.phase_data import PhaseData
@@ -121,7 +122,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   # The config's "auto" settings for this backend, once, the same on every process: what the
   # run computes with, in config.json and in the resume check.
   config, choices = defaults.resolve(config, mesh.devices.flat[0].platform,
-                                     agree=defaults.all_processes_agree)
+                                     agree=defaults.all_processes_agree,
+                                     recorded=run_start.recorded_settings(workdir, config))
   if is_main:
     for choice in choices:
       log.info("%s", choice.line())
@@ -140,6 +142,8 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
   faults = Faults.from_config(config, ledger.attempt)
   policy = Policy(config, workdir, is_main, ledger)
   recovery = Recovery(config, workload, trainer, checkpoints, policy, ledger, faults, _dispatch)
+  integrity = IntegrityCheck(config.resilience, trainer, lambda m: Trainer(config, m), ledger,
+                             policy.record)
   try:
     resuming = checkpoints.latest_step() is not None
     if resuming:
@@ -154,6 +158,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       ledger.step = int(state.step)
       ledger.restored_step = ledger.step if resuming else None
       recovery.resumed(phase, ledger.step)
+      policy.resumed(state)
   except BaseException:
     # Its background threads would outlive the error, which stands.
     with contextlib.suppress(CheckpointWriteError):
@@ -173,7 +178,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
     return result
 
   # MFU is against the peak of the dtype the model's matmuls run in.
-  peak = flops.run_peak(trainer.model_config.dtype)
+  peak = run_start.run_peak(workdir, trainer.model_config.dtype, resuming, is_main)
   if is_main:
     log.info("%s; model FLOPs/step %.3g; %s", phase.describe(), phase.flops_per_step,
              peak.describe())
@@ -267,7 +272,7 @@ def _run(config: ml_collections.ConfigDict, workdir: epath.Path, is_main: bool,
       ledger.switch("productive")
       if faults:
         faults.after_step(step)
-      recovery.check_replicas(state, step)
+      integrity.after_step(state, step, phase, local)
       due = checkpoints.due(step, total, workload.evaluated_at(step))
       if policy.enabled and due and train_metrics.logged_step != step:
         # A step about to be saved is read first: trouble is never saved.

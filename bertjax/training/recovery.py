@@ -23,7 +23,6 @@ import numpy as np
 
 from bertjax.checkpoints.train_state import TrainCheckpoints
 from bertjax.config import phases
-from bertjax.resilience import replicas
 from bertjax.resilience.faults import Faults
 from bertjax.resilience.ledger import Ledger
 from bertjax.resilience.policy import GaveUp, HardwareFault, Policy, Trouble
@@ -76,22 +75,6 @@ class Recovery:
     self.position += 1
     return local
 
-  def check_replicas(self, state: TrainState, step: int) -> None:
-    """The replica check at its cadence (every process calls it at the same steps)."""
-    every = int(self.config.resilience.replica_check_every)
-    if not every or step % every:
-      return
-    with self.ledger.timing("replayed"):
-      problems = replicas.mismatches(state.params)
-    if problems:
-      self.policy.record({"kind": "hardware_fault", "step": step, "replicas": problems})
-      self.ledger.flush()
-      raise HardwareFault(
-          f"after step {step} the copies of {len(problems)} replicated parameter(s) differ "
-          f"({problems[0]}{'; ...' if len(problems) > 1 else ''}): silent data corruption on "
-          f"those devices. Exiting with status {EXIT_HARDWARE} so the launcher restarts the "
-          "run on other machines from its last checkpoint.")
-
   def _restore_at(self, step: int, current: PhaseData) -> tuple[TrainState, PhaseData]:
     """The state and data of checkpoint `step` (0 with no checkpoint: the initial state), the
     batches of a rewind to it skipped again. The step compiled for `current` serves it when
@@ -106,6 +89,19 @@ class Recovery:
     self.resumed(phase, step)
     return state, phase
 
+  def _follow_rewinds(self, phase: PhaseData, step: int) -> None:
+    """In a replay, after step `step`: where an earlier rewind went back to this step, the
+    batches it skipped are skipped again, so the replay draws what the run trained on (a
+    replay from before that rewind that met the skipped batches would call data trouble a
+    hardware fault)."""
+    _, position = self.policy.data_at(step)
+    if position < self.position:
+      raise RuntimeError(f"replay after step {step}: data position {self.position} is past "
+                         f"the run's {position} (resilience events: {self.policy.rewinds()})")
+    for _ in range(position - self.position):
+      phase.next_batch()
+    self.position = position
+
   def _replay(self, start: int, until: int, phase: PhaseData) -> dict[str, float]:
     """Steps start+1..until again from checkpoint `start`, no hooks, no faults of the machine:
     the metrics of step `until`."""
@@ -114,6 +110,7 @@ class Recovery:
     self.replaying = True
     try:
       for step in range(start + 1, until + 1):
+        self._follow_rewinds(replay_phase, step - 1)
         local = self.next_batch(replay_phase, step)
         if local is None:
           break
@@ -135,8 +132,13 @@ class Recovery:
     self.policy.trouble = None
     self.checkpoints.wait()
     self.policy.check_rewind_allowed(trouble)
-    earlier = [s for s in self.checkpoints.steps() if s < trouble.first]
+    kept = self.checkpoints.steps()
+    earlier = [s for s in kept if s < trouble.first]
     start = earlier[-1] if earlier else 0
+    if not earlier and kept:
+      log.warning("no kept checkpoint is before the trouble at step %d (the oldest is step %d;"
+                  " checkpoint.keep): the replay and rewind start from the initial "
+                  "state, %d steps back", trouble.first, kept[0], step)
     if phases.phase_of(self.config, start) != phase.index:
       raise GaveUp(f"trouble at step {trouble.first}: the last checkpoint before it (step "
                    f"{start}) is in another training phase; stopping")
@@ -171,7 +173,6 @@ class Recovery:
             f"{EXIT_HARDWARE} so the launcher restarts the run on other machines from its "
             "last checkpoint.")
     # Rewind: the steps since `start` are undone, the batches they drew are skipped.
-    self.ledger.move("productive", "rewound", (step - start) * self.ledger.step_time())
     with self.ledger.timing("restore"):
       state, phase_now = self._restore_at(start, phase)
     phase.batches.close()
@@ -188,7 +189,11 @@ class Recovery:
              "loss": trouble.values.get("loss"), "grad_norm": trouble.values.get("grad_norm"),
              "deleted_checkpoints": later}
     self.policy.record(event)
-    self.policy.seen_skips = int(jax.device_get(state.guard.skipped))
+    restored_skips = int(jax.device_get(state.guard.skipped))
+    # The undone steps' time becomes `rewound`'s, each step's once: the skipped ones' was
+    # moved to `skipped` when their skips were read.
+    self.ledger.rewind(step - start, self.policy.seen_skips - restored_skips)
+    self.policy.seen_skips = restored_skips
     log.warning("rewound to step %d; skipped data positions %d..%d (rewind %d of at most %d)",
                 start, drawn_from, position - 1, len(self.policy.rewinds()),
                 self.policy.max_rewinds)
