@@ -23,12 +23,14 @@ last checkpoint; a user error (2) or a failed run (1) is not restarted.
 
 SIGTERM or Ctrl-C to the launcher is passed on as SIGTERM to every process (bertjax commits a
 checkpoint and exits 0); the group is killed --grace seconds later, or at a second signal, and
-not restarted.
+not restarted. SIGKILL to the launcher (or its process group) kills every process too, on
+Linux: each is armed to die with it, as the processes of a lost host do.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -150,13 +152,16 @@ def run_group(args: argparse.Namespace, command: list[str], port: int, attempt: 
   """Runs the group once; the first failure's status (128 + N for signal N)."""
   procs, pumps = [], []
   try:
+    # Every process is started before the first pump thread: the child's setup function runs
+    # between fork and exec, which is safe only while the launcher has one thread.
     for i in range(args.processes):
       # stdin from /dev/null: a process of a background process group that read the terminal
       # would be stopped by SIGTTIN.
-      proc = subprocess.Popen(command, env=process_env(i, args.processes, args.devices, port),
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, process_group=0)
-      procs.append(proc)
+      procs.append(subprocess.Popen(
+          command, env=process_env(i, args.processes, args.devices, port),
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+          process_group=0, preexec_fn=dies_with(os.getpid())))
+    for i, proc in enumerate(procs):
       pumps.append(threading.Thread(target=_pump, args=(i, proc.stdout), daemon=True))
       pumps[-1].start()
     say(f"group started (attempt {attempt + 1}): "
@@ -175,6 +180,26 @@ def run_group(args: argparse.Namespace, command: list[str], port: int, attempt: 
       pump.join(timeout=10)
   # A process killed by a signal: the shell's convention, 128 + the signal number.
   return 128 - first_failure if first_failure < 0 else first_failure
+
+
+def dies_with(launcher: int):
+  """The setup each process runs before its command (Linux): SIGKILL when the launcher dies.
+
+  The processes lead process groups of their own, so a kill of the launcher's group (a lost
+  host: `kill -9 -PGID`, a job scheduler ending the job step) would not reach them; without
+  this they trained on as orphans, wrote checkpoints past the one the kill left and raced the
+  restarted run for the workdir. None where the platform has no parent-death signal."""
+  if not sys.platform.startswith("linux"):
+    return None
+  libc = ctypes.CDLL(None, use_errno=True)
+  pr_set_pdeathsig = 1
+
+  def setup() -> None:
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != launcher:  # the launcher died before the signal was armed
+      os.kill(os.getpid(), signal.SIGKILL)
+
+  return setup
 
 
 def supervise(args: argparse.Namespace, procs: list[subprocess.Popen],

@@ -43,6 +43,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+import suite_timing  # noqa: E402
 
 # Not in the test processes themselves: there, executables loaded from the cache ran the 2x2x2
 # RTD step's collectives in different orders on different simulated devices and deadlocked
@@ -59,9 +60,15 @@ ACCELERATOR_TIER = ("JAX_PLATFORMS=cuda python -m pytest -m accelerator -n 0 -rA
                     "tests/test_accelerator.py (tpu on a TPU VM)")
 
 
+def pytest_configure(config):
+  suite_timing.configure(config)
+
+
 def pytest_collection_modifyitems(config, items):
-  """Accelerator tests run only where jax's backend is a GPU or TPU; elsewhere they skip with
-  the reason and the command that runs them."""
+  """The files longest first (tests/suite_timing.py). Accelerator tests run only where jax's
+  backend is a GPU or TPU; elsewhere they skip with the reason and the command that runs
+  them."""
+  suite_timing.order(items)
   backend = jax.default_backend()
   if backend in ("gpu", "tpu"):
     return

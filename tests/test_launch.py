@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -720,3 +721,36 @@ def test_launchers_say_how_a_pod_run_gets_its_data(script, args):
   assert len(note) == 1 and "bertjax data build" in note[0], note
   r = launch(script, *args, *TRAIN, "--config.data.dataset=/gcs/my-bucket/data/wiki")
   assert r.returncode == 0 and "no --config.data.dataset" not in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------------------- local
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's parent-death signal")
+def test_local_processes_die_with_a_killed_launcher(tmp_path):
+  """SIGKILL to launch/local.py's process group (a lost host, as the multi-host tests kill one)
+  ends every process it started, though each leads a process group of its own: none trains on
+  as an orphan and writes checkpoints the restarted run did not expect. Found when a killed
+  4-process run committed step 4 after the kill that should have left step 2."""
+  pids = tmp_path / "pids"
+  child = ("import os, pathlib, time; "
+           f"p = pathlib.Path({str(pids)!r}); "
+           "p.mkdir(exist_ok=True); (p / str(os.getpid())).touch(); time.sleep(120)")
+  launcher = subprocess.Popen(
+      [sys.executable, str(REPO / "launch" / "local.py"), "--processes", "2", "--devices", "1",
+       "--", sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True, start_new_session=True)
+  deadline = time.monotonic() + 30
+  while not pids.exists() or len(list(pids.iterdir())) < 2:
+    assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read()
+    time.sleep(0.05)
+  started = [int(p.name) for p in pids.iterdir()]
+  os.killpg(launcher.pid, signal.SIGKILL)
+  launcher.communicate()
+  deadline = time.monotonic() + 10
+  alive = started
+  while alive and time.monotonic() < deadline:
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()
+             and Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"]
+    time.sleep(0.05)
+  assert not alive, f"processes {alive} outlived their killed launcher"
