@@ -5,7 +5,6 @@ import bertjax.tools inside the handlers, so the CLI loads no tooling until one 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -180,10 +179,7 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)
       return EXIT_USAGE
-    print(time_to.format_record(record))
-    if args.json:
-      Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-      print(f"record written to {args.json}")
+    _report(record, time_to.format_record(record), args.json)
     return 0 if record["reached"] else EXIT_FAILED
   if args.decode:
     from bertjax.tools import decode_bench
@@ -203,18 +199,12 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)
       return EXIT_USAGE
-    print(integrity_bench.format_record(record))
-    if args.json:
-      Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-      print(f"record written to {args.json}")
+    _report(record, integrity_bench.format_record(record), args.json)
     return 0
   if args.compare == "guard":
     from bertjax.tools import guard_bench
     record = guard_bench.guard_overhead(config, steps=args.steps, pairs=args.pairs, log=log)
-    print(guard_bench.format_record(record))
-    if args.json:
-      Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-      print(f"record written to {args.json}")
+    _report(record, guard_bench.format_record(record), args.json)
     return 0
   if args.best and not args.compare:
     print("error: --best compares with a reference: add --compare hf", file=sys.stderr)
@@ -222,11 +212,17 @@ def cmd_bench(args: argparse.Namespace, overrides: Overrides) -> int:
   record = bench.run_benchmark(config, steps=args.steps, pairs=args.pairs,
                                compare=args.compare or None, best=args.best,
                                profile_dir=args.profile or None, log=log)
-  print(bench.format_record(record))
-  if args.json:
-    bench.write_record(record, args.json)
-    print(f"record written to {args.json}")
+  _report(record, bench.format_record(record), args.json)
   return 0
+
+
+def _report(record: dict, text: str, json_path: str) -> None:
+  """A measurement's text on stdout, and its record at --json where asked."""
+  from bertjax.tools import bench
+  print(text)
+  if json_path:
+    bench.write_record(record, json_path)
+    print(f"record written to {json_path}")
 
 
 def cmd_checkpoint_bench(args: argparse.Namespace, overrides: Overrides) -> int:
