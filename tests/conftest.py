@@ -43,13 +43,21 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+import fast_tier  # noqa: E402
 import suite_timing  # noqa: E402
+from compile_cache import cache_one_device_programs  # noqa: E402
 
-# Not in the test processes themselves: there, executables loaded from the cache ran the 2x2x2
-# RTD step's collectives in different orders on different simulated devices and deadlocked
-# (jax 0.10.2; docs/results/2026-11-27-cpu-cache-collective-deadlock.md). A test process repeats
-# its programs from JAX's in-memory cache.
+# In the test processes themselves, only for programs on one device: executables loaded from the
+# cache ran the 2x2x2 RTD step's collectives in different orders on different simulated devices
+# and deadlocked (jax 0.10.2; docs/results/2026-11-27-cpu-cache-collective-deadlock.md), and a
+# one-device program has no collective (tests/compile_cache.py). BERTJAX_TEST_CACHE=off keeps it
+# off in the test processes (a cold run to compare with).
 jax.config.update("jax_enable_compilation_cache", False)
+if os.environ.get("BERTJAX_TEST_CACHE", "on") != "off":
+  _CACHE_OFF_BECAUSE = cache_one_device_programs()
+  if _CACHE_OFF_BECAUSE:
+    warnings.warn(f"the test processes compile without the persistent cache: {_CACHE_OFF_BECAUSE}",
+                  stacklevel=1)
 # Full-precision fp32 matmuls on CPU, so parity tolerances mean what they say.
 jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -64,11 +72,18 @@ def pytest_configure(config):
   suite_timing.configure(config)
 
 
+def pytest_sessionfinish(session):
+  fast_tier.session_finish(session)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's -m deselects: benchmarks count as slow
 def pytest_collection_modifyitems(config, items):
-  """The files longest first (tests/suite_timing.py). Accelerator tests run only where jax's
-  backend is a GPU or TPU; elsewhere they skip with the reason and the command that runs
-  them."""
-  suite_timing.order(items)
+  """The files longest first (tests/suite_timing.py); the tests the fast tier leaves out get
+  the `slow` mark (tests/fast_tier.py). Accelerator tests run only where jax's backend is a
+  GPU or TPU; elsewhere they skip with the reason and the command that runs them."""
+  seconds = suite_timing.test_seconds()
+  suite_timing.order(items, seconds)
+  fast_tier.mark_slow(items, seconds)
   backend = jax.default_backend()
   if backend in ("gpu", "tpu"):
     return
@@ -98,6 +113,38 @@ def libtpu(request):
               f"{request.module.__name__} did not run")
     warnings.warn(reason)
     pytest.skip(reason=reason)
+
+
+@pytest.fixture(scope="session")
+def first_use_dataset(tmp_path_factory):
+  """`dataset(config, overrides=())` is the dataset a `data.source=corpus` run of that config
+  builds in its workdir on first use, built once per worker for each distinct input (sources,
+  tokenizer or trained tokenizer's style and vocabulary, casing, character coverage, eval
+  fraction) and shared read-only: a test passes `--config.data.dataset=<it>`. Built by the
+  first-use code (bertjax.data.prepare.ensure_dataset), so the same bytes a run would build;
+  the first-use path itself stays tested where the build is the point (tests/test_train_loop.py,
+  the t5/BART runlocal runs, the README's commands). Each 8192-piece build is a SentencePiece
+  training and a corpus pass: the golden curves and runlocal runs built 15 of 4 datasets."""
+  from bertjax import config as config_lib
+  from bertjax.data import prepare
+  from bertjax.models import families
+  root = tmp_path_factory.mktemp("first-use-datasets")
+  built: dict[str, str] = {}
+
+  def dataset(config_name: str, overrides=()) -> str:
+    """`overrides`: "KEY=VALUE" texts, as on the command line after --config."""
+    config = config_lib.load_config(config_name,
+                                    [tuple(text.split("=", 1)) for text in overrides])
+    data = config.data
+    style = families.get(config.model.family).tokenizer_style
+    key = json.dumps([data.sources, data.tokenizer, style, int(config.model.vocab_size),
+                      str(data.get("lowercase", "")),
+                      float(data.get("character_coverage", 0.9995)), float(data.eval_fraction)])
+    if key not in built:
+      built[key] = prepare.ensure_dataset(config, root / f"dataset-{len(built)}")
+    return built[key]
+
+  return dataset
 
 
 # The bucket the `gcs` fixture's emulator holds.

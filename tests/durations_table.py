@@ -61,6 +61,7 @@ def tables(records: list[dict], slowest: int = 50) -> list[str]:
     rest = max(0.0, wall(r) - r["compile_s"] - r["children_cpu_s"])
     out.append(f"| `{r['test']}` | {wall(r):.1f} | {r['compile_s']:.1f} ({r['compiles']}) | "
                f"{r['children_cpu_s']:.1f} | {rest:.1f} |")
+  out += repeats(records)
   files = file_totals(records)
   out += ["", "The files by time:", "", "| file | tests | wall s | compile s | child CPU s |",
           "|---|---|---|---|---|"]
@@ -73,6 +74,35 @@ def tables(records: list[dict], slowest: int = 50) -> list[str]:
     child[f] += r["children_cpu_s"]
   for f, seconds in sorted(files.items(), key=lambda kv: -kv[1]):
     out.append(f"| {f} | {counts[f]} | {seconds:.1f} | {compiles[f]:.1f} | {child[f]:.1f} |")
+  return out
+
+
+def repeats(records: list[dict]) -> list[str]:
+  """What a cache of compiled programs could save: the seconds of compiles whose program had
+  been compiled before (in the same worker, or anywhere in the run), by device count. Empty
+  unless the run recorded its programs (BERTJAX_TEST_COMPILE_KEYS=1)."""
+  if not any("programs" in r for r in records):
+    return []
+  rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0.0, 0.0])
+  seen_worker: dict[str, set] = defaultdict(set)
+  seen_run: set = set()
+  for r in sorted(records, key=lambda r: r["start"]):
+    for key, devices, seconds in r.get("programs", ()):
+      row = rows["1 device" if devices == 1 else "several devices"]
+      row[0] += 1
+      row[1] += seconds
+      if key in seen_worker[r["worker"]]:
+        row[2] += 1
+        row[3] += seconds
+      if key in seen_run:
+        row[4] += seconds
+      seen_worker[r["worker"]].add(key)
+      seen_run.add(key)
+  out = ["", "Compiles by program (jit's compile or get, in the test processes):", "",
+         "| programs on | compiles | seconds | repeats in the worker (seconds) | "
+         "repeats in the run s |", "|---|---|---|---|---|"]
+  for name, (n, seconds, again, again_s, run_s) in sorted(rows.items()):
+    out.append(f"| {name} | {n:,} | {seconds:,.1f} | {again:,} ({again_s:,.1f}) | {run_s:,.1f} |")
   return out
 
 
@@ -95,9 +125,12 @@ def main(argv: list[str] | None = None) -> int:
   print("\n".join(tables(records, args.slowest)))
   if args.write:
     suite_timing.DURATIONS.write_text(json.dumps(
-        {"about": "each test file's seconds in one full run (tests/durations_table.py "
-                  "--write); tests/suite_timing.py runs the files longest first",
-         "files": dict(sorted(file_totals(records).items()))}, indent=1) + "\n")
+        {"about": "each test's seconds (setup, call, teardown) in one full run, from "
+                  "tests/durations_table.py --write: tests/suite_timing.py runs the files "
+                  "longest first, tests/fast_tier.py leaves the long tests out of the fast "
+                  "tier",
+         "tests": {r["test"]: round(wall(r), 2) for r in sorted(records, key=lambda r: r["test"])}},
+        indent=0) + "\n")
     print(f"wrote {suite_timing.DURATIONS}", file=sys.stderr)
   return 0
 

@@ -88,6 +88,7 @@ def test_bench_compares_with_transformers_and_writes_a_record(tmp_path, devices,
       assert record["hf"]["model_flops"] == record["ours"]["model_flops"]
 
 
+@pytest.mark.fast  # the fast tier's test of bertjax.tools.guard_bench
 def test_bench_compare_guard_times_three_variants_and_writes_a_record(tmp_path, capsys):
   """`--compare guard` at toy size: its plumbing (the ratios are the results page's)."""
   from bertjax import cli
@@ -155,7 +156,7 @@ def test_bf16_matmul_peak_is_timed_in_its_fastest_form(monkeypatch):
   assert set(seen) == {("float32", "float32")}
 
 
-@pytest.mark.slow
+@pytest.mark.fast  # the fast tier's test of bertjax.tools.decode_bench
 def test_decode_bench_reports_each_cache_size(capsys):
   from bertjax import cli
   assert cli.main(["bench", "--config", "gpt_tiny", "--decode", "24,40", "--new-tokens", "8",

@@ -519,7 +519,7 @@ def test_init_from_params_or_hugging_face(tmp_path, capsys):
     trainer.start_from(trainer.init_state(0), str(source / "params"))
 
 
-@pytest.mark.slow
+@pytest.mark.fast  # the fast tier's test of bertjax.tools.checkpoint_bench
 def test_checkpoint_bench_command(capsys):
   assert cli.main(["checkpoint-bench", "--config", "gpt_tiny", *GPT_SYNTHETIC[2:], *TINY,
                    "--config.checkpoint.every=3", "--blocks", "2"]) == 0

@@ -145,6 +145,7 @@ def test_the_state_moves_onto_the_rotated_mesh_device_by_device(axes):
       np.testing.assert_array_equal(np.asarray(theirs.data), np.asarray(shard.data))
 
 
+@pytest.mark.fast  # the fast tier's test of bertjax.tools.integrity_bench
 def test_bench_compare_integrity_times_the_check_and_writes_a_record(tmp_path, capsys, devices):
   """`bertjax bench --compare integrity` at toy size on data 1 x fsdp 4: its plumbing (the
   ratios are the results page's)."""

@@ -238,9 +238,8 @@ COMPILE_DELAY_S, DATA_DELAY_S, KILL_AFTER = 12.0, 4.0, 17
 def test_the_ledger_adds_up_and_puts_each_disruption_in_its_category(tmp_path):
   """A run with the compile delayed 12 s, the batch of step 6 late 4 s and a SIGKILL after step
   17 (its checkpoint is step 10), restarted by the launcher. The categories add up to the wall
-  clock within 1%; compile and data wait of the first attempt exceed a baseline's by the
-  injected delays (within 5%; the compile's allowance above it is the baseline, see below); the
-  7 steps trained past the checkpoint are lost time; the second
+  clock within 1%; the first attempt's compile holds the injected delay once (see below), its
+  data wait exceeds a baseline's by the injected delay within 5%; the 7 steps trained past the checkpoint are lost time; the second
   attempt restores.
 
   The compile baseline is a clean run's first attempt: a resumed attempt compiles ~0.3 s
@@ -269,13 +268,14 @@ def test_the_ledger_adds_up_and_puts_each_disruption_in_its_category(tmp_path):
   # process's exit after its last record (interpreter and jax.distributed shutdown: under
   # 1.5 s an attempt here).
   assert 0 <= outside - joined["wall"] <= 1.5 * 2, (joined["wall"], outside)
-  # The delay is counted as compile time, whole and once. The compile itself is not the
-  # baseline's to the second on a shared machine: under the other xdist worker's load it took
-  # 2 s longer once (14.01 s over a baseline for a 12 s delay), so above the delay the
-  # allowance is the baseline again; a delay counted elsewhere (0) or twice (24 s) still fails.
-  extra_compile = first["seconds"]["compile"] - baseline_compile
-  assert (-0.05 * COMPILE_DELAY_S <= extra_compile - COMPILE_DELAY_S
-          <= 0.05 * COMPILE_DELAY_S + baseline_compile), (extra_compile, baseline_compile)
+  # The delay is counted as compile time, whole and once: the category holds the 12 s sleep
+  # and the compile itself. That compile is not the clean baseline's to the second on a shared
+  # machine: under the other xdist worker's load it took 2.0 s more in one CI run and 2.5 s
+  # less in another (baselines of 3-4 s), so the compile's own share may be up to twice the
+  # baseline; a delay counted elsewhere (compile ≈ the baseline) or twice (≥ 24 s) still fails.
+  compile_s = first["seconds"]["compile"]
+  assert COMPILE_DELAY_S <= compile_s <= COMPILE_DELAY_S + 2 * baseline_compile + 1.0, (
+      compile_s, baseline_compile)
   natural = second["seconds"]["data_wait"] * first["steps"] / second["steps"]
   extra_data = first["seconds"]["data_wait"] - natural
   assert abs(extra_data - DATA_DELAY_S) <= 0.05 * DATA_DELAY_S, extra_data

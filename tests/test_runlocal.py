@@ -133,21 +133,24 @@ def _steps(workdir):
 
 @pytest.mark.timeout(900)
 @pytest.mark.slow
-def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys):
-  """Two paper configs, shrunk, through the real `bertjax train`: the embedded corpus is built
-  (tokenizer trained in the objective's style), BERT-base switches to its phase 2 (128 tokens
+def test_runlocal_bert_and_gpt_train_on_cpu(tmp_path, capsys, first_use_dataset):
+  """Two paper configs, shrunk, through the real `bertjax train` on the embedded corpus as
+  their first use builds it (tokenizer trained in the objective's style; built once for the
+  suite's runlocal runs, tests/conftest.py): BERT-base switches to its phase 2 (128 tokens
   after 32), GPT-3 13B trains its causal LM; 3 steps each."""
   bert = tmp_path / "bert"
   assert cli.main(["train", "--config", "bert_base:runlocal", "--workdir", str(bert),
                    "--config.num_train_steps=3", "--config.phase2.start_step=2",
-                   "--config.log_every=1", "--config.eval_every=0"]) == 0
+                   "--config.log_every=1", "--config.eval_every=0",
+                   f"--config.data.dataset={first_use_dataset('bert_base:runlocal')}"]) == 0
   out = capsys.readouterr().out
   assert "run finished at step 3 of 3" in out and "mlm_loss" in out
   assert _steps(bert) == [1, 2, 3]
   gpt = tmp_path / "gpt"
+  gpt_data = first_use_dataset("configs/gpt3.py:size=13b,runlocal")
   assert cli.main(["train", "--config", "configs/gpt3.py:size=13b,runlocal", "--workdir",
                    str(gpt), "--config.num_train_steps=3", "--config.log_every=1",
-                   "--config.eval_every=0"]) == 0
+                   "--config.eval_every=0", f"--config.data.dataset={gpt_data}"]) == 0
   out = capsys.readouterr().out
   assert "run finished at step 3 of 3" in out and "lm_loss" in out
   assert _steps(gpt) == [1, 2, 3]
@@ -165,11 +168,11 @@ RTD_CONFIGS = [name for name in ALL_CONFIGS
 
 @pytest.mark.timeout(1200)
 @pytest.mark.slow
-def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys):
+def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys, first_use_dataset):
   """Each ELECTRA and DeBERTa-v3 paper config, shrunk, trains 3 steps through `bertjax train`
-  (generator and discriminator in one step); the first builds the embedded corpus, the others
-  read it. Configs that shrink to the same config, key for key (DeBERTa-v3's four sizes), are
-  one run: the same run four times would test nothing more."""
+  (generator and discriminator in one step) on the embedded corpus as first use builds it
+  (once for the suite's runlocal runs). Configs that shrink to the same config, key for key
+  (DeBERTa-v3's four sizes), are one run: the same run four times would test nothing more."""
   assert len(RTD_CONFIGS) == 7, RTD_CONFIGS
   distinct: dict[str, str] = {}
   for name in RTD_CONFIGS:
@@ -178,18 +181,15 @@ def test_runlocal_rtd_configs_train_on_cpu(tmp_path, capsys):
     distinct.setdefault(config.to_json(sort_keys=True), name)
   assert sorted(distinct.values()) == ["deberta_v3:size=base", "electra:size=base",
                                        "electra:size=large", "electra:size=small"]
-  dataset = []
   for name in distinct.values():
     workdir = tmp_path / name.replace(":", "_").replace("=", "_")
-    extra = [f"--config.data.dataset={dataset[0]}"] if dataset else []
     assert cli.main(["train", "--config", f"{name},runlocal", "--workdir", str(workdir),
                      "--config.num_train_steps=3", "--config.log_every=1",
-                     "--config.eval_every=0", *extra]) == 0, name
+                     "--config.eval_every=0",
+                     f"--config.data.dataset={first_use_dataset(f'{name},runlocal')}"]) == 0, name
     out = capsys.readouterr().out
     assert "run finished at step 3 of 3" in out and "disc_loss" in out, name
     assert _steps(workdir) == [1, 2, 3]
-    if not dataset:
-      dataset.append(workdir / "data" / "dataset")
 
 
 @pytest.mark.timeout(1200)
@@ -211,20 +211,22 @@ def test_runlocal_t5_and_bart_train_on_cpu(tmp_path, capsys):
 
 @pytest.mark.timeout(1200)
 @pytest.mark.slow
-def test_runlocal_albert_spanbert_and_distillation_train_on_cpu(tmp_path, capsys):
+def test_runlocal_albert_spanbert_and_distillation_train_on_cpu(tmp_path, capsys,
+                                                               first_use_dataset):
   """ALBERT (one shared layer, n-gram masking, SOP) and SpanBERT (span masking, SBO) shrunk
   train 3 steps through `bertjax train`; then DistilBERT shrunk distils the ALBERT run's
   parameters as its teacher, on the same token ids (the paper config's teacher is a Hugging
   Face download; runlocal names none)."""
   runs = {}
+  # One tokenizer and dataset for the three (the same style and vocabulary), as their first
+  # use builds it (once for the suite's runlocal runs).
+  dataset = first_use_dataset("albert:size=base,runlocal")
   for name, metric in (("albert:size=base", "nsp_accuracy"),
                        ("spanbert:size=base", "sbo_loss")):
     workdir = runs[name] = tmp_path / name.split(":")[0]
-    extra = ([f"--config.data.dataset={runs['albert:size=base'] / 'data' / 'dataset'}"]
-             if name != "albert:size=base" else [])
     assert cli.main(["train", "--config", f"{name},runlocal", "--workdir", str(workdir),
                      "--config.num_train_steps=3", "--config.log_every=1",
-                     "--config.eval_every=0", *extra]) == 0, name
+                     "--config.eval_every=0", f"--config.data.dataset={dataset}"]) == 0, name
     out = capsys.readouterr().out
     assert "run finished at step 3 of 3" in out and metric in out, name
     assert _steps(workdir) == [1, 2, 3]
@@ -232,7 +234,7 @@ def test_runlocal_albert_spanbert_and_distillation_train_on_cpu(tmp_path, capsys
   student = tmp_path / "distilbert"
   assert cli.main(["train", "--config", "distilbert:runlocal", "--workdir", str(student),
                    "--config.num_train_steps=3", "--config.log_every=1",
-                   "--config.eval_every=0", f"--config.data.dataset={albert / 'data' / 'dataset'}",
+                   "--config.eval_every=0", f"--config.data.dataset={dataset}",
                    f"--config.distillation.teacher={albert / 'params'}",
                    # A shared stack has no layer to give each student layer: a fresh student.
                    "--config.distillation.init_from_teacher=false"]) == 0

@@ -203,7 +203,7 @@ def test_packed_rows_spend_no_matmul_flops_on_padding():
   assert padded_flops / (per_position * tokens) > 2.0
 
 
-@pytest.mark.slow
+@pytest.mark.fast  # the fast tier's test of bertjax.tools.mlm_eval
 def test_mlm_eval_weights_batches_by_their_predictions():
   """bertjax.tools.mlm_eval's scores over several batches equal the objective's on all of them
   at once: batches weigh by their masked predictions, not one each."""
