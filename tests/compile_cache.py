@@ -6,8 +6,7 @@ ran the 2x2x2 RTD step's collectives in different orders on different simulated 
 deadlocked (jax 0.10.2; docs/results/2026-11-27-cpu-cache-collective-deadlock.md). A program on
 one device has no collective, so loading it cannot meet that; and the test processes compile
 the same one-device programs again and again (a model rebuilt by the next test, a parity check
-per parametrisation): 261 of 1,038 one-device compiles in three compile-heavy files repeated a
-program compiled before (docs/results/2026-12-02-suite-time.md).
+per parametrisation; how often: docs/results/2026-12-02-suite-time.md).
 
 JAX has no per-program switch, so `cache_one_device_programs` wraps jax._src.compiler's
 cache-key function (jax 0.10): a program on several devices gets no key, which JAX treats as

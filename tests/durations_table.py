@@ -107,10 +107,8 @@ def repeats(records: list[dict]) -> list[str]:
 
 
 def file_totals(records: list[dict]) -> dict[str, float]:
-  files: dict[str, float] = defaultdict(float)
-  for r in records:
-    files[r["test"].split("::")[0]] += wall(r)
-  return {f: round(s, 1) for f, s in files.items()}
+  return {f: round(seconds, 1) for f, seconds in
+          suite_timing.file_seconds({r["test"]: wall(r) for r in records}).items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,8 @@ Two pieces conftest.py calls from its hooks:
   compiling inside the test process (tracing, lowering, XLA's backend compile, from
   jax.monitoring's duration events) and the number of backend compiles (with
   BERTJAX_TEST_COMPILE_KEYS=1 also each program's cache key, device count and seconds), the
-  CPU seconds of the
-  processes the test started and waited for (os.times' children: a `bertjax` run's interpreter
-  start, imports, compiles and steps), and when it started. `python tests/durations_table.py
+  CPU seconds of the processes the test started and waited for (os.times' children: a
+  `bertjax` run's interpreter start, imports, compiles and steps), and when it started. `python tests/durations_table.py
   DIR` turns them into the tables of docs/results (the slowest tests, the files, the workers'
   timelines) and into tests/durations.json.
 - The collected files are run longest first, by tests/durations.json (each test's seconds, as
@@ -44,11 +43,12 @@ def test_seconds() -> dict[str, float]:
   return json.loads(DURATIONS.read_text())["tests"]
 
 
-def file_seconds(tests: dict[str, float] | None = None) -> dict[str, float]:
-  """Each test file's measured seconds (its path from the repository root)."""
+def file_seconds(tests: dict[str, float]) -> dict[str, float]:
+  """Each test file's seconds (its path from the repository root): its tests' `tests`."""
   files: dict[str, float] = {}
-  for nodeid, seconds in (test_seconds() if tests is None else tests).items():
-    files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+  for nodeid, seconds in tests.items():
+    path = nodeid.split("::")[0]
+    files[path] = files.get(path, 0.0) + seconds
   return files
 
 

@@ -54,7 +54,9 @@ def test_the_runlocal_run_stays_inside_its_golden_band(name, root, first_use_dat
   the command a user runs. The dataset the run would build on first use is built once per
   tokenizer style for the file (the same bytes: tests/conftest.py's first_use_dataset)."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  dataset = first_use_dataset(name, list(golden.golden_run(name).overrides))
+  # With the broken variant's overrides too: one that changes the data gets its own dataset.
+  dataset = first_use_dataset(name, [*golden.golden_run(name).overrides,
+                                     *(f"{key}={value}" for key, value in BROKEN)])
   overrides = [f"--config.data.dataset={dataset}",
                *(f"--config.{key}={value}" for key, value in BROKEN)]
   result = subprocess.run([sys.executable, "-m", "bertjax", "reproduce", "--check", name,
