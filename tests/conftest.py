@@ -8,6 +8,7 @@ import tempfile
 import time
 import urllib.request
 import warnings
+from pathlib import Path
 
 # Must precede the first `import jax` anywhere in the test session.
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -143,6 +144,33 @@ def first_use_dataset(tmp_path_factory):
     if key not in built:
       built[key] = prepare.ensure_dataset(config, root / f"dataset-{len(built)}")
     return built[key]
+
+  return dataset
+
+
+@pytest.fixture(scope="session")
+def embedded_1024(tmp_path_factory):
+  """`dataset(style)`: the embedded Wikipedia sample built with a unigram SentencePiece of
+  1,024 ids in a tokenizer style ("bert", "gpt", "t5", "bart"), 4 shards; built once per worker
+  on first request and shared read-only (the multi-process and seq2seq loader tests)."""
+  from bertjax.data.build import build_dataset
+  from bertjax.data.options import BuildOptions
+  from bertjax.data.prepare import corpus_sentences
+  from bertjax.data.sources import parse_sources
+  from bertjax.data.tokenizers import appended_pieces, train_sentencepiece
+  root = tmp_path_factory.mktemp("embedded-1024")
+  sources = parse_sources("embedded")
+  built: dict[str, Path] = {}
+
+  def dataset(style: str) -> Path:
+    if style not in built:
+      tokenizer = train_sentencepiece(list(corpus_sentences(sources)), root / f"spm_{style}",
+                                      vocab_size=1024 - appended_pieces(style),
+                                      model_type="unigram", style=style)
+      build_dataset(sources, tokenizer, root / style, BuildOptions(num_shards=4,
+                                                                   eval_fraction=0.05))
+      built[style] = root / style
+    return built[style]
 
   return dataset
 

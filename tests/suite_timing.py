@@ -12,7 +12,7 @@ Two pieces conftest.py calls from its hooks:
   DIR` turns them into the tables of docs/results (the slowest tests, the files, the workers'
   timelines) and into tests/durations.json.
 - The collected files are run longest first, by tests/durations.json (each test's seconds, as
-  measured; a file's are its tests'), so that the two xdist workers (`--dist loadfile`, one
+  measured; a file's are its tests'), so that the xdist workers (`--dist loadfile`, one
   file at a time each) end together: the longest-processing-time-first rule. A file not in it
   (a new one) counts as the median file. The same seconds decide which tests the fast tier
   leaves out (tests/fast_tier.py). docs/architecture.md ("Tests") says when to refresh it.

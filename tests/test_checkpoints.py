@@ -144,18 +144,26 @@ GPT_BATCH_RAMP = GPT_SYNTHETIC + ["--config.batch_ramp.start_batch_size=4",
                                   "--config.batch_ramp.samples=96"]
 
 
-# T5's span corruption and BART's denoising on the embedded corpus (their tokenizers trained and
-# the corpus built on first use, in each workdir alike): the noise of every example resumes too.
+# T5's span corruption and BART's denoising on the embedded corpus: the noise of every example
+# resumes too. Their tokenizers and the corpus are what a first use would build (built once for
+# both runs of a test: tests/conftest.py's first_use_dataset).
 T5_CORPUS = ["--config", "configs/t5.py:size=tiny", "--config.model.vocab_size=1024",
              "--config.data.sources=embedded", "--config.data.num_workers=2"]
 BART_CORPUS = ["--config", "configs/bart.py:size=tiny", "--config.model.vocab_size=1024",
                "--config.data.sources=embedded"]
 
 
+def _first_use_data(first_use_dataset, args: list[str]) -> list[str]:
+  """`--config.data.dataset=` the dataset a first use of `args`' config builds."""
+  overrides = [arg.removeprefix("--config.") for arg in args[2:]
+               if not arg.startswith("--config.data.num_workers")]
+  return [f"--config.data.dataset={first_use_dataset(args[1], overrides)}"]
+
+
 @pytest.mark.parametrize("family", ["gpt-batch-ramp", "bert-corpus-2-workers", "electra",
                                     "t5-corpus-2-workers", "bart-corpus"])
 @pytest.mark.slow
-def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
+def test_three_kills_resume_bit_identically(tmp_path, corpus, first_use_dataset, family):
   """Killed three times (SIGKILL, the whole process group): at a random step; right after the
   resumed run restored and trained one step; while an asynchronous save written after that
   run's restore is in flight. Every metric every run logs after its restore, and the final
@@ -164,6 +172,9 @@ def test_three_kills_resume_bit_identically(tmp_path, corpus, family):
            "t5-corpus-2-workers": T5_CORPUS, "bart-corpus": BART_CORPUS}.get(family)
           or _bert_corpus_args(corpus, workers=2)) + [
       "--config.checkpoint.every=2"]
+  seq2seq = {"t5-corpus-2-workers": T5_CORPUS, "bart-corpus": BART_CORPUS}.get(family)
+  if seq2seq:
+    args += _first_use_data(first_use_dataset, seq2seq)
   steps = 24
   _run(tmp_path / "straight", steps, args)
   reference = {r["step"]: r for r in _records(tmp_path / "straight") if r["split"] == "train"}
@@ -374,10 +385,28 @@ def test_restore_onto_other_meshes_continues_with_the_same_loss(tmp_path):
     assert abs(step_on(other, restored) - expected) <= 1e-5
 
 
-@pytest.mark.slow
-def test_damaged_latest_step_falls_back_to_the_previous(tmp_path, caplog):
-  workdir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def eight_steps(tmp_path_factory):
+  """A finished GPT run with checkpoints at steps 4 and 8, and its config: trained once for the
+  module's tests that damage, export or read a run (each works on its own copy)."""
+  from bertjax import config as config_lib
+  workdir = tmp_path_factory.mktemp("eight") / "run"
   _run(workdir, 8, GPT_SYNTHETIC)
+  rest, overrides = config_lib.split_overrides(
+      [*GPT_SYNTHETIC, *TINY, "--config.num_train_steps=8"])
+  return workdir, config_lib.load_config(rest[1], overrides)
+
+
+def _copy_of(eight_steps, tmp_path: Path) -> Path:
+  import shutil
+  workdir = tmp_path / "run"
+  shutil.copytree(eight_steps[0], workdir)
+  return workdir
+
+
+@pytest.mark.slow
+def test_damaged_latest_step_falls_back_to_the_previous(eight_steps, tmp_path, caplog):
+  workdir = _copy_of(eight_steps, tmp_path)
   steps = TrainCheckpoints(workdir, _probe()).steps()
   assert steps == [4, 8]
   # Truncate every array file of step 8's parameters.
@@ -395,17 +424,6 @@ def test_damaged_latest_step_falls_back_to_the_previous(tmp_path, caplog):
   shutil.rmtree(workdir / "checkpoints" / "10" / "train")
   resumed = _run(workdir, 11, GPT_SYNTHETIC)
   assert "checkpoint step 10" in resumed.stderr and "step 8" in resumed.stderr
-
-
-@pytest.fixture(scope="module")
-def eight_steps(tmp_path_factory):
-  """A finished GPT run with checkpoints at steps 4 and 8, and its config."""
-  from bertjax import config as config_lib
-  workdir = tmp_path_factory.mktemp("eight") / "run"
-  _run(workdir, 8, GPT_SYNTHETIC)
-  rest, overrides = config_lib.split_overrides(
-      [*GPT_SYNTHETIC, *TINY, "--config.num_train_steps=8"])
-  return workdir, config_lib.load_config(rest[1], overrides)
 
 
 def _truncate(path: Path) -> None:
@@ -440,10 +458,8 @@ DAMAGE = {  # what is done to step 8 -> what the fallback message must name
 def test_every_kind_of_damage_falls_back_with_a_one_line_reason(eight_steps, tmp_path, kind,
                                                                 caplog):
   import logging
-  import shutil
-  source, config = eight_steps
-  workdir = tmp_path / "run"
-  shutil.copytree(source, workdir)
+  config = eight_steps[1]
+  workdir = _copy_of(eight_steps, tmp_path)
   damage, reason = DAMAGE[kind]
   damage(workdir / "checkpoints" / "8")
   trainer = train_helpers.Trainer(config, train_helpers.mesh_for((2, 1, 1)))
@@ -463,11 +479,11 @@ def test_every_kind_of_damage_falls_back_with_a_one_line_reason(eight_steps, tmp
 
 
 @pytest.mark.slow
-def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(tmp_path, capsys):
-  workdir = tmp_path / "run"
-  _run(workdir, 4, GPT_SYNTHETIC)
+def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(eight_steps, tmp_path,
+                                                                   capsys):
+  workdir = _copy_of(eight_steps, tmp_path)
   train = ["train", "--workdir", str(workdir), *GPT_SYNTHETIC, *TINY,
-           "--config.num_train_steps=8", "--config.model.mlp_dim=96"]
+           "--config.num_train_steps=12", "--config.model.mlp_dim=96"]
   assert cli.main(train) == 2  # the changed config is named before anything is read
   assert "model.mlp_dim: 128 -> 96" in capsys.readouterr().err
   # Told to go on anyway, the arrays themselves do not fit: still an error, never a skip.
@@ -477,11 +493,10 @@ def test_checkpoint_that_does_not_fit_the_config_is_a_clear_error(tmp_path, caps
 
 
 @pytest.mark.slow
-def test_exports_from_a_run_directory(tmp_path):
+def test_exports_from_a_run_directory(eight_steps, tmp_path):
   import torch
   import transformers
-  workdir = tmp_path / "run"
-  _run(workdir, 8, GPT_SYNTHETIC)
+  workdir = _copy_of(eight_steps, tmp_path)
   assert cli.main(["export", "--workdir", str(workdir), "--step", "4", "--format", "params",
                    "--out", str(tmp_path / "p4")]) == 0
   params, cfg = checkpoint.load_params(tmp_path / "p4")
@@ -501,9 +516,8 @@ def test_exports_from_a_run_directory(tmp_path):
 
 
 @pytest.mark.slow
-def test_init_from_params_or_hugging_face(tmp_path, capsys):
-  source = tmp_path / "source"
-  _run(source, 4, GPT_SYNTHETIC)
+def test_init_from_params_or_hugging_face(eight_steps, tmp_path, capsys):
+  source = _copy_of(eight_steps, tmp_path)
   assert cli.main(["export", "--params", str(source / "params"), "--format", "hf", "--out",
                    str(tmp_path / "hf")]) == 0
   for origin in (source / "params", tmp_path / "hf"):

@@ -101,26 +101,10 @@ CORPUS_MODEL = ["--config.model.vocab_size=1024", "--config.model.hidden_size=64
 
 
 @pytest.fixture(scope="module")
-def wiki(tmp_path_factory):
+def wiki(embedded_1024):
   """The embedded Wikipedia sample built once per tokenizer style (BERT, GPT, T5 and BART
-  SentencePiece, 1,024 ids)."""
-  from bertjax.data.build import build_dataset
-  from bertjax.data.options import BuildOptions
-  from bertjax.data.prepare import corpus_sentences
-  from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import appended_pieces, train_sentencepiece
-  root = tmp_path_factory.mktemp("wiki")
-  sources = parse_sources("embedded")
-  sentences = list(corpus_sentences(sources))
-  out = {}
-  for style in ("bert", "gpt", "t5", "bart"):
-    tokenizer = train_sentencepiece(sentences, root / f"spm_{style}",
-                                    vocab_size=1024 - appended_pieces(style),
-                                    model_type="unigram", style=style)
-    build_dataset(sources, tokenizer, root / style, BuildOptions(num_shards=4,
-                                                                 eval_fraction=0.05))
-    out[style] = root / style
-  return out
+  SentencePiece, 1,024 ids: tests/conftest.py's embedded_1024)."""
+  return {style: embedded_1024(style) for style in ("bert", "gpt", "t5", "bart")}
 
 
 def _corpus_cmd(config: str, workdir: Path, dataset: Path, steps: int, slice_order: bool,

@@ -20,24 +20,10 @@ FAMILIES = {"t5": "t5:size=tiny", "bart": "bart:size=tiny"}
 
 
 @pytest.fixture(scope="module")
-def datasets(tmp_path_factory):
-  """The embedded sample built with a t5-style and a bart-style tokenizer of 1,024 ids."""
-  from bertjax.data.build import build_dataset
-  from bertjax.data.options import BuildOptions
-  from bertjax.data.prepare import corpus_sentences
-  from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import appended_pieces, train_sentencepiece
-  root = tmp_path_factory.mktemp("seq2seq")
-  sources = parse_sources("embedded")
-  sentences = list(corpus_sentences(sources))
-  out = {}
-  for style in FAMILIES:
-    tokenizer = train_sentencepiece(sentences, root / f"spm_{style}",
-                                    vocab_size=1024 - appended_pieces(style),
-                                    model_type="unigram", style=style)
-    build_dataset(sources, tokenizer, root / style, BuildOptions(num_shards=4))
-    out[style] = root / style
-  return out
+def datasets(embedded_1024):
+  """The embedded sample built with a t5-style and a bart-style tokenizer of 1,024 ids
+  (tests/conftest.py's embedded_1024)."""
+  return {style: embedded_1024(style) for style in FAMILIES}
 
 
 def _config(family, dataset, **overrides):
