@@ -157,7 +157,7 @@ def embedded_1024(tmp_path_factory):
   from bertjax.data.options import BuildOptions
   from bertjax.data.prepare import corpus_sentences
   from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import appended_pieces, train_sentencepiece
+  from bertjax.data.sentencepiece_training import appended_pieces, train_sentencepiece
   root = tmp_path_factory.mktemp("embedded-1024")
   sources = parse_sources("embedded")
   built: dict[str, Path] = {}

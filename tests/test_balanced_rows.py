@@ -29,7 +29,8 @@ from bertjax.data.streams import (
   document_stream,
 )
 from bertjax.data.sources import parse_sources
-from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.data.wikipedia import EMBEDDED_DUMP, clean_page, read_pages
 
 ROWS = 8

@@ -265,7 +265,8 @@ def test_sentencepiece_split_rejoins_to_the_text(tmp_path):
   """With a real GPT-style SentencePiece model (a dummy "▁" before every encoded text), the
   prompt tokens are a prefix of the joint encoding and the pieces decode to prompt +
   completion."""
-  from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+  from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   sentences = [f"The river {w} flows past the old mill near town {i}." for i, w in
                enumerate(["Avon", "Severn", "Thames", "Trent", "Wye"] * 40)]
   spm_dir = train_sentencepiece(sentences, tmp_path / "spm", vocab_size=300,

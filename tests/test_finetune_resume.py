@@ -54,7 +54,7 @@ def _completions(path: Path, rivers: list[str]) -> None:
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory) -> dict[str, list[str]]:
   """`bertjax finetune` arguments of each task, weights and files made here."""
-  from bertjax.data.tokenizers import train_sentencepiece
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   root = tmp_path_factory.mktemp("tasks")
   (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
                                             + WORDS) + "\n")

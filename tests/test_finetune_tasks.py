@@ -31,7 +31,7 @@ RIVERS, TOWNS = train_helpers.RIVERS, train_helpers.TOWNS
 @pytest.fixture(scope="module")
 def gpt_base(tmp_path_factory):
   """A random-init tiny GPT saved as a params checkpoint with a GPT SentencePiece tokenizer."""
-  from bertjax.data.tokenizers import train_sentencepiece
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   root = tmp_path_factory.mktemp("gpt_base")
   sentences = [f"Which town is on the river {r}? Answer: {t}." for r, t in zip(RIVERS, TOWNS)]
   spm_dir = train_sentencepiece(sentences * 30, root / "spm", vocab_size=GPT.vocab_size,
@@ -169,7 +169,7 @@ def test_question_answering_finetune_scores_and_exports(tmp_path):
   torch, transformers = hf_models.torch, hf_models.transformers
   from bertjax.finetune import squad
   from bertjax.finetune.qa_task import make_qa_task
-  from bertjax.data.tokenizers import train_sentencepiece
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   make_qa_task("embedded", tmp_path / "qa", num_train=48, num_dev=16)
   texts = [e.context for e in squad.read_squad(tmp_path / "qa" / "train-v2.0.json")]
   spm_dir = train_sentencepiece(texts * 4, tmp_path / "spm", vocab_size=500,

@@ -235,7 +235,7 @@ def test_generate_and_fill_mask_commands(tmp_path, capsys):
   from bertjax.checkpoints import params as checkpoint
   from bertjax.data import wikipedia
   from bertjax.data.sentences import split_sentences
-  from bertjax.data.tokenizers import train_sentencepiece
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   from bertjax.models import jit_init
   sentences = [s for a in itertools.islice(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP), 5)
                for p in a.paragraphs for s in split_sentences(p)]
@@ -274,7 +274,8 @@ def test_printed_continuation_keeps_the_space_after_the_prompt(tmp_path):
   or after the prompt (a model with one, where decoding them alone would glue "the" to "of")."""
   import itertools
   from bertjax.data import wikipedia
-  from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+  from bertjax.data.tokenizers import load_tokenizer
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   sentences = [p for a in itertools.islice(wikipedia.read_dump(wikipedia.EMBEDDED_DUMP), 5)
                for p in a.paragraphs]
   tokenizer = load_tokenizer(train_sentencepiece(sentences, tmp_path, vocab_size=600,

@@ -121,7 +121,7 @@ def tiny_bert(tmp_path_factory):
   """A random 1-layer BERT (params checkpoint) and a SentencePiece of the embedded corpus."""
   from bertjax.data.prepare import corpus_sentences
   from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import train_sentencepiece
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   root = tmp_path_factory.mktemp("tiny_bert")
   spm = train_sentencepiece(corpus_sentences(parse_sources("embedded")), root / "spm",
                             vocab_size=400, model_type="unigram", style="bert")

@@ -18,7 +18,8 @@ from bertjax.checkpoints import params as checkpoint
 from bertjax.inference import generate as gen
 from bertjax.data.prepare import corpus_sentences
 from bertjax.data.sources import parse_sources
-from bertjax.data.tokenizers import load_tokenizer, special_ids, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer, special_ids
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS
 from bertjax.models import ModelConfig, build_model, jit_init
 

@@ -13,7 +13,8 @@ import sentencex
 from bertjax.data import prepare, wikipedia
 from bertjax.data.sentences import RULE_LANGUAGES, check_language, split_sentences
 from bertjax.data.sources import SourceSpec
-from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.sentencepiece_training import train_sentencepiece
 
 # Abbreviations Bulgarian rules know and English ones do not: "г." (year), "гр." (town),
 # "проф.", "напр.", "ул." (street); quotations in „...“.

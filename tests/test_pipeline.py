@@ -24,7 +24,7 @@ from bertjax.data.pipeline import CorpusBatches
 from bertjax.data.streams import document_stream
 from bertjax.data.options import LoaderConfig
 from bertjax.data.sources import parse_source
-from bertjax.data.tokenizers import train_sentencepiece
+from bertjax.data.sentencepiece_training import train_sentencepiece
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [f"w{i}" for i in range(400)]

@@ -35,7 +35,7 @@ from bertjax.data.pipeline import CorpusBatches, RowStreams, merge_states
 from bertjax.data.shards import ShardRecords
 from bertjax.data.sources import parse_source
 from bertjax.data.streams import RowStreamFactory
-from bertjax.data.tokenizers import train_sentencepiece
+from bertjax.data.sentencepiece_training import train_sentencepiece
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [f"w{i}" for i in range(400)]

@@ -17,7 +17,8 @@ from bertjax.data.build import build_dataset
 from bertjax.data.options import BuildOptions, LoaderConfig
 from bertjax.data.pipeline import CorpusBatches
 from bertjax.data.sources import parse_source
-from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.finetune import completions, labeled, squad
 from bertjax.models import ModelConfig, build_model, jit_init
 from bertjax.training import objectives

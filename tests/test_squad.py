@@ -21,7 +21,8 @@ from bertjax.data.errors import CorpusError
 from bertjax.finetune.qa_task import make_qa_task
 from bertjax.finetune.squad import (QAExample, build_features, postprocess, read_squad,
                                 write_squad)
-from bertjax.data.tokenizers import load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS
 from bertjax.hf.tokenizer import fast_tokenizer
 from bertjax.models import ModelConfig, jit_init

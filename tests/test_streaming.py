@@ -102,7 +102,7 @@ def corpus(tmp_path_factory):
   from bertjax.data.build import build_dataset
   from bertjax.data.options import BuildOptions
   from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import appended_pieces, train_sentencepiece
+  from bertjax.data.sentencepiece_training import appended_pieces, train_sentencepiece
   root = tmp_path_factory.mktemp("stream")
   rng = random.Random(0)
   documents = train_helpers.word_documents(rng, train_helpers.RIVERS + train_helpers.TOWNS,

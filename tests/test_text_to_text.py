@@ -15,7 +15,8 @@ import train_helpers
 from bertjax import cli
 from bertjax.config import load_config, model_config
 from bertjax.data.errors import CorpusError
-from bertjax.data.tokenizers import appended_pieces, load_tokenizer, train_sentencepiece
+from bertjax.data.tokenizers import load_tokenizer
+from bertjax.data.sentencepiece_training import appended_pieces, train_sentencepiece
 from bertjax.finetune import squad, text_to_text
 from bertjax.data.seq2seq import specials
 

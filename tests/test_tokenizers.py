@@ -14,8 +14,9 @@ import pytest
 from bertjax.data import wikipedia
 from bertjax.data.errors import CorpusError
 from bertjax.data.sentences import split_sentences
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.data.tokenizers import (EOT_TOKEN, SentencePieceTokenizer, load_tokenizer,
-                                     special_ids, train_sentencepiece)
+                                     special_ids)
 from bertjax.data.wordpiece import BERT_SPECIAL_TOKENS, WordPiece
 
 # Text outside a small English vocabulary: CJK, emoji, accents, tabs, runs of spaces, newlines.
@@ -254,9 +255,15 @@ def test_load_tokenizer_errors(tmp_path, model_dirs):
     load_tokenizer(tmp_path / "missing")
   with pytest.raises(CorpusError, match="no tokenizer in this directory"):
     load_tokenizer(tmp_path)
+  (tmp_path / "tokenizer.bin").write_text("{}")
+  with pytest.raises(CorpusError, match="not a known tokenizer file.*vocab.txt.*tokenizer.json"):
+    load_tokenizer(tmp_path / "tokenizer.bin")
+  # A Hugging Face tokenizer.json the tokenizers library cannot read: one line naming it.
   (tmp_path / "tokenizer.json").write_text("{}")
-  with pytest.raises(CorpusError, match="not a known tokenizer file.*vocab.txt"):
+  with pytest.raises(CorpusError, match=r"tokenizer.json: not a tokenizer.json the tokenizers "
+                     r"library reads \(Model missing") as raised:
     load_tokenizer(tmp_path / "tokenizer.json")
+  assert "\n" not in str(raised.value)
   both = tmp_path / "both"
   both.mkdir()
   (both / "vocab.txt").write_text("\n".join(BERT_SPECIAL_TOKENS))

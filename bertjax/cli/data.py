@@ -84,8 +84,8 @@ def cmd_data_bench(args: argparse.Namespace, overrides: Overrides) -> int:
 def cmd_tokenizer_train(args: argparse.Namespace, overrides: Overrides) -> int:
   from bertjax import paths
   from bertjax.data.prepare import corpus_sentences
+  from bertjax.data.sentencepiece_training import train_sentencepiece
   from bertjax.data.sources import parse_sources
-  from bertjax.data.tokenizers import train_sentencepiece
   logging.getLogger("bertjax").setLevel(logging.INFO)
   with paths.local_output(args.out) as local:  # SentencePiece writes local files
     train_sentencepiece(corpus_sentences(parse_sources(args.source), args.language), local,
@@ -135,7 +135,8 @@ def register(add: Add) -> None:
   p.set_defaults(fn=cmd_data_build)
   p.add_argument("--source", action="append", required=True, help=SOURCE_HELP)
   p.add_argument("--tokenizer", required=True,
-                 help="vocab.txt (WordPiece) or a SentencePiece directory (spm.model)")
+                 help="vocab.txt (WordPiece), a SentencePiece directory (spm.model), or a "
+                      "published checkpoint's directory holding tokenizer.json")
   p.add_argument("--out", required=True, help="dataset directory")
   build = BuildOptions()  # the defaults: the same as a run's build on first use
   p.add_argument("--num-shards", type=int, default=build.num_shards,

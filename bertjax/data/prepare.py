@@ -19,15 +19,10 @@ from bertjax.data import records
 from bertjax.data.build import build_dataset
 from bertjax.data.errors import SkipCounts
 from bertjax.data.options import BuildOptions
+from bertjax.data.sentencepiece_training import appended_pieces, train_sentencepiece
 from bertjax.data.sentences import check_language, split_sentences
 from bertjax.data.sources import SourceSpec, parse_sources, read_source
-from bertjax.data.tokenizers import (
-  MODEL_FILE,
-  appended_pieces,
-  load_tokenizer,
-  recorded_lowercase,
-  train_sentencepiece,
-)
+from bertjax.data.tokenizers import MODEL_FILE, load_tokenizer, recorded_lowercase
 from bertjax.models import families
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,9 @@ Flat = dict[tuple[str, ...], np.ndarray]
 # bertjax_tokenizer.json are bertjax's own (SentencePiece model, casing), so an exported
 # directory imports back with the tokenizer the run trained.
 TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "tokenizer.json",
-                   "tokenizer_config.json", "special_tokens_map.json", "spiece.model",
-                   "sentencepiece.model", "spm.model", "spm.vocab", "bertjax_tokenizer.json")
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "spiece.model", "sentencepiece.model", "sentencepiece.bpe.model",
+                   "spm.model", "spm.vocab", "bertjax_tokenizer.json")
 
 
 @dataclasses.dataclass

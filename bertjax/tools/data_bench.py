@@ -24,8 +24,8 @@ from bertjax.data.build import build_dataset
 from bertjax.data.options import BuildOptions, LoaderConfig
 from bertjax.data.pipeline import CorpusBatches
 from bertjax.data.prepare import corpus_sentences
+from bertjax.data.sentencepiece_training import train_sentencepiece
 from bertjax.data.sources import parse_sources
-from bertjax.data.tokenizers import train_sentencepiece
 
 
 def _batch_tokens(batch: dict[str, np.ndarray]) -> int:
