@@ -160,11 +160,13 @@ def embedded_1024(tmp_path_factory):
   from bertjax.data.sentencepiece_training import appended_pieces, train_sentencepiece
   root = tmp_path_factory.mktemp("embedded-1024")
   sources = parse_sources("embedded")
+  sentences: list[str] = []  # read once, on the first build
   built: dict[str, Path] = {}
 
   def dataset(style: str) -> Path:
     if style not in built:
-      tokenizer = train_sentencepiece(list(corpus_sentences(sources)), root / f"spm_{style}",
+      sentences[:] = sentences or list(corpus_sentences(sources))
+      tokenizer = train_sentencepiece(sentences, root / f"spm_{style}",
                                       vocab_size=1024 - appended_pieces(style),
                                       model_type="unigram", style=style)
       build_dataset(sources, tokenizer, root / style, BuildOptions(num_shards=4,

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
 from bertjax.data.errors import CorpusError
 from bertjax.data.special_tokens import (
@@ -115,9 +115,9 @@ class HuggingFaceTokenizer(SpecialIds):
     self.style = style_of(self._special, self.first_sentinel)
     normalizer = tokenizer.normalizer
     self.lowercase = (normalizer is not None and normalizer.normalize_str("ABC") == "abc")
-    # The ids of every special or added token: never a word's continuation, skipped by decode.
+    # The ids of the special tokens: never a word's continuation, skipped by decode.
     self._added = {tokenizer.token_to_id(t) for t in added} - {None}
-    self._prefix, self._marker = _word_marks(json.loads(tokenizer.to_str()), tokenizer)
+    self._prefix, self._marker = _word_marks(tokenizer)
     # Whether a text's first word is encoded as a word after a space (SentencePiece's dummy
     # prefix; Metaspace, or add_prefix_space). Without it, the builder gives each sentence after
     # the first its space, as the text had.
@@ -211,13 +211,12 @@ class HuggingFaceTokenizer(SpecialIds):
     return out
 
 
-def _word_marks(spec: dict, tokenizer: Tokenizer) -> tuple[str | None, str | None]:
+def _word_marks(tokenizer: Tokenizer) -> tuple[str | None, str | None]:
   """(WordPiece's continuing-subword prefix or None, the mark a word-starting token begins
   with or None): probed from how "a b" encodes, so that every pre-tokenizer and normaliser
   (ByteLevel's "Ġ", Metaspace's or a Replace's "▁") is read the same way."""
-  model = spec.get("model") or {}
-  if model.get("type") == "WordPiece":
-    return model.get("continuing_subword_prefix", "##"), None
+  if isinstance(tokenizer.model, models.WordPiece):
+    return tokenizer.model.continuing_subword_prefix, None
   tokens = tokenizer.encode("a b", add_special_tokens=False).tokens
   last = tokens[-1] if tokens else ""
   if last.endswith("b") and len(last) > 1:

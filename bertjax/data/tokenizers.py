@@ -206,7 +206,8 @@ class SentencePieceTokenizer(SpecialIds):
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None, *,
-                   require: str | None = None):
+                   require: str | None = None
+                   ) -> WordPiece | SentencePieceTokenizer | hf_tokenizers.HuggingFaceTokenizer:
   """The tokenizer at `path`: a vocab.txt file, or a directory holding one -> WordPiece
   (`lowercase` None: the casing recorded next to the vocab, see `recorded_lowercase`, else True
   as bert-base-uncased); a SentencePiece `.model` file or a directory holding spm.model ->
